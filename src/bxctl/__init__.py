@@ -1,0 +1,1 @@
+"""bxctl: the terminal client of loopd."""

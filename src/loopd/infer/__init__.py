@@ -1,0 +1,65 @@
+"""The llama-server client: streamed chat completions pinned to a slot, with typed events."""
+
+from ._assemble import THINKING_CAP_GRACE
+from ._cache import CacheOutcome, Hit, Loss, cache_outcome
+from ._client import Client, EventSink, RetryPolicy, Timeouts
+from ._errors import (
+    ConnectError,
+    HttpError,
+    InferError,
+    InferTimeout,
+    StreamBroken,
+    StreamError,
+    StreamErrorEvent,
+    is_context_full,
+    is_retryable,
+)
+from ._types import (
+    ChatEvent,
+    ChatRequest,
+    Completion,
+    Content,
+    Progress,
+    Queued,
+    Reasoning,
+    Retrying,
+    ThinkingCapped,
+    Timings,
+    ToolCall,
+    ToolCallDelta,
+    Waiting,
+)
+
+__all__ = [
+    "THINKING_CAP_GRACE",
+    "CacheOutcome",
+    "ChatEvent",
+    "ChatRequest",
+    "Client",
+    "Completion",
+    "ConnectError",
+    "Content",
+    "EventSink",
+    "Hit",
+    "HttpError",
+    "InferError",
+    "InferTimeout",
+    "Loss",
+    "Progress",
+    "Queued",
+    "Reasoning",
+    "RetryPolicy",
+    "Retrying",
+    "StreamBroken",
+    "StreamError",
+    "StreamErrorEvent",
+    "ThinkingCapped",
+    "Timeouts",
+    "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "Waiting",
+    "cache_outcome",
+    "is_context_full",
+    "is_retryable",
+]

@@ -1,0 +1,168 @@
+"""Turning llama-server's stream chunks into events and one completion, without any I/O.
+
+The chunk format is llama-server's (see LLAMA_SERVER.md): deltas of reasoning, content and tool
+calls, `prompt_progress` while the prompt is processed, `timings` on the last chunk. Parsing is
+strict about types and lenient about fields it does not use, so a newer server still works and
+a garbled one fails with a clear message instead of a wrong answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from ._errors import StreamBroken, StreamErrorEvent
+from ._types import (
+    ChatEvent,
+    Completion,
+    Content,
+    Progress,
+    Reasoning,
+    ThinkingCapped,
+    Timings,
+    ToolCall,
+    ToolCallDelta,
+)
+
+__all__ = ["THINKING_CAP_GRACE", "Assembler"]
+
+# The server closes capped reasoning with a few tokens of its own (the end tag, and the budget
+# message when one is set); only reasoning that runs past these is the client's to cut.
+THINKING_CAP_GRACE = 8
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Function(_Loose):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallPiece(_Loose):
+    index: int = 0
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Delta(_Loose):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[_ToolCallPiece] | None = None
+
+
+class _Choice(_Loose):
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _PromptProgress(_Loose):
+    total: int
+    cache: int
+    processed: int
+
+
+class _Chunk(_Loose):
+    choices: list[_Choice] = []
+    timings: Timings | None = None
+    prompt_progress: _PromptProgress | None = None
+    error: object | None = None
+
+
+_CHUNK = TypeAdapter(_Chunk)
+
+
+@dataclass
+class _CallParts:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Assembler:
+    """Feed it each `data:` payload; it returns the events to pass on and builds the answer."""
+
+    thinking_cap: int | None = None
+    _content: list[str] = field(default_factory=list)
+    _reasoning: list[str] = field(default_factory=list)
+    _calls: dict[int, _CallParts] = field(default_factory=dict)
+    _finish_reason: str | None = None
+    _timings: Timings | None = None
+    reasoning_tokens: int = 0
+    thinking_capped: bool = False
+
+    def feed(self, data: str) -> list[ChatEvent]:
+        try:
+            chunk = _CHUNK.validate_json(data)
+        except ValidationError as e:
+            raise StreamBroken(
+                f"llama-server sent a chunk loopd cannot read: {data[:200]!r}"
+            ) from e
+        if chunk.error is not None:
+            raise StreamErrorEvent(chunk.error)
+        events: list[ChatEvent] = []
+        if (p := chunk.prompt_progress) is not None:
+            events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))
+        if chunk.timings is not None:
+            self._timings = chunk.timings
+        for choice in chunk.choices:
+            if choice.delta is not None:
+                self._feed_delta(choice.delta, events)
+            if choice.finish_reason is not None:
+                self._finish_reason = choice.finish_reason
+        return events
+
+    def _feed_delta(self, delta: _Delta, events: list[ChatEvent]) -> None:
+        if delta.reasoning_content:
+            self._reasoning.append(delta.reasoning_content)
+            self.reasoning_tokens += 1
+            events.append(Reasoning(text=delta.reasoning_content))
+            cap = self.thinking_cap
+            if cap is not None and self.reasoning_tokens == cap:
+                self.thinking_capped = True
+                events.append(ThinkingCapped(cap=cap))
+        if delta.content:
+            self._content.append(delta.content)
+            events.append(Content(text=delta.content))
+        for piece in delta.tool_calls or ():
+            parts = self._calls.setdefault(piece.index, _CallParts())
+            name = piece.function.name if piece.function else None
+            arguments = (piece.function.arguments if piece.function else None) or ""
+            # id and name come whole, and are sent again whole if the parser revises them.
+            if piece.id:
+                parts.id = piece.id
+            if name:
+                parts.name = name
+            parts.arguments.append(arguments)
+            events.append(
+                ToolCallDelta(
+                    index=piece.index, id=piece.id or None, name=name or None, arguments=arguments
+                )
+            )
+
+    @property
+    def past_cap(self) -> bool:
+        """Reasoning ran past the cap and the server's grace: the client must end the stream."""
+        cap = self.thinking_cap
+        return cap is not None and self.reasoning_tokens > cap + THINKING_CAP_GRACE
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._content or self._reasoning or self._calls)
+
+    def completion(self, *, cut_by_client: bool = False) -> Completion:
+        return Completion(
+            content="".join(self._content) if self._content else None,
+            reasoning_content="".join(self._reasoning) if self._reasoning else None,
+            tool_calls=tuple(
+                ToolCall(id=c.id, name=c.name, arguments="".join(c.arguments))
+                for _, c in sorted(self._calls.items())
+            ),
+            finish_reason="thinking_cap" if cut_by_client else self._finish_reason,
+            timings=self._timings,
+            reasoning_tokens=self.reasoning_tokens,
+            thinking_capped=self.thinking_capped or cut_by_client,
+        )

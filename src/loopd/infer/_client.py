@@ -1,0 +1,243 @@
+"""The llama-server client: one streamed chat completion at a time, over httpx under trio.
+
+Events go to a plain callback, called in order from the task that reads the stream: the
+inference actor forwards them with `send_nowait`, tests append them to a list. Every deadline is
+a trio cancel scope, so a caller's cancellation ends the HTTP stream at once, and closing it
+makes llama-server cancel the generation and free the slot.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import httpx
+import outcome
+import trio
+from httpx_sse import EventSource, SSEError
+
+from ._assemble import Assembler
+from ._errors import (
+    ConnectError,
+    HttpError,
+    InferError,
+    InferTimeout,
+    StreamBroken,
+    is_retryable,
+)
+from ._types import (
+    ChatEvent,
+    ChatRequest,
+    Completion,
+    Content,
+    Queued,
+    Reasoning,
+    Retrying,
+    ToolCallDelta,
+    Waiting,
+)
+
+__all__ = ["Client", "EventSink", "RetryPolicy", "Timeouts"]
+
+EventSink = Callable[[ChatEvent], None]
+
+# llama-server sends no bytes at all while a request waits for a busy slot; a request without
+# headers after this long is reported as queued.
+QUEUED_AFTER = 0.25
+# An error body is read for its message only; a misbehaving server cannot make us hold more.
+ERROR_BODY_LIMIT = 64 * 1024
+# Closing a stream is a socket close; if it takes longer, something is wrong and we move on.
+CLOSE_GRACE = 2.0
+# Events that mean output reached the caller: after one of them, a retry would repeat it.
+_OUTPUT = (Reasoning, Content, ToolCallDelta)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines of one request, in seconds."""
+
+    connect: float = 5.0
+    queue: float = 600.0
+    """Until llama-server starts on the request (it sends nothing while the slot is busy)."""
+    read: float = 120.0
+    """Longest silence once streaming began (the server pings every 30 s of silence)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with jitter, for connect failures and 503 only."""
+
+    attempts: int = 5
+    base: float = 0.5
+    cap: float = 8.0
+
+    def delay(self, attempt: int) -> float:
+        # Half fixed, half random: never a thundering herd, never a zero wait.
+        ceiling = min(self.cap, self.base * 2.0 ** (attempt - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+
+
+class Client:
+    """A client for one llama-server. Use as `async with Client(url) as client:`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeouts: Timeouts | None = None,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = timeouts or Timeouts()
+        self.retry = retry or RetryPolicy()
+        # Read deadlines are cancel scopes below; httpx keeps only the connect deadline.
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(None, connect=self.timeouts.connect),
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+            await self._http.aclose()
+
+    async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion:
+        """`chat`, retried on connect failures and 503 until output has been passed on."""
+        passed_on = False
+
+        def relay(event: ChatEvent) -> None:
+            nonlocal passed_on
+            passed_on = passed_on or isinstance(event, _OUTPUT)
+            on_event(event)
+
+        attempt = 1
+        while True:
+            try:
+                return await self.chat(request, relay)
+            except InferError as e:
+                if passed_on or not is_retryable(e) or attempt >= self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt)
+                on_event(Retrying(attempt=attempt, delay=delay, why=str(e)))
+                await trio.sleep(delay)
+                attempt += 1
+
+    async def chat(self, request: ChatRequest, on_event: EventSink) -> Completion:
+        """Stream one completion, passing each event on; raises an `InferError` on failure."""
+        http_request = self._http.build_request(
+            "POST",
+            "/v1/chat/completions",
+            content=request.body(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        response = await self._open_announcing_queue(http_request, on_event)
+        try:
+            return await self._read(response, request, on_event)
+        finally:
+            await _close(response)
+
+    async def _open_announcing_queue(
+        self, http_request: httpx.Request, on_event: EventSink
+    ) -> httpx.Response:
+        # `outcome` keeps an error of `_open` out of the nursery's exception group, so callers
+        # see the InferError itself.
+        opened: outcome.Outcome[httpx.Response] | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                notice = trio.CancelScope()
+                nursery.start_soon(_announce_queued, notice, on_event)
+                opened = await outcome.acapture(self._open, http_request)
+                notice.cancel()
+        except BaseException:
+            if isinstance(opened, outcome.Value):
+                await _close(opened.value)
+            raise
+        return opened.unwrap()
+
+    async def _open(self, http_request: httpx.Request) -> httpx.Response:
+        with trio.move_on_after(self.timeouts.queue) as waited:
+            try:
+                response = await self._http.send(http_request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                raise ConnectError(f"cannot connect to llama-server at {self.base_url}: {e}") from e
+            except httpx.TransportError as e:
+                raise StreamBroken(
+                    f"llama-server closed the connection before answering: {e!r}"
+                ) from e
+        if waited.cancelled_caught:
+            raise InferTimeout(
+                f"llama-server did not start on the request in {self.timeouts.queue} s"
+            )
+        if response.status_code != 200:
+            try:
+                body = await _read_limited(response, self.timeouts.read)
+            finally:
+                await _close(response)
+            raise HttpError(response.status_code, body)
+        return response
+
+    async def _read(
+        self, response: httpx.Response, request: ChatRequest, on_event: EventSink
+    ) -> Completion:
+        on_event(Waiting())
+        assembler = Assembler(thinking_cap=request.thinking_cap if request.thinking else None)
+        try:
+            events = EventSource(response).aiter_sse()
+            while True:
+                with trio.move_on_after(self.timeouts.read) as silent:
+                    sse = await anext(events, None)
+                if silent.cancelled_caught:
+                    raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
+                if sse is None:
+                    raise StreamBroken("the stream ended without [DONE]")
+                if sse.data == "[DONE]":
+                    return assembler.completion()
+                for event in assembler.feed(sse.data):
+                    on_event(event)
+                if assembler.past_cap:
+                    return assembler.completion(cut_by_client=True)
+        except SSEError as e:
+            raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
+        except httpx.TransportError as e:
+            raise StreamBroken(f"the stream broke: {e!r}") from e
+
+
+async def _close(response: httpx.Response) -> None:
+    # Shielded, so a cancelled request still closes its connection (which makes llama-server
+    # cancel the generation); bounded, because a close must never hang a cancelled turn.
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+        await response.aclose()
+
+
+async def _announce_queued(scope: trio.CancelScope, on_event: EventSink) -> None:
+    with scope:
+        await trio.sleep(QUEUED_AFTER)
+        on_event(Queued())
+
+
+async def _read_limited(response: httpx.Response, timeout: float) -> str:
+    body = bytearray()
+    with trio.move_on_after(timeout):
+        try:
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) >= ERROR_BODY_LIMIT:
+                    break
+        except httpx.TransportError:
+            pass  # the status says what matters; a cut body is still worth showing
+    return body[:ERROR_BODY_LIMIT].decode("utf-8", errors="replace")

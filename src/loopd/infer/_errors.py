@@ -1,0 +1,92 @@
+"""The errors of the inference client: a small, exact set, each saying whose fault it is.
+
+InferError                  anything that kept a request from completing
+ ├── ConnectError           no connection to llama-server (retried)
+ ├── HttpError              llama-server answered with an error status (503 is retried)
+ ├── InferTimeout           llama-server stopped answering within a deadline
+ └── StreamError            the answer began but could not be read to its end
+      ├── StreamBroken      cut, garbled, or not an event stream at all
+      └── StreamErrorEvent  llama-server reported an error inside the stream
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "ConnectError",
+    "HttpError",
+    "InferError",
+    "InferTimeout",
+    "StreamBroken",
+    "StreamError",
+    "StreamErrorEvent",
+    "is_context_full",
+    "is_retryable",
+]
+
+
+class InferError(Exception):
+    """A request to llama-server did not complete."""
+
+
+class ConnectError(InferError):
+    """No connection could be made: the server is down, starting, or the address is wrong."""
+
+
+class HttpError(InferError):
+    """The server answered with a status other than 200; `body` is its text, as sent."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"llama-server answered HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+    def error_type(self) -> str | None:
+        """The `error.type` of llama-server's JSON envelope, when the body is one."""
+        try:
+            payload: Any = json.loads(self.body)
+        except ValueError:
+            return None
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            kind = payload["error"].get("type")
+            return kind if isinstance(kind, str) else None
+        return None
+
+
+class InferTimeout(InferError):
+    """The server accepted the request but said nothing within the deadline."""
+
+
+class StreamError(InferError):
+    """The answer started but could not be read to its end."""
+
+
+class StreamBroken(StreamError):
+    """The stream was cut, ended without `[DONE]`, or was not the stream we asked for."""
+
+
+class StreamErrorEvent(StreamError):
+    """llama-server sent `data: {"error": ...}` in the stream; `error` is that object."""
+
+    def __init__(self, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else None
+        super().__init__(f"llama-server reported an error in the stream: {message or error}")
+        self.error = error
+
+
+def is_context_full(error: BaseException) -> bool:
+    """True for the one 400 llama-server sends when the prompt does not fit in the slot."""
+    return (
+        isinstance(error, HttpError)
+        and error.status == 400
+        and error.error_type() == "exceed_context_size_error"
+    )
+
+
+def is_retryable(error: InferError) -> bool:
+    """Worth another try: the server was unreachable, or is still loading its model (503)."""
+    if isinstance(error, ConnectError):
+        return True
+    return isinstance(error, HttpError) and error.status == 503

@@ -1,0 +1,172 @@
+"""What goes to llama-server and what comes back: the request, its events, the completion.
+
+Events and completions are pydantic models with a literal `kind`, so the channel can put them
+on the wire as they are. The request is a plain dataclass: its messages are already JSON-ready
+dicts, and copying them through validation on every turn would cost time for nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator
+
+__all__ = [
+    "ChatEvent",
+    "ChatRequest",
+    "Completion",
+    "Content",
+    "Progress",
+    "Queued",
+    "Reasoning",
+    "Retrying",
+    "ThinkingCapped",
+    "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "Waiting",
+]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One streamed chat completion, pinned to a slot."""
+
+    messages: list[dict[str, Any]]
+    """OpenAI-style messages, sent exactly as given."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    slot: int = 0
+    """The slot whose KV cache this conversation owns (`id_slot`)."""
+    thinking: bool = True
+    """Ask templates that support it to think (`chat_template_kwargs.enable_thinking`)."""
+    thinking_cap: int | None = None
+    """Reasoning tokens allowed; sent as `reasoning_budget_tokens` and enforced by the client."""
+    max_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Extra body fields such as `temperature` or `seed`; they cannot override the fields above."""
+
+    def body(self) -> bytes:
+        payload: dict[str, Any] = {
+            **self.sampling,
+            "messages": self.messages,
+            "stream": True,
+            "id_slot": self.slot,
+            "cache_prompt": True,
+            "return_progress": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": self.thinking},
+        }
+        if self.tools:
+            payload["tools"] = self.tools
+        if self.max_tokens is not None:
+            payload["max_tokens"] = self.max_tokens
+        if self.thinking and self.thinking_cap is not None:
+            payload["reasoning_budget_tokens"] = self.thinking_cap
+        # Compact and stable, so that recordings of the same request compare equal.
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Timings(_Model):
+    """llama-server's `timings` of one request; other fields it sends are ignored."""
+
+    cache_n: int
+    """Prompt tokens taken from the slot's KV cache."""
+    prompt_n: int
+    """Prompt tokens processed anew."""
+    prompt_ms: float
+    predicted_n: int
+    """Tokens generated."""
+    predicted_ms: float
+
+
+class ToolCall(_Model):
+    """A tool call as the model made it; `arguments` is the exact string received."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Completion(_Model):
+    """The whole answer to one request."""
+
+    content: str | None
+    """None when the model sent no content at all."""
+    reasoning_content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None
+    """`stop`, `length`, `tool_calls`, or `thinking_cap` when the client cut reasoning off."""
+    timings: Timings | None
+    """Missing only when the client ended the stream itself (the thinking cap)."""
+    reasoning_tokens: int = 0
+    """Reasoning pieces received; llama-server streams one token per piece."""
+    thinking_capped: bool = False
+
+
+class Queued(_Model):
+    """The slot is busy: llama-server has not started on this request yet."""
+
+    kind: Literal["queued"] = "queued"
+
+
+class Waiting(_Model):
+    """The server took the request; the prompt is about to be processed."""
+
+    kind: Literal["waiting"] = "waiting"
+
+
+class Progress(_Model):
+    """Prompt processing: `processed` of `total` tokens, `cache` of them from the KV cache."""
+
+    kind: Literal["progress"] = "progress"
+    total: int
+    cache: int
+    processed: int
+
+
+class Reasoning(_Model):
+    kind: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class Content(_Model):
+    kind: Literal["content"] = "content"
+    text: str
+
+
+class ToolCallDelta(_Model):
+    """A piece of a tool call: id and name arrive whole (and may be re-sent), arguments append."""
+
+    kind: Literal["tool_call_delta"] = "tool_call_delta"
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class ThinkingCapped(_Model):
+    """Reasoning reached the cap; the server or the client ends it."""
+
+    kind: Literal["thinking_capped"] = "thinking_capped"
+    cap: int
+
+
+class Retrying(_Model):
+    """The request failed in a way worth retrying; the next attempt starts after `delay` s."""
+
+    kind: Literal["retrying"] = "retrying"
+    attempt: int
+    delay: float
+    why: str
+
+
+ChatEvent = Annotated[
+    Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying,
+    Discriminator("kind"),
+]

@@ -1,0 +1,138 @@
+"""A llama-server that loopd starts and stops itself: the embedded default, and the tests' server.
+
+The child gets one slot (the conversation owns it), no context shift (a full context is an
+error loopd reports, not a silent loss of the conversation's start) and a slot-save path. Its
+output goes to a log file, whose tail is shown when it fails to start.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import trio
+
+__all__ = ["LaunchSpec", "RunningServer", "ServerStartError", "free_port", "managed_server", "stop"]
+
+# A process that ignores SIGTERM this long gets SIGKILL.
+STOP_GRACE = 5.0
+# Binding a port we just found free can still lose a race; try a few.
+PORT_ATTEMPTS = 3
+
+
+class ServerStartError(Exception):
+    """llama-server exited or did not become healthy; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    binary: Path
+    model: Path
+    n_ctx: int = 8192
+    threads: int | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    """None: a free port on `host`."""
+    slot_save_path: Path | None = None
+    chat_template_file: Path | None = None
+    extra_args: Sequence[str] = field(default_factory=tuple)
+    ready_timeout: float = 60.0
+
+    def command(self, port: int) -> list[str]:
+        args = [
+            str(self.binary), "-m", str(self.model),
+            "--host", self.host, "--port", str(port),
+            "-np", "1", "-c", str(self.n_ctx),
+            "--jinja", "--no-context-shift", "--metrics", "--no-ui",
+        ]  # fmt: skip
+        if self.threads is not None:
+            args += ["-t", str(self.threads)]
+        if self.slot_save_path is not None:
+            args += ["--slot-save-path", str(self.slot_save_path)]
+        if self.chat_template_file is not None:
+            args += ["--chat-template-file", str(self.chat_template_file)]
+        return [*args, *self.extra_args]
+
+
+@dataclass
+class RunningServer:
+    url: str
+    port: int
+    process: trio.Process
+    log_path: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def managed_server(spec: LaunchSpec, log_path: Path) -> AsyncIterator[RunningServer]:
+    """Start llama-server, wait until `/health` says ok, and stop it on the way out."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = spec.port or free_port(spec.host)
+        server = await _start(spec, port, log_path)
+        try:
+            await _wait_healthy(server, spec.ready_timeout)
+        except ServerStartError:
+            await stop(server.process)
+            if spec.port is not None or attempt == PORT_ATTEMPTS or "bind" not in server.log_tail():
+                raise
+            continue
+        break
+    try:
+        yield server
+    finally:
+        await stop(server.process)
+
+
+async def _start(spec: LaunchSpec, port: int, log_path: Path) -> RunningServer:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            spec.command(port), stdin=None, stdout=log, stderr=log
+        )
+    return RunningServer(f"http://{spec.host}:{port}", port, process, log_path)
+
+
+async def _wait_healthy(server: RunningServer, timeout: float) -> None:
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        with trio.move_on_after(timeout):
+            while server.process.poll() is None:
+                try:
+                    response = await http.get(f"{server.url}/health")
+                    if response.status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet
+                await trio.sleep(0.05)
+            raise ServerStartError(
+                f"llama-server exited with status {server.process.returncode}:\n{server.log_tail()}"
+            )
+    raise ServerStartError(f"llama-server was not healthy after {timeout} s:\n{server.log_tail()}")
+
+
+async def stop(process: trio.Process) -> None:
+    """SIGTERM, then SIGKILL after a grace period; always reaps the child."""
+    with trio.CancelScope(shield=True):
+        if process.poll() is None:
+            process.terminate()
+            with trio.move_on_after(STOP_GRACE):
+                await process.wait()
+        if process.poll() is None:
+            process.kill()
+            await process.wait()

