@@ -1,6 +1,8 @@
 # loopd's tasks. `just` lists them.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
+# Arguments reach commands as "$@", quoted as the user typed them.
+set positional-arguments := true
 
 py := ".venv/bin/python"
 # uv from PATH, else the one `setup` installs into the project's cache.
@@ -12,19 +14,19 @@ default:
 
 # Create the venv, install the locked dependencies, build llama-server and fetch the model
 setup:
-    [ -x "{{uv}}" ] || { python3 -m venv .cache/bootstrap && .cache/bootstrap/bin/pip install --quiet uv; }
-    {{uv}} sync --locked --quiet
-    UV="{{uv}}" {{py}} scripts/assets.py ensure
+    @[ -x "{{uv}}" ] || { python3 -m venv .cache/bootstrap && .cache/bootstrap/bin/pip install --quiet uv; }
+    @{{uv}} sync --locked --quiet
+    @UV="{{uv}}" {{py}} scripts/assets.py ensure
 
 # Stream an answer from the bundled model
 ask *PROMPT: setup
-    {{py}} scripts/ask.py {{PROMPT}}
+    @{{py}} scripts/ask.py "$@"
 
 # Run the whole test suite (real llama-server tests included)
 test *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
-    {{py}} -m pytest {{ARGS}}
+    {{py}} -m pytest "$@"
 
 # Format the code
 fmt:
@@ -48,4 +50,4 @@ model: setup
 
 # Record the llama-server exchanges in recordings/ anew (all, or the named ones)
 record *NAMES: setup
-    {{py}} scripts/record.py {{NAMES}}
+    {{py}} scripts/record.py "$@"

@@ -63,9 +63,11 @@ async def exchange(http: httpx.AsyncClient, url: str, payload: dict[str, Any]) -
     async with http.stream("POST", f"{url}/v1/chat/completions", json=payload) as r:
         raw = b"".join([piece async for piece in r.aiter_raw()])
     headers = [[k, v] for k, v in r.headers.items() if k.lower() not in DROPPED_HEADERS]
+    # The chunks name the model by the path it was loaded from; keep only the file name.
+    text = raw.decode().replace(str(assets.MODEL_PATH), assets.MODEL_FILE)
     return {
         "request": {"method": "POST", "path": "/v1/chat/completions", "body": payload},
-        "response": {"status": r.status_code, "headers": headers, "body": raw.decode()},
+        "response": {"status": r.status_code, "headers": headers, "body": text},
     }
 
 
@@ -115,12 +117,19 @@ def _prefill(name: str, start: str) -> list[dict[str, Any]]:
 
 
 async def find_tool(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
-    messages = _prefill("find_tool", '{"query": "')
-    return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24))]
+    # SmolLM2 rambles on after a call; a stop string ends it where the call is still whole.
+    messages = _prefill("find_tool", '{"query": "read')
+    return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24, stop=['"']))]
 
 
 async def call_tool(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     messages = _prefill("call_tool", '{"name": "read_file", "arguments": {"path": "')
+    return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24, stop=['"']))]
+
+
+async def stream_error(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+    # Without a stop string the rambling breaks the tool-call parser mid-stream.
+    messages = _prefill("find_tool", '{"query": "')
     return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24))]
 
 
@@ -143,11 +152,45 @@ SCENARIOS = {
                           find_tool, template=QWEN),
     "call_tool": Scenario("a call_tool call (Qwen2.5 template, prefilled <tool_call>)",
                           call_tool, template=QWEN),
+    "stream_error": Scenario("an error inside the stream: the tool-call parser fails on output "
+                             "that does not match the template's format", stream_error,
+                             template=QWEN),
     "reasoning_cap": Scenario("reasoning with reasoning_budget_tokens 20 (QwQ template)",
                               reasoning_cap, template=QWQ),
     "reasoning_long": Scenario("reasoning with no budget (QwQ template)",
                                reasoning_long, template=QWQ),
 }  # fmt: skip
+
+
+# Bad servers cannot be had from a healthy one: these are made from the real `plain` recording,
+# changed as each one says, in the same format.
+def _with(plain: dict[str, Any], **response: Any) -> dict[str, Any]:
+    return {"request": plain["request"], "response": {**plain["response"], **response}}
+
+
+def _events(plain: dict[str, Any]) -> list[str]:
+    return [e for e in plain["response"]["body"].split("\n\n") if e]
+
+
+DERIVED: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "garbage": ("an HTML page with status 200 instead of an event stream", lambda p: _with(
+        p, headers=[["content-type", "text/html"]], body="<html><body>Welcome</body></html>")),
+    "bad_chunk": ("the plain answer with its third event's JSON cut short", lambda p: _with(
+        p, body="\n\n".join([*_events(p)[:2], _events(p)[2][:40], *_events(p)[3:]]) + "\n\n")),
+    "no_done": ("the plain answer without its final `data: [DONE]`", lambda p: _with(
+        p, body="\n\n".join(_events(p)[:-1]) + "\n\n")),
+    "cut": ("the plain answer's first four events, then the connection drops", lambda p: _with(
+        p, body="\n\n".join(_events(p)[:4]) + "\n\n", replay={"cut": True})),
+    "error_500_text": ("a 500 whose body is plain text, as a proxy in front might send",
+        lambda p: _with(p, status=500, headers=[["content-type", "text/plain"]],
+                        body="upstream crashed")),
+}  # fmt: skip
+
+
+def write_derived() -> None:
+    plain = json.loads((RECORDINGS / "plain.json").read_text())["exchanges"][0]
+    for name, (what, make) in DERIVED.items():
+        write(name, what, [make(plain)], made_by_hand=True)
 
 
 def spec(n_ctx: int, template: Path | None) -> LaunchSpec:
@@ -157,11 +200,16 @@ def spec(n_ctx: int, template: Path | None) -> LaunchSpec:
     )  # fmt: skip
 
 
-def write(name: str, what: str, exchanges: list[dict[str, Any]]) -> None:
-    source = (
-        f"Recorded from llama-server ({assets.LLAMA_PACKAGE}) with {assets.MODEL_FILE} on the "
-        f"CPU by scripts/record.py: {what}."
-    )
+def write(
+    name: str, what: str, exchanges: list[dict[str, Any]], *, made_by_hand: bool = False
+) -> None:
+    if made_by_hand:
+        source = f"Made by scripts/record.py from the real recording plain.json: {what}."
+    else:
+        source = (
+            f"Recorded from llama-server ({assets.LLAMA_PACKAGE}) with {assets.MODEL_FILE} on "
+            f"the CPU by scripts/record.py: {what}. Model paths are cut to the file name."
+        )
     path = RECORDINGS / f"{name}.json"
     path.write_text(json.dumps({"source": source, "exchanges": exchanges}, indent=1) + "\n")
     print(f"wrote {path.relative_to(ROOT)}")
@@ -207,12 +255,18 @@ async def main_async(names: list[str]) -> None:
             await record_loading(logs)
         else:
             await record(name, SCENARIOS[name], logs)
+    if not names or "plain" in names:
+        write_derived()
 
 
 def main() -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    args.add_argument("names", nargs="*", choices=[[], *SCENARIOS, "loading_503"])
-    trio.run(main_async, args.parse_args().names)
+    args.add_argument("names", nargs="*", help=f"of: {', '.join([*SCENARIOS, 'loading_503'])}")
+    names = args.parse_args().names
+    unknown = set(names) - {*SCENARIOS, "loading_503"}
+    if unknown:
+        args.error(f"no such scenario: {', '.join(sorted(unknown))}")
+    trio.run(main_async, names)
     return 0
 
 

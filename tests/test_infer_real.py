@@ -149,14 +149,17 @@ async def test_reasoning_streams_and_the_thinking_cap_stops_it(llama: StartLlama
     server = await llama(template=QWQ_TEMPLATE)
     events: list[ChatEvent] = []
     async with Client(server.url) as client:
-        done = await client.chat(ask("Why is the sky blue?", max_tokens=80, thinking_cap=20),
-                                 events.append)  # fmt: skip
+        free = await client.chat(ask("Why is the sky blue?", max_tokens=60), lambda _: None)
+        capped = await client.chat(ask("Why is the sky blue?", max_tokens=60, thinking_cap=20),
+                                   events.append)  # fmt: skip
+    assert free.reasoning_tokens > 20 + THINKING_CAP_GRACE  # left alone, it thinks on
+    assert not free.thinking_capped
     assert any(isinstance(e, Reasoning) for e in events)
     assert ThinkingCapped(cap=20) in events
-    assert done.thinking_capped
-    assert 20 <= done.reasoning_tokens <= 20 + THINKING_CAP_GRACE
-    assert done.timings is not None
-    assert done.timings.predicted_n < 80
+    assert capped.thinking_capped
+    assert 19 <= capped.reasoning_tokens <= 20
+    assert capped.content  # the server closed the reasoning and the answer went on
+    assert capped.finish_reason != "thinking_cap"
 
 
 async def test_a_template_that_drops_reasoning_shows_a_cache_loss(llama: StartLlama) -> None:

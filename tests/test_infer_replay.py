@@ -212,7 +212,7 @@ async def test_an_error_inside_the_stream_is_typed_and_not_retried(replay: Start
         with pytest.raises(StreamErrorEvent) as caught:
             await client.chat_with_retry(REQUEST, sink)
     assert caught.value.error["type"] == "server_error"
-    assert any(isinstance(e, Content) for e in events)
+    assert any(isinstance(e, ToolCallDelta) for e in events)  # output was passed on first
     assert not any(isinstance(e, Retrying) for e in events)
 
 

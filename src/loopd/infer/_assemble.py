@@ -25,11 +25,20 @@ from ._types import (
     ToolCallDelta,
 )
 
-__all__ = ["THINKING_CAP_GRACE", "Assembler"]
+__all__ = ["THINKING_CAP_GRACE", "Assembler", "reasoning_at_cap"]
 
 # The server closes capped reasoning with a few tokens of its own (the end tag, and the budget
 # message when one is set); only reasoning that runs past these is the client's to cut.
 THINKING_CAP_GRACE = 8
+
+
+def reasoning_at_cap(cap: int) -> int:
+    """Reasoning pieces that mean the cap was reached.
+
+    llama-server spends the budget's last token on the end-of-thinking tag, which is not
+    streamed as reasoning: with a budget of 20, 19 pieces arrive (seen on the real server).
+    """
+    return max(cap - 1, 1)
 
 
 class _Loose(BaseModel):
@@ -121,7 +130,7 @@ class Assembler:
             self.reasoning_tokens += 1
             events.append(Reasoning(text=delta.reasoning_content))
             cap = self.thinking_cap
-            if cap is not None and self.reasoning_tokens == cap:
+            if cap is not None and self.reasoning_tokens == reasoning_at_cap(cap):
                 self.thinking_capped = True
                 events.append(ThinkingCapped(cap=cap))
         if delta.content:

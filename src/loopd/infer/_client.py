@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -197,20 +198,20 @@ class Client:
         on_event(Waiting())
         assembler = Assembler(thinking_cap=request.thinking_cap if request.thinking else None)
         try:
-            events = EventSource(response).aiter_sse()
-            while True:
-                with trio.move_on_after(self.timeouts.read) as silent:
-                    sse = await anext(events, None)
-                if silent.cancelled_caught:
-                    raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
-                if sse is None:
-                    raise StreamBroken("the stream ended without [DONE]")
-                if sse.data == "[DONE]":
-                    return assembler.completion()
-                for event in assembler.feed(sse.data):
-                    on_event(event)
-                if assembler.past_cap:
-                    return assembler.completion(cut_by_client=True)
+            async with aclosing(EventSource(response).aiter_sse()) as events:
+                while True:
+                    with trio.move_on_after(self.timeouts.read) as silent:
+                        sse = await anext(events, None)
+                    if silent.cancelled_caught:
+                        raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
+                    if sse is None:
+                        raise StreamBroken("the stream ended without [DONE]")
+                    if sse.data == "[DONE]":
+                        return assembler.completion()
+                    for event in assembler.feed(sse.data):
+                        on_event(event)
+                    if assembler.past_cap:
+                        return assembler.completion(cut_by_client=True)
         except SSEError as e:
             raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
         except httpx.TransportError as e:
