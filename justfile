@@ -51,3 +51,11 @@ model: setup
 # Record the llama-server exchanges in recordings/ anew (all, or the named ones)
 record *NAMES: setup
     {{py}} scripts/record.py "$@"
+
+# Measure the figures that matter; writes bench/results.md and bench/results.json
+bench: setup
+    {{py}} bench/run.py
+
+# Write the generated docs (docs/config.md) from the code
+docs: setup
+    {{py}} -c 'from loopd.config import reference; print(reference(), end="")' > docs/config.md

@@ -7,11 +7,12 @@ dicts, and copying them through validation on every turn would cost time for not
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator
+
+from loopd.canonical import canonical
 
 __all__ = [
     "ChatEvent",
@@ -64,8 +65,7 @@ class ChatRequest:
             payload["max_tokens"] = self.max_tokens
         if self.thinking and self.thinking_cap is not None:
             payload["reasoning_budget_tokens"] = self.thinking_cap
-        # Compact and stable, so that recordings of the same request compare equal.
-        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        return canonical(payload)
 
 
 class _Model(BaseModel):

@@ -1,0 +1,110 @@
+"""Store figures: opening (replaying) a 10,000-record session, and one append with fsync.
+
+Each is set beside a baseline measured in the same run on the same files: the open against
+`json.loads` of every line (the least any reader does), the append against a bare
+`os.write` + `os.fsync` of the same line (the least any durable log does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from loopd.baseline import make_baseline
+from loopd.infer import Timings, ToolCall
+from loopd.records import AssistantRecord, Record, ToolResultRecord, UsageRecord, UserRecord, dump
+from loopd.store import Store
+
+RECORDS = 10_000
+OPENS = 7
+APPENDS = 200
+
+
+def conversation(n: int) -> list[Record]:
+    """A realistic mix: user, assistant with a tool call, result, usage; repeated."""
+    t = Timings(cache_n=1200, prompt_n=40, prompt_ms=80.5, predicted_n=60, predicted_ms=600.1)
+    call = ToolCall(id="call_1", name="call_tool", arguments='{"name": "read_file", "arguments": '
+                    '{"path": "notes/today.md"}}')  # fmt: skip
+    cycle: list[Record] = [
+        UserRecord(content="What is in my notes for today? " * 3),
+        AssistantRecord(content=None, reasoning_content="Let me look. " * 5, tool_calls=(call,)),
+        UsageRecord(timings=t),
+        ToolResultRecord(call=1, tool_call_id="call_1", name="read_file", content="- x\n" * 60),
+        AssistantRecord(content="Your notes say: " + "x " * 80),
+        UsageRecord(timings=t),
+    ]
+    return [cycle[i % len(cycle)] for i in range(n)]
+
+
+def _ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {"median_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
+
+
+async def _measure(directory: Path) -> dict[str, Any]:
+    store = Store(directory)
+    with await store.create(make_baseline()) as session:
+        for record in conversation(RECORDS):
+            await session.append(record)
+    path = session.path
+
+    opens, parses = [], []
+    for _ in range(OPENS):
+        start = time.perf_counter()
+        with await store.open(session.id):
+            pass
+        opens.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for line in path.read_bytes().splitlines():
+            json.loads(line)
+        parses.append(time.perf_counter() - start)
+
+    appends, bare = [], []
+    line = dump(UserRecord(content="a typical user message of a sentence or two " * 2))
+    raw = directory / "bare.log"
+    fd = os.open(raw, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with await store.open(session.id) as reopened:
+        for _ in range(APPENDS):
+            start = time.perf_counter()
+            await reopened.append(
+                UserRecord(content="a typical user message of a sentence or two " * 2)
+            )
+            appends.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            os.write(fd, line)
+            os.fsync(fd)
+            bare.append(time.perf_counter() - start)
+    os.close(fd)
+    open_ms, parse_ms = _ms(opens), _ms(parses)
+    append_ms, bare_ms = _ms(appends), _ms(bare)
+    return {
+        "open_10k": {**open_ms, "baseline_median_ms": parse_ms["median_ms"],
+                     "ratio": open_ms["median_ms"] / parse_ms["median_ms"],
+                     "bytes": path.stat().st_size},
+        "append_fsync": {**append_ms, "baseline_median_ms": bare_ms["median_ms"],
+                         "baseline_p99_ms": bare_ms["p99_ms"],
+                         "ratio": append_ms["median_ms"] / bare_ms["median_ms"]},
+    }  # fmt: skip
+
+
+def run() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return trio.run(_measure, Path(tmp))
+
+
+def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    o, a = figures["open_10k"], figures["append_fsync"]
+    return [
+        ("open a 10,000-record session", f"{o['median_ms']:.0f} ms (p99 {o['p99_ms']:.0f})",
+         f"json.loads per line: {o['baseline_median_ms']:.0f} ms", f"{o['ratio']:.2f}x"),
+        ("one append with fsync", f"{a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f})",
+         f"os.write + fsync: {a['baseline_median_ms']:.2f} ms", f"{a['ratio']:.2f}x"),
+    ]  # fmt: skip

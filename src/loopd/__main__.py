@@ -1,0 +1,5 @@
+import sys
+
+from loopd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,343 @@
+"""loopd's configuration: one TOML file, validated with pydantic, defaults for everything.
+
+With no file at all loopd runs the embedded default: it starts its own llama-server with the
+model named by `[server.managed]` (or `$LOOPD_MODEL`). Every mistake in a file is reported as
+one line per problem naming the file, the line when it can be found, the table and the key;
+never a traceback.
+
+Where the file is: `--config FILE`, else `$LOOPD_CONFIG`, else `config.toml` in the user's
+config directory (`~/.config/loopd/` on Linux) when it exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import platformdirs
+import tomli_w
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
+
+from loopd.baseline import DEFAULT_SYSTEM_PROMPT
+from loopd.records import DataClass
+
+__all__ = [
+    "ChannelConfig",
+    "Config",
+    "ConfigError",
+    "LoopConfig",
+    "ManagedServer",
+    "McpServer",
+    "Policy",
+    "RetryConfig",
+    "ServerConfig",
+    "SessionConfig",
+    "SlotsConfig",
+    "StoreConfig",
+    "ToolsConfig",
+    "config_path",
+    "dump_toml",
+    "load_config",
+]
+
+APP = "loopd"
+
+
+class ConfigError(Exception):
+    """The config file is missing, not TOML, or not a valid config: the message says where."""
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True
+    )
+
+
+class RetryConfig(_Table):
+    attempts: PositiveInt = 5
+    """Tries in all for connect failures and 503 (model loading)."""
+    base: PositiveFloat = 0.5
+    """Seconds before the second try; doubled each time, with jitter."""
+    cap: PositiveFloat = 8.0
+    """The longest wait between tries, in seconds."""
+
+
+class ManagedServer(_Table):
+    """The llama-server loopd starts itself when `[server] url` is not set."""
+
+    binary: Path | None = None
+    """The llama-server binary; default `$LOOPD_LLAMA_SERVER`, then `llama-server` on PATH."""
+    model: Path | None = None
+    """The GGUF model; default `$LOOPD_MODEL`."""
+    n_ctx: PositiveInt = 8192
+    """Context size of the one slot, in tokens."""
+    threads: PositiveInt | None = None
+    """CPU threads for llama-server; unset: its own default."""
+    chat_template_file: Path | None = None
+    """A Jinja chat template to use instead of the model's own."""
+    extra_args: list[str] = []
+    """More llama-server arguments, appended as given."""
+
+
+class ServerConfig(_Table):
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    """An llama-server loopd does not manage, e.g. `http://gpu-box:8080`."""
+    managed: ManagedServer = ManagedServer()
+    connect_timeout: PositiveFloat = 5.0
+    """Seconds to make the TCP connection."""
+    queue_timeout: PositiveFloat = 600.0
+    """Seconds to wait for the slot to start on a request (the server says nothing meanwhile)."""
+    read_timeout: PositiveFloat = 120.0
+    """The longest silence in a stream, in seconds (the server pings every 30 s)."""
+    retry: RetryConfig = RetryConfig()
+
+
+class SlotsConfig(_Table):
+    main: NonNegativeInt = 0
+    """The slot whose KV cache the conversation owns (`id_slot`)."""
+
+
+class SessionConfig(_Table):
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """Written into each new session's baseline; existing sessions keep theirs."""
+
+
+class LoopConfig(_Table):
+    tool_iterations: PositiveInt = 10
+    """Rounds of tool calls in one turn before it stops with `turn_limit`."""
+    repeat_detection: bool = True
+    """Refuse a call repeated with the same arguments in a turn; stop at the second repeat."""
+    thinking_cap: PositiveInt = 4096
+    """Reasoning tokens allowed per request."""
+    tool_result_cap: PositiveInt = 16_000
+    """Characters of a tool result the model sees; the rest is cut with a marker."""
+    turn_timeout: PositiveFloat = 900.0
+    """Seconds one turn may take, tool calls included."""
+
+
+def _default_socket() -> Path:
+    # $XDG_RUNTIME_DIR is private to the user; without one, a per-user folder in /tmp that the
+    # channel server creates 0700 (platformdirs' own fallback comes with a warning).
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / APP / "loopd.sock"
+    return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}" / "loopd.sock"
+
+
+def _default_store() -> Path:
+    return platformdirs.user_state_path(APP) / "sessions"
+
+
+class ChannelConfig(_Table):
+    socket: Path = Field(default_factory=_default_socket)
+    """The Unix socket clients connect to (made 0600, in a 0700 directory)."""
+    max_line: PositiveInt = 1 << 20
+    """The longest line a client may send, in bytes."""
+    subscriber_buffer: PositiveInt = 1024
+    """Events buffered per client; a client further behind is dropped with `lagged`."""
+    queue_limit: PositiveInt = 8
+    """Messages that may wait while a turn runs; more are refused with `busy`."""
+
+
+class StoreConfig(_Table):
+    directory: Path = Field(default_factory=_default_store)
+    """Where session logs live, one `<id>.jsonl` each."""
+
+
+class Policy(_Table):
+    action: Literal["allow", "ask", "deny"] = "allow"
+    """`allow` runs the call, `ask` waits for the user's approval, `deny` refuses it."""
+    data_class: DataClass = Field(default="public", alias="class")
+    """What the results hold: `public`, `private` or `secret`."""
+    untrusted: bool = False
+    """Results come from outside (web pages, mail): the model sees them marked as data."""
+
+
+class McpServer(_Table):
+    command: list[str] = Field(min_length=1)
+    """The server's command line, run over stdio."""
+    env: dict[str, str] = {}
+    """Environment variables for the server, added to loopd's own."""
+    policy: Policy = Policy()
+    """The policy of every tool of this server (a per-tool policy wins)."""
+
+
+class ToolsConfig(_Table):
+    roots: list[Path] = []
+    """Directories the built-in file tools may read; nothing outside them."""
+    timeout: PositiveFloat = 30.0
+    """Seconds one tool call may take."""
+    find_limit: PositiveInt = 5
+    """Matches `find_tool` returns at most."""
+    policies: dict[str, Policy] = {}
+    """Per tool name or per source (an MCP server's name, or `builtin`)."""
+    mcp: dict[str, McpServer] = {}
+    """MCP servers over stdio, by name; their tools join the registry."""
+
+
+class Config(_Table):
+    server: ServerConfig = ServerConfig()
+    slots: SlotsConfig = SlotsConfig()
+    session: SessionConfig = SessionConfig()
+    loop: LoopConfig = LoopConfig()
+    channel: ChannelConfig = Field(default_factory=ChannelConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    tools: ToolsConfig = ToolsConfig()
+
+
+def config_path(explicit: Path | None = None) -> tuple[Path | None, bool]:
+    """The file to read, and whether the user named it (then it must exist)."""
+    if explicit is not None:
+        return explicit, True
+    if named := os.environ.get("LOOPD_CONFIG"):
+        return Path(named), True
+    default = platformdirs.user_config_path(APP) / "config.toml"
+    return (default, False) if default.is_file() else (None, False)
+
+
+def load_config(explicit: Path | None = None) -> tuple[Config, Path | None]:
+    """The effective config and the file it came from (None: defaults only)."""
+    path, named = config_path(explicit)
+    if path is None:
+        return Config(), None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if named:
+            raise ConfigError(f"{path}: no such config file") from None
+        return Config(), None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return Config.model_validate(data), path
+    except ValidationError as e:
+        raise ConfigError("\n".join(_describe(path, text, err) for err in e.errors())) from None
+
+
+def _describe(path: Path, text: str, error: Any) -> str:
+    loc = [str(part) for part in error["loc"]]
+    if error["type"] == "extra_forbidden":
+        *table, key = loc
+        known = _known_keys(loc[:-1])
+        hint = difflib.get_close_matches(key, known, n=1)
+        message = f"unknown key (did you mean {hint[0]!r}?)" if hint else "unknown key"
+        if not table:
+            return f"{_where(path, text, [key], None)}: [{key}] is not a table loopd knows"
+    else:
+        *table, key = loc if len(loc) > 1 else ["", *loc]
+        message = error["msg"]
+    table = [t for t in table if t]
+    return f"{_where(path, text, table, key)}: [{'.'.join(table)}] {key}: {message}"
+
+
+def _known_keys(loc: list[str]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _where(path: Path, text: str, table: list[str], key: str | None) -> str:
+    """`file:line` where the key (or the table) is written, when a plain search finds it."""
+    header = f"[{'.'.join(table)}]"
+    in_table = not table
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.split("#", 1)[0].strip()
+        if stripped.startswith("["):
+            in_table = stripped == header
+            if in_table and key is None:
+                return f"{path}:{number}"
+            continue
+        if in_table and key is not None and re.match(rf"{re.escape(key)}\s*=", stripped):
+            return f"{path}:{number}"
+    return str(path)
+
+
+def dump_toml(config: Config) -> str:
+    """The config as TOML, every default spelled out (unset optional keys left out)."""
+    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return tomli_w.dumps(data)
+
+
+def reference() -> str:
+    """docs/config.md, made from the models themselves so that it cannot drift from them."""
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from loopd/config.py by `just docs`; edit the docstrings there. -->",
+        "",
+        (__doc__ or "").strip(),
+        "",
+        (
+            "`loopd check-config [--config FILE]` prints the effective config, or the mistakes "
+            "and exit status 2."
+        ),
+    ]
+    for name, field in Config.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            _reference_table(field.annotation, [name], out)
+    return "\n".join(out) + "\n"
+
+
+def _reference_table(model: type[BaseModel], path: list[str], out: list[str]) -> None:
+    rows, nested = [], []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((annotation, [*path, key]))
+            continue
+        value_type = get_args(annotation)[-1] if get_origin(annotation) is dict else None
+        if isinstance(value_type, type) and issubclass(value_type, BaseModel):
+            nested.append((value_type, [*path, key, "NAME"]))
+        shown = _DEFAULTS_SHOWN.get(key) or _default_shown(
+            field.get_default(call_default_factory=True), required=field.is_required()
+        )
+        rows.append(f"| `{key}` | {shown} | {(field.description or '').replace(chr(10), ' ')} |")
+    out += ["", f"## [{'.'.join(path)}]", "", "| key | default | meaning |", "| --- | --- | --- |"]
+    out += rows
+    for sub, sub_path in nested:
+        _reference_table(sub, sub_path, out)
+
+
+# Defaults that depend on the machine, shown as their rule.
+_DEFAULTS_SHOWN = {
+    "socket": "`$XDG_RUNTIME_DIR/loopd/loopd.sock` (without it, `/tmp/loopd-UID/loopd.sock`)",
+    "directory": "`$XDG_STATE_HOME/loopd/sessions` (`~/.local/state/loopd/sessions`)",
+    "system_prompt": "a short prompt that explains `find_tool`, `call_tool` and untrusted data",
+}
+
+
+def _default_shown(value: Any, *, required: bool) -> str:
+    if required:
+        return "(required)"
+    if value == {}:
+        return "(none)"
+    return "(unset)" if value is None else f"`{_toml_value(value)}`"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, Path):
+        return f'"{value}"'
+    return tomli_w.dumps({"v": value}).strip().removeprefix("v = ")

@@ -1,0 +1,151 @@
+"""The records of a session log: one JSON object per line, each with a `kind` and a `time`.
+
+A log is the whole truth of a session. Records are only ever appended; the messages sent to
+the model are a pure function of the baseline and the records (`loopd.baseline.messages`).
+`time` goes to the log only, never into a message, so a replay gives the same bytes.
+
+Versioning: the header carries `format`. A field added later gets a default, so older logs
+keep loading; a renamed field keeps its old name as an alias. Fields a newer loopd wrote and
+this one does not know are ignored on reading. A change that old readers could not survive
+raises `format`, and readers refuse formats newer than theirs with a clear message.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
+
+from loopd.infer import Timings, ToolCall
+
+__all__ = [
+    "FORMAT",
+    "RECORD",
+    "AssistantRecord",
+    "Baseline",
+    "CacheLossRecord",
+    "DataClass",
+    "Record",
+    "SessionHeader",
+    "ToolResultRecord",
+    "TurnEndReason",
+    "TurnEndRecord",
+    "UsageRecord",
+    "UserRecord",
+    "dump",
+    "now",
+]
+
+FORMAT = 1
+"""The log format this loopd writes and the newest it reads."""
+
+DataClass = Literal["public", "private", "secret"]
+TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    time: datetime = Field(default_factory=now)
+    """When the record was written (UTC). In the log only, never in a message."""
+
+
+class Baseline(BaseModel):
+    """What every request of a session starts with; fixed when the session is created."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    system: str
+    """The system prompt."""
+    tools: tuple[dict[str, Any], ...]
+    """The tool definitions the model sees: `find_tool` and `call_tool`, forever."""
+
+
+class SessionHeader(_Record):
+    """The first line of every log."""
+
+    kind: Literal["session"] = "session"
+    id: str
+    created: datetime
+    baseline: Baseline
+    loopd_version: str
+    """The loopd that created the session."""
+    format: int = FORMAT
+
+
+class UserRecord(_Record):
+    kind: Literal["user"] = "user"
+    content: str
+
+
+class AssistantRecord(_Record):
+    """An answer exactly as received: it goes back to the model unchanged."""
+
+    kind: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Ids, names and the `arguments` strings as the model sent them."""
+
+
+class UsageRecord(_Record):
+    """What one request cost; produces no message."""
+
+    kind: Literal["usage"] = "usage"
+    timings: Timings | None
+    """llama-server's timings; None when the client cut the stream (the thinking cap)."""
+    reasoning_tokens: int = 0
+    thinking_capped: bool = False
+
+
+class CacheLossRecord(_Record):
+    """The request found fewer tokens in the KV cache than the previous prompt held."""
+
+    kind: Literal["cache_loss"] = "cache_loss"
+    expected: int
+    cached: int
+
+
+class ToolResultRecord(_Record):
+    """The answer to one tool call; becomes a `tool` message."""
+
+    kind: Literal["tool_result"] = "tool_result"
+    call: int
+    """The session's own number for this call (`Session.next_call`)."""
+    tool_call_id: str
+    """The model's id of the call this answers."""
+    name: str
+    content: str
+    """As the model will see it: capped, and wrapped in the untrusted envelope if untrusted."""
+    data_class: DataClass = Field(default="public", alias="class")
+    untrusted: bool = False
+    truncated: bool = False
+
+
+class TurnEndRecord(_Record):
+    kind: Literal["turn_end"] = "turn_end"
+    reason: TurnEndReason
+
+
+Record = Annotated[
+    SessionHeader
+    | UserRecord
+    | AssistantRecord
+    | UsageRecord
+    | CacheLossRecord
+    | ToolResultRecord
+    | TurnEndRecord,
+    Discriminator("kind"),
+]
+RECORD: TypeAdapter[Record] = TypeAdapter(Record)
+"""Reads one line of a log: `RECORD.validate_json(line)`."""
+
+
+def dump(record: Record) -> bytes:
+    """One log line, newline included. Field names as in the log (`class`, not `data_class`)."""
+    return record.model_dump_json(by_alias=True).encode() + b"\n"

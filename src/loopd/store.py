@@ -1,0 +1,341 @@
+"""The session store: one append-only JSONL log per session, and nothing said is ever lost.
+
+Each append is one `write` of one line, then `fsync`, in a worker thread that a cancelled
+caller waits for, so a record is either whole on disk or not there at all. A crash in the
+middle of a write leaves a torn last line: opening cuts it off and says so; every record
+before it is kept. Anything else that does not parse is an error naming the file and line,
+never skipped. One process writes a session at a time (an exclusive `flock` on the log).
+
+    StoreError
+     ├── SessionLocked      another process has the session open for writing
+     ├── UnknownSession     no log with that id
+     └── CorruptLog         a line that is not a record, or a log that is not a session
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import trio
+from pydantic import TypeAdapter, ValidationError
+
+from loopd import __version__
+from loopd.records import (
+    FORMAT,
+    RECORD,
+    Baseline,
+    Record,
+    SessionHeader,
+    ToolResultRecord,
+    UsageRecord,
+    UserRecord,
+    dump,
+    now,
+)
+
+__all__ = [
+    "CorruptLog",
+    "Session",
+    "SessionInfo",
+    "SessionLocked",
+    "Store",
+    "StoreError",
+    "UnknownSession",
+    "new_session_id",
+]
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".jsonl"
+# Counted in a log's raw bytes to list sessions without parsing them: inside a string value
+# the quotes would be escaped, so this occurs only as a record's own kind.
+_USER_KIND = b'"kind":"user"'
+_LOG: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+
+
+class StoreError(Exception):
+    """A session log could not be created, opened or written."""
+
+
+class SessionLocked(StoreError):
+    """Another process has this session open for writing."""
+
+
+class UnknownSession(StoreError):
+    """There is no session with this id in the store."""
+
+
+class CorruptLog(StoreError):
+    """A log holds something that is not a record where a record must be."""
+
+    def __init__(self, path: Path, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {reason}")
+        self.path = path
+        self.line = line
+
+
+def new_session_id(at: datetime | None = None) -> str:
+    """Ids sort by creation time: `20261130T120102345Z-9f2c1a` (UTC, milliseconds)."""
+    t = (at or now()).astimezone(UTC)
+    return f"{t:%Y%m%dT%H%M%S}{t.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: str
+    created: datetime
+    turns: int
+    last_activity: datetime
+    path: Path
+
+
+class Session:
+    """An open session log. Only one process at a time holds one; close it when done."""
+
+    def __init__(self, path: Path, fd: int, header: SessionHeader, records: list[Record]) -> None:
+        self.path = path
+        self.header = header
+        self._fd: int | None = fd
+        self._records = records
+        self._size = os.fstat(fd).st_size
+        self._write_lock = trio.Lock()
+        self._last_call = max(
+            (r.call for r in records if isinstance(r, ToolResultRecord)), default=0
+        )
+
+    @property
+    def id(self) -> str:
+        return self.header.id
+
+    @property
+    def baseline(self) -> Baseline:
+        return self.header.baseline
+
+    @property
+    def records(self) -> Sequence[Record]:
+        """Every record after the header, in order."""
+        return self._records
+
+    @property
+    def turns(self) -> int:
+        return sum(isinstance(r, UserRecord) for r in self._records)
+
+    def next_call(self) -> int:
+        """A number for the next tool call, unique across the session."""
+        self._last_call += 1
+        return self._last_call
+
+    def last_usage(self) -> UsageRecord | None:
+        for record in reversed(self._records):
+            if isinstance(record, UsageRecord):
+                return record
+        return None
+
+    async def append(self, record: Record) -> None:
+        """Write one record and fsync it; when this returns, the record is on disk."""
+        if isinstance(record, SessionHeader):
+            raise StoreError("a session has one header, written when it is created")
+        line = dump(record)
+        async with self._write_lock:
+            # Not abandoned on cancel: a cancelled caller waits for the write to finish, so
+            # the log and `records` never disagree.
+            await trio.to_thread.run_sync(self._write, line)
+            self._records.append(record)
+
+    def _write(self, line: bytes) -> None:
+        if self._fd is None:
+            raise StoreError(f"{self.path}: the session is closed")
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # a regular file takes it whole, but be sure
+                written += os.write(self._fd, line[written:])
+            os.fsync(self._fd)
+        except OSError as e:
+            # Never leave half a line behind a later record: cut back to the last whole one.
+            os.ftruncate(self._fd, self._size)
+            raise StoreError(f"{self.path}: cannot append a record: {e}") from e
+        self._size += len(line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock too
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Store:
+    """A directory of session logs, `<id>.jsonl` each."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path_of(self, session_id: str) -> Path:
+        if not session_id or "/" in session_id or session_id.startswith("."):
+            raise UnknownSession(f"{session_id!r} is not a session id")
+        return self.directory / f"{session_id}{SUFFIX}"
+
+    async def create(self, baseline: Baseline) -> Session:
+        return await trio.to_thread.run_sync(self._create, baseline)
+
+    async def open(self, session_id: str) -> Session:
+        return await trio.to_thread.run_sync(self._open, session_id)
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every session, oldest first."""
+        return await trio.to_thread.run_sync(self._sessions)
+
+    def latest(self) -> str | None:
+        ids = self._ids()
+        return ids[-1] if ids else None
+
+    def _ids(self) -> list[str]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            p.name.removesuffix(SUFFIX)
+            for p in self.directory.iterdir()
+            if p.name.endswith(SUFFIX) and not p.name.startswith(".")
+        )
+
+    def _create(self, baseline: Baseline) -> Session:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = now()
+        header = SessionHeader(
+            id=new_session_id(created), created=created, baseline=baseline,
+            loopd_version=__version__, time=created,
+        )  # fmt: skip
+        path = self.path_of(header.id)
+        staging = self.directory / f".{header.id}{SUFFIX}.partial"
+        # Written and locked under a hidden name, then renamed: a log is never seen without
+        # its header, and nobody can take it between the rename and our lock.
+        fd = os.open(
+            staging, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, dump(header))
+            os.fsync(fd)
+            staging.rename(path)
+            _fsync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            staging.unlink(missing_ok=True)
+            raise
+        return Session(path, fd, header, [])
+
+    def _open(self, session_id: str) -> Session:
+        path = self.path_of(session_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise UnknownSession(f"no session {session_id} in {self.directory}") from None
+        try:
+            _lock(fd, path)
+            header, records = _read_log(path, fd, session_id)
+            return Session(path, fd, header, records)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _sessions(self) -> list[SessionInfo]:
+        infos = []
+        for session_id in self._ids():
+            path = self.path_of(session_id)
+            try:
+                data = path.read_bytes()
+                first, _, _ = data.partition(b"\n")
+                header = RECORD.validate_json(first)
+                last = data.rstrip(b"\n").rpartition(b"\n")[2] or first
+                last_time = RECORD.validate_json(last).time if last != first else header.time
+            except (OSError, ValidationError) as e:
+                log.warning("skipping %s in the list: %s", path, e)
+                continue
+            if isinstance(header, SessionHeader):
+                infos.append(SessionInfo(session_id, header.created, data.count(_USER_KIND),
+                                         last_time, path))  # fmt: skip
+        return infos
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SessionLocked(
+            f"{path} is open for writing by another process (is another loopd running on "
+            "this store?)"
+        ) from None
+
+
+def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list[Record]]:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0)
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline, as a whole log does
+    if torn:
+        whole = size - len(torn)
+        log.warning(
+            "%s: cut off a torn last line of %d bytes (a write was interrupted); "
+            "%d whole records kept", path, len(torn), len(lines),
+        )  # fmt: skip
+        os.ftruncate(fd, whole)
+        os.fsync(fd)
+    if not lines:
+        raise CorruptLog(path, 1, "the log is empty: it has no session header")
+    records = _parse_lines(path, lines)
+    header = records.pop(0)
+    if not isinstance(header, SessionHeader):
+        raise CorruptLog(path, 1, f"the first record is {header.kind!r}, not the session header")
+    if header.id != session_id:
+        raise CorruptLog(path, 1, f"the header names another session, {header.id}")
+    if header.format > FORMAT:
+        raise CorruptLog(path, 1, f"log format {header.format} is newer than this loopd "
+                                  f"({__version__}) reads ({FORMAT}): upgrade loopd")  # fmt: skip
+    for number, record in enumerate(records, start=2):
+        if isinstance(record, SessionHeader):
+            raise CorruptLog(path, number, "a second session header")
+    return header, records
+
+
+def _parse_lines(path: Path, lines: list[bytes]) -> list[Record]:
+    # One validation call for the whole log is much faster than one per line; the count check
+    # catches a line that holds two objects. On any failure, line by line finds the culprit.
+    try:
+        records = _LOG.validate_json(b"[" + b",".join(lines) + b"]")
+        if len(records) == len(lines):
+            return records
+    except ValidationError:
+        pass
+    for number, line in enumerate(lines, start=1):
+        try:
+            RECORD.validate_json(line)
+        except ValidationError as e:
+            reason = e.errors()[0]["msg"] if e.errors() else str(e)
+            raise CorruptLog(path, number, f"not a record: {reason}") from None
+    raise CorruptLog(path, 1, "the log does not parse, though each line does")  # unreachable
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

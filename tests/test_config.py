@@ -1,0 +1,147 @@
+"""The config: defaults with no file, and one clear line for each kind of mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from loopd.cli import main
+from loopd.config import Config, ConfigError, dump_toml, load_config, reference
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "loopd.toml"
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return str(caught.value)
+
+
+@pytest.fixture(autouse=True)
+def no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOOPD_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config-here"))
+
+
+def test_no_file_gives_the_defaults() -> None:
+    config, source = load_config(None)
+    assert source is None
+    assert config == Config()
+    assert config.server.url is None  # the embedded default: loopd starts its own server
+    assert config.loop.tool_iterations > 0
+
+
+def test_a_file_overrides_only_what_it_names(tmp_path: Path) -> None:
+    path = write(tmp_path, '[loop]\ntool_iterations = 3\n[server]\nurl = "http://gpu:8080"\n')
+    config, source = load_config(path)
+    assert source == path
+    assert config.loop.tool_iterations == 3
+    assert config.server.url == "http://gpu:8080"
+    assert config.loop.thinking_cap == Config().loop.thinking_cap
+
+
+def test_loopd_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "[slots]\nmain = 2\n")
+    monkeypatch.setenv("LOOPD_CONFIG", str(path))
+    assert load_config(None)[0].slots.main == 2
+
+
+def test_the_user_config_file_is_read_when_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "xdg"
+    (home / "loopd").mkdir(parents=True)
+    (home / "loopd" / "config.toml").write_text("[slots]\nmain = 1\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    assert load_config(None)[0].slots.main == 1
+
+
+def test_an_unknown_key_names_file_line_table_and_key_and_suggests(tmp_path: Path) -> None:
+    path = write(tmp_path, "[loop]\n\ntool_iteration = 3\n")
+    assert error_of(path) == (
+        f"{path}:3: [loop] tool_iteration: unknown key (did you mean 'tool_iterations'?)"
+    )
+
+
+def test_an_unknown_table_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[loops]\ntool_iterations = 3\n")
+    assert error_of(path) == f"{path}:1: [loops] is not a table loopd knows"
+
+
+def test_a_wrong_type_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, '[loop]\nrepeat_detection = "often"\n')
+    assert error_of(path).startswith(f"{path}:2: [loop] repeat_detection: Input should be")
+
+
+def test_a_negative_limit_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "[loop]\ntool_result_cap = -5\n")
+    assert error_of(path) == (f"{path}:2: [loop] tool_result_cap: Input should be greater than 0")
+
+
+def test_a_nested_table_mistake_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, '[tools.policies.read_file]\naction = "maybe"\n')
+    assert error_of(path).startswith(f"{path}:2: [tools.policies.read_file] action: ")
+
+
+def test_a_server_url_must_be_http(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nurl = "gpu-box:8080"\n')
+    assert error_of(path).startswith(f"{path}:2: [server] url: ")
+
+
+def test_every_mistake_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "[loop]\ntool_iterations = 0\nturn_timeout = -1\n")
+    assert len(error_of(path).splitlines()) == 2
+
+
+def test_toml_syntax_errors_name_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "[loop\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}: not valid TOML: ")
+    assert "line 1" in message
+
+
+def test_a_missing_file_named_by_the_user_is_an_error(tmp_path: Path) -> None:
+    assert error_of(tmp_path / "nope.toml") == f"{tmp_path / 'nope.toml'}: no such config file"
+
+
+def test_the_effective_config_prints_as_toml_that_loads_back(tmp_path: Path) -> None:
+    config = Config()
+    path = write(tmp_path, dump_toml(config))
+    assert load_config(path)[0] == config
+
+
+def test_check_config_prints_the_config_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "[loop]\ntool_iterations = 4\n")
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# effective config: {path}\n")
+    assert tomllib.loads(out)["loop"]["tool_iterations"] == 4
+
+
+def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> None:
+    """As a real process, the way a user meets it: one message, no traceback."""
+    path = write(tmp_path, "[loop]\ntool_iterations = -1\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "loopd", "check-config", "--config", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert f"{path}:2: [loop] tool_iterations: Input should be greater than 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_config_reference_in_docs_is_up_to_date() -> None:
+    """docs/config.md is generated from the models; `just docs` writes it anew."""
+    docs = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+    assert docs.read_text() == reference(), "docs/config.md is stale: run `just docs`"

@@ -1,0 +1,338 @@
+"""The append-only store: whole records on disk, torn tails cut, one writer per session."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopd.baseline import make_baseline
+from loopd.infer import Timings
+from loopd.records import (
+    FORMAT,
+    Record,
+    ToolResultRecord,
+    UsageRecord,
+    UserRecord,
+    dump,
+)
+from loopd.store import CorruptLog, SessionLocked, Store, StoreError, UnknownSession, new_session_id
+from support.records import records
+
+BASELINE = make_baseline("Be brief.")
+
+
+async def test_a_new_session_is_a_log_with_its_header(tmp_path: Path) -> None:
+    store = Store(tmp_path / "sessions")
+    with await store.create(BASELINE) as session:
+        lines = session.path.read_bytes().splitlines()
+    assert len(lines) == 1
+    header = json.loads(lines[0])
+    assert header["kind"] == "session"
+    assert header["id"] == session.id
+    assert header["baseline"]["system"] == "Be brief."
+    assert header["format"] == FORMAT
+    assert session.path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in session.path.parent.iterdir()] == [session.path.name]
+
+
+async def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        await session.append(UserRecord(content="hello"))
+        on_disk = session.path.read_bytes().splitlines()
+    assert json.loads(on_disk[-1])["content"] == "hello"
+
+
+async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    appended: list[Record] = [UserRecord(content="a"), ToolResultRecord(
+        call=1, tool_call_id="c", name="t", content="r", data_class="secret")]  # fmt: skip
+    with await store.create(BASELINE) as session:
+        for record in appended:
+            await session.append(record)
+    with await store.open(session.id) as reopened:
+        assert list(reopened.records) == appended
+        assert reopened.header == session.header
+
+
+async def test_tool_result_class_is_written_as_class(tmp_path: Path) -> None:
+    with await Store(tmp_path).create(BASELINE) as session:
+        await session.append(ToolResultRecord(call=1, tool_call_id="c", name="t", content="r",
+                                              data_class="private"))  # fmt: skip
+        line = json.loads(session.path.read_bytes().splitlines()[-1])
+    assert line["class"] == "private"
+    assert "data_class" not in line
+
+
+async def test_next_call_numbers_calls_across_the_session_and_a_restart(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        assert [session.next_call(), session.next_call()] == [1, 2]
+        await session.append(ToolResultRecord(call=2, tool_call_id="c", name="t", content=""))
+    with await store.open(session.id) as reopened:
+        assert reopened.next_call() == 3
+
+
+async def test_last_usage_is_the_latest_usage_record(tmp_path: Path) -> None:
+    t = Timings(cache_n=1, prompt_n=2, prompt_ms=1, predicted_n=3, predicted_ms=1)
+    with await Store(tmp_path).create(BASELINE) as session:
+        assert session.last_usage() is None
+        await session.append(UsageRecord(timings=t, reasoning_tokens=1))
+        await session.append(UsageRecord(timings=t, reasoning_tokens=2))
+        await session.append(UserRecord(content="x"))
+        usage = session.last_usage()
+    assert usage is not None
+    assert usage.reasoning_tokens == 2
+
+
+async def test_a_second_header_cannot_be_appended(tmp_path: Path) -> None:
+    with (
+        await Store(tmp_path).create(BASELINE) as session,
+        pytest.raises(StoreError, match="one header"),
+    ):
+        await session.append(session.header)
+
+
+async def test_sessions_lists_turns_and_last_activity_oldest_first(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    assert await store.sessions() == []
+    assert store.latest() is None
+    with await store.create(BASELINE) as first:
+        await first.append(UserRecord(content='he said "kind":"user"'))
+        await first.append(UserRecord(content="again"))
+    with await store.create(BASELINE) as second:
+        pass
+    listed = await store.sessions()
+    assert [(s.id, s.turns) for s in listed] == [(first.id, 2), (second.id, 0)]
+    assert listed[0].last_activity >= listed[0].created
+    assert store.latest() == second.id
+
+
+def test_session_ids_sort_by_creation_time() -> None:
+    t = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    ids = [new_session_id(t + timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+async def test_opening_an_unknown_session_says_so(tmp_path: Path) -> None:
+    with pytest.raises(UnknownSession):
+        await Store(tmp_path).open("20261130T000000000Z-000000")
+    with pytest.raises(UnknownSession):
+        await Store(tmp_path).open("../elsewhere")
+
+
+async def test_a_corrupt_line_in_the_middle_names_the_file_and_line(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        for n in range(3):
+            await session.append(UserRecord(content=str(n)))
+    lines = session.path.read_bytes().splitlines(keepends=True)
+    lines[2] = b'{"kind": "user", "content": 5}\n'
+    session.path.write_bytes(b"".join(lines))
+    with pytest.raises(CorruptLog, match=rf"{session.path.name}:3: not a record") as caught:
+        await store.open(session.id)
+    assert caught.value.line == 3
+    assert session.path.read_bytes() == b"".join(lines)  # nothing was cut or changed
+
+
+async def test_a_log_whose_first_line_is_not_a_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "20261130T000000000Z-000000.jsonl"
+    path.write_bytes(dump(UserRecord(content="hi")))
+    with pytest.raises(CorruptLog, match=":1: the first record is 'user'"):
+        await Store(tmp_path).open(path.stem)
+
+
+async def test_a_log_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    header = session.header.model_copy(update={"format": FORMAT + 1})
+    session.path.write_bytes(dump(header))
+    with pytest.raises(CorruptLog, match="upgrade loopd"):
+        await store.open(session.id)
+
+
+async def test_old_records_without_newer_fields_still_load(tmp_path: Path) -> None:
+    """A tool_result written before `class`, `untrusted` and `truncated` existed."""
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    old = {"kind": "tool_result", "time": "2026-01-01T00:00:00Z", "call": 1,
+           "tool_call_id": "c", "name": "t", "content": "r", "from_the_future": 1}  # fmt: skip
+    with session.path.open("ab") as f:
+        f.write(json.dumps(old).encode() + b"\n")
+    with await store.open(session.id) as reopened:
+        (record,) = reopened.records
+    assert isinstance(record, ToolResultRecord)
+    assert (record.data_class, record.untrusted, record.truncated) == ("public", False, False)
+
+
+async def test_cancelling_appends_never_leaves_the_log_and_memory_apart(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        for n in range(20):
+            with trio.move_on_after(0.0001 * n):
+                await session.append(UserRecord(content="x" * 100_000))
+        in_memory = list(session.records)
+    with await store.open(session.id) as reopened:
+        assert list(reopened.records) == in_memory
+
+
+# -- torn last lines -------------------------------------------------------------------------
+
+
+def _write_log(directory: Path, appended: list[Record]) -> tuple[Store, str]:
+    async def write() -> tuple[Store, str]:
+        store = Store(directory)
+        with await store.create(BASELINE) as session:
+            for record in appended:
+                await session.append(record)
+        return store, session.id
+
+    return trio.run(write)
+
+
+def _reopen(store: Store, session_id: str) -> list[Record]:
+    async def read() -> list[Record]:
+        with await store.open(session_id) as session:
+            return list(session.records)
+
+    return trio.run(read)
+
+
+@settings(max_examples=40, deadline=None)
+@given(appended=st.lists(records, min_size=1, max_size=6))
+def test_a_cut_anywhere_in_the_last_record_keeps_every_record_before_it(
+    appended: list[Record],
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store, session_id = _write_log(Path(tmp), appended)
+        path = store.path_of(session_id)
+        whole = path.read_bytes()
+        last_start = whole.rstrip(b"\n").rfind(b"\n") + 1
+        for cut in range(last_start, len(whole)):
+            path.write_bytes(whole[:cut])
+            assert _reopen(store, session_id) == appended[:-1]
+            assert path.read_bytes() == whole[:last_start]  # the torn tail is gone
+
+
+@settings(max_examples=40, deadline=None)
+@given(appended=st.lists(records, min_size=1, max_size=8), data=st.data())
+def test_a_cut_at_any_offset_keeps_exactly_the_whole_records_before_it(
+    appended: list[Record], data: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store, session_id = _write_log(Path(tmp), appended)
+        path = store.path_of(session_id)
+        whole = path.read_bytes()
+        header_end = whole.index(b"\n") + 1
+        cut = data.draw(st.integers(min_value=header_end, max_value=len(whole)), label="cut")
+        path.write_bytes(whole[:cut])
+        complete_lines = whole[:cut].count(b"\n") - 1  # less the header
+        assert _reopen(store, session_id) == appended[:complete_lines]
+
+
+async def test_a_log_torn_inside_its_header_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    session.path.write_bytes(session.path.read_bytes()[:20])
+    with pytest.raises(CorruptLog, match="no session header"):
+        await store.open(session.id)
+
+
+# -- real processes --------------------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, trio
+    from pathlib import Path
+    from loopd.store import Store
+    async def main():
+        with await Store(Path(sys.argv[1])).open(sys.argv[2]):
+            print("holding", flush=True)
+            await trio.sleep(60)
+    trio.run(main)
+""")
+
+APPENDER = textwrap.dedent("""
+    import sys, trio
+    from pathlib import Path
+    from loopd.store import Store
+    from loopd.records import UserRecord
+    async def main():
+        with await Store(Path(sys.argv[1])).open(sys.argv[2]) as session:
+            print("appending", flush=True)
+            n = 0
+            while True:
+                n += 1
+                await session.append(UserRecord(content=f"{n:06d}" * 50_000))
+    trio.run(main)
+""")
+
+
+@contextmanager
+def running(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """A Python child that says it is ready on its first line; SIGKILLed on the way out."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() in {"holding", "appending"}
+            yield process
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+
+async def test_a_second_process_cannot_take_the_writer_lock(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    with (
+        running(HOLDER, str(tmp_path), session.id),
+        pytest.raises(SessionLocked, match="open for writing by another process"),
+    ):
+        await store.open(session.id)
+    with await store.open(session.id):  # free again once the holder is gone
+        pass
+
+
+async def test_a_process_killed_mid_append_leaves_a_log_that_opens(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    with running(APPENDER, str(tmp_path), session.id):
+        # Let it write a good number of large records, then kill it wherever it is.
+        while session.path.stat().st_size < 21 * 300_000:  # noqa: ASYNC110 - another process
+            await trio.sleep(0.01)
+    with await store.open(session.id) as reopened:
+        contents = [r.content for r in reopened.records if isinstance(r, UserRecord)]
+    assert len(contents) >= 20
+    assert contents == [f"{n:06d}" * 50_000 for n in range(1, len(contents) + 1)]
+    assert session.path.stat().st_size == session.path.read_bytes().rfind(b"\n") + 1
+
+
+async def test_a_line_holding_two_records_is_corrupt(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    one = dump(UserRecord(content="a")).rstrip(b"\n")
+    with session.path.open("ab") as f:
+        f.write(one + b"\n" + one + b"," + one + b"\n")
+    with pytest.raises(CorruptLog, match=":3: not a record"):
+        await store.open(session.id)
