@@ -1,0 +1,76 @@
+"""Tools: the registry behind `find_tool` and `call_tool`, the port that runs calls under
+their policy and deadline, the built-in tools, and MCP servers as tool sources."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from loopd.config import ToolsConfig
+
+from ._builtin import Builtins, Roots, builtin_entries
+from ._dispatch import Dispatch, Local, Port, dispatch, find_tool_text
+from ._entry import ToolEntry
+from ._mcp import McpSource
+from ._port import (
+    Denied,
+    Executor,
+    Failed,
+    LocalToolPort,
+    PendingApproval,
+    PortAnswer,
+    Result,
+    ToolFailure,
+    ToolOutput,
+    ToolPort,
+    ToolRequest,
+)
+from ._registry import BUILTIN, Registry, policy_for
+
+__all__ = [
+    "BUILTIN",
+    "Builtins",
+    "Denied",
+    "Dispatch",
+    "Executor",
+    "Failed",
+    "Local",
+    "LocalToolPort",
+    "McpSource",
+    "PendingApproval",
+    "Port",
+    "PortAnswer",
+    "Registry",
+    "Result",
+    "Roots",
+    "ToolEntry",
+    "ToolFailure",
+    "ToolOutput",
+    "ToolPort",
+    "ToolRequest",
+    "builtin_entries",
+    "dispatch",
+    "find_tool_text",
+    "open_tool_port",
+    "policy_for",
+]
+
+
+@asynccontextmanager
+async def open_tool_port(config: ToolsConfig) -> AsyncIterator[LocalToolPort]:
+    """The tool port with its built-in tools and MCP servers, supervised until the block ends.
+
+    The MCP servers start side by side, and each has had its first start (or failed it)
+    before the port is handed out, so their tools are in the registry from the first turn on.
+    """
+    registry = Registry(builtin_entries(config))
+    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots)}
+    sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
+    async with trio.open_nursery() as nursery:
+        for source in sources:
+            executors[source.name] = source
+            nursery.start_soon(source.supervise)
+        for source in sources:
+            await source.first_start.wait()
+        yield LocalToolPort(registry, executors, config.timeout)
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,26 @@
+"""One tool in the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loopd.config import Policy
+
+__all__ = ["ToolEntry"]
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    name: str
+    """The name the model passes to `call_tool`."""
+    summary: str
+    """One line: what it does."""
+    description: str
+    """The full description (often the same as the summary)."""
+    schema: dict[str, Any]
+    """JSON schema of the arguments object."""
+    source: str
+    """`builtin`, or the MCP server's name."""
+    policy: Policy
+    available: bool = True

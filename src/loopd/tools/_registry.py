@@ -1,0 +1,69 @@
+"""The registry: every tool loopd can run, behind the two the model sees.
+
+Entries come from sources: `builtin`, and one per MCP server (its tools named
+`<server>.<tool>`). A source's entries are replaced as a whole when it (re)connects, and marked
+unavailable while it is down, so `find_tool` can say so instead of offering a dead tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from loopd.config import Policy, ToolsConfig
+
+from ._entry import ToolEntry
+from ._search import SearchIndex
+
+__all__ = ["BUILTIN", "Registry", "ToolEntry", "policy_for"]
+
+BUILTIN = "builtin"
+
+
+def policy_for(config: ToolsConfig, name: str, source: str) -> Policy:
+    """Per tool, else per source (for MCP: the server's own policy), else allow/public."""
+    if name in config.policies:
+        return config.policies[name]
+    if source in config.policies:
+        return config.policies[source]
+    if source in config.mcp:
+        return config.mcp[source].policy
+    return Policy()
+
+
+class Registry:
+    def __init__(self, entries: Iterable[ToolEntry] = ()) -> None:
+        self._entries = {entry.name: entry for entry in entries}
+        self._index: SearchIndex | None = None
+
+    def _changed(self) -> None:
+        self._index = None  # rebuilt on the next search
+
+    def search(self, query: str, limit: int) -> list[ToolEntry]:
+        if self._index is None:
+            self._index = SearchIndex(self.entries())
+        return self._index.search(query, limit)
+
+    def get(self, name: str) -> ToolEntry | None:
+        return self._entries.get(name)
+
+    def entries(self) -> list[ToolEntry]:
+        """All entries, by name."""
+        return [self._entries[name] for name in sorted(self._entries)]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def set_source(self, source: str, entries: Iterable[ToolEntry]) -> None:
+        """Replace everything a source offers."""
+        kept = {n: e for n, e in self._entries.items() if e.source != source}
+        kept.update((e.name, e) for e in entries)
+        self._entries = kept
+        self._changed()
+
+    def set_available(self, source: str, available: bool) -> None:
+        self._entries = {
+            n: replace(e, available=available) if e.source == source else e
+            for n, e in self._entries.items()
+        }
+        self._changed()

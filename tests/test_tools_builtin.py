@@ -1,0 +1,154 @@
+"""The built-in tools: useful over the roots, and never a step outside them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopd.config import ToolsConfig
+from loopd.tools import Builtins, ToolFailure, builtin_entries
+from loopd.tools._builtin import READ_LINES
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "home"
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "today.md").write_text("# Today\nbuy milk\ncall Alice\n")
+    (root / "notes" / "old.md").write_text("nothing about milk here? milk!\n")
+    (root / "photo.jpg").write_bytes(b"\xff\xd8\xff\0\0JFIF" + bytes(100))
+    (tmp_path / "secret.txt").write_text("the password is hunter2\n")
+    return root
+
+
+def tools(*roots: Path) -> Builtins:
+    return Builtins(list(roots))
+
+
+def run(builtins: Builtins, name: str, **arguments: Any) -> str:
+    function = {"read_file": builtins.read_file, "list_directory": builtins.list_directory,
+                "search_text": builtins.search_text}[name]  # fmt: skip
+    return function(arguments)
+
+
+def test_file_tools_exist_only_with_roots(tmp_path: Path) -> None:
+    assert [e.name for e in builtin_entries(ToolsConfig())] == ["current_time"]
+    names = [e.name for e in builtin_entries(ToolsConfig(roots=[tmp_path]))]
+    assert names == ["read_file", "list_directory", "search_text", "current_time"]
+
+
+def test_read_file_reads_a_text_file(root: Path) -> None:
+    assert run(tools(root), "read_file", path="notes/today.md") == "# Today\nbuy milk\ncall Alice"
+
+
+def test_read_file_reads_from_a_line(root: Path) -> None:
+    assert run(tools(root), "read_file", path="notes/today.md", start_line=3) == "call Alice"
+
+
+def test_a_long_file_is_read_a_page_at_a_time(root: Path) -> None:
+    (root / "long.txt").write_text("".join(f"line {n}\n" for n in range(1, 1001)))
+    text = run(tools(root), "read_file", path="long.txt")
+    assert text.splitlines()[-1] == (
+        f"[... more from line {READ_LINES + 1}: read_file with start_line {READ_LINES + 1}]"
+    )
+    assert len(text.splitlines()) == READ_LINES + 1
+
+
+def test_a_huge_single_line_is_bounded(root: Path) -> None:
+    (root / "huge.txt").write_text("x" * (2 * 1024 * 1024))
+    text = run(tools(root), "read_file", path="huge.txt")
+    assert len(text) < 100
+    assert text.startswith("[... more from line 1")
+
+
+def test_a_binary_file_is_named_as_such(root: Path) -> None:
+    with pytest.raises(ToolFailure, match=r"photo.jpg is a binary file \(109 bytes\)"):
+        run(tools(root), "read_file", path="photo.jpg")
+
+
+def test_a_fifo_is_not_opened(root: Path) -> None:
+    os.mkfifo(root / "pipe")
+    with pytest.raises(ToolFailure, match="not a regular file"):
+        run(tools(root), "read_file", path="pipe")
+
+
+def test_a_missing_file_says_so(root: Path) -> None:
+    with pytest.raises(ToolFailure, match=r"nope\.txt: no such file"):
+        run(tools(root), "read_file", path="nope.txt")
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("../secret.txt", "'..' is refused"),
+        ("notes/../../secret.txt", "'..' is refused"),
+        ("/etc/passwd", "absolute paths are refused"),
+        ("~/secret.txt", "absolute paths are refused"),
+    ],
+)
+def test_paths_out_of_the_root_are_refused(root: Path, path: str, why: str) -> None:
+    for name in ("read_file", "list_directory"):
+        with pytest.raises(ToolFailure, match=why):
+            run(tools(root), name, path=path)
+
+
+def test_a_symlink_out_of_the_root_is_refused(root: Path) -> None:
+    (root / "shortcut.txt").symlink_to(root.parent / "secret.txt")
+    (root / "outside").symlink_to(root.parent)
+    with pytest.raises(ToolFailure, match="leads outside the allowed folders"):
+        run(tools(root), "read_file", path="shortcut.txt")
+    with pytest.raises(ToolFailure, match="leads outside the allowed folders"):
+        run(tools(root), "list_directory", path="outside")
+
+
+def test_search_does_not_follow_symlinks_out_of_the_root(root: Path) -> None:
+    (root / "shortcut.txt").symlink_to(root.parent / "secret.txt")
+    assert "hunter2" not in run(tools(root), "search_text", pattern="password")
+
+
+def test_a_symlink_inside_the_root_is_fine(root: Path) -> None:
+    (root / "today").symlink_to(root / "notes" / "today.md")
+    assert run(tools(root), "read_file", path="today").startswith("# Today")
+
+
+def test_list_directory_lists_names_sizes_and_folders(root: Path) -> None:
+    assert run(tools(root), "list_directory", path=".") == "notes/\nphoto.jpg (109 bytes)"
+    listed = run(tools(root), "list_directory", path="notes")
+    assert listed == "old.md (31 bytes)\ntoday.md (28 bytes)"
+
+
+def test_search_text_finds_lines_case_insensitively(root: Path) -> None:
+    assert run(tools(root), "search_text", pattern="MILK") == (
+        "notes/old.md:1: nothing about milk here? milk!\nnotes/today.md:2: buy milk"
+    )
+
+
+def test_search_text_takes_a_regex_and_reports_a_bad_one(root: Path) -> None:
+    assert run(tools(root), "search_text", pattern=r"^call \w+$", regex=True) == (
+        "notes/today.md:3: call Alice"
+    )
+    with pytest.raises(ToolFailure, match="not a valid regular expression"):
+        run(tools(root), "search_text", pattern="(", regex=True)
+
+
+def test_search_text_with_no_match_says_so(root: Path) -> None:
+    assert run(tools(root), "search_text", pattern="zebra") == "No line under . matches 'zebra'."
+
+
+def test_several_roots_are_named_by_their_folder(root: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "plan.txt").write_text("ship it\n")
+    both = tools(root, work)
+    assert run(both, "list_directory", path=".") == "home/\nwork/"
+    assert run(both, "read_file", path="work/plan.txt") == "ship it"
+    with pytest.raises(ToolFailure, match="start with one of the roots: home, work"):
+        run(both, "read_file", path="plan.txt")
+
+
+def test_no_roots_means_no_file_access(tmp_path: Path) -> None:
+    with pytest.raises(ToolFailure, match="no folders are open to file tools"):
+        run(tools(), "read_file", path="a.txt")

@@ -1,0 +1,86 @@
+"""A real MCP server (tests/support/mcp_server.py, the official SDK) as a tool source:
+listed, called, killed, and called again; and a server that cannot start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from loopd.config import McpServer, Policy, ToolsConfig
+from loopd.tools import Failed, Result, ToolRequest, dispatch, open_tool_port
+from loopd.tools._dispatch import Local
+
+SERVER = str(Path(__file__).resolve().parent / "support" / "mcp_server.py")
+
+
+def config(tmp_path: Path, **servers: McpServer) -> ToolsConfig:
+    return ToolsConfig(roots=[tmp_path], timeout=5, mcp=servers)
+
+
+def notes(pid_file: Path, **policy: object) -> McpServer:
+    return McpServer(command=[sys.executable, SERVER], env={"NOTES_PID_FILE": str(pid_file)},
+                     policy=Policy.model_validate(policy))  # fmt: skip
+
+
+def request(tool: str, **arguments: object) -> ToolRequest:
+    return ToolRequest(session="s", call=1, tool=tool, arguments=arguments)
+
+
+async def test_an_mcp_servers_tools_join_the_registry_and_answer(tmp_path: Path) -> None:
+    pid = tmp_path / "pid"
+    cfg = config(tmp_path, notes=notes(pid, **{"class": "private", "untrusted": True}))
+    async with open_tool_port(cfg) as port:
+        assert "notes.read_note" in port.registry.names()
+        found = dispatch(port.registry, "find_tool", '{"query": "read one of my notes"}')
+        assert isinstance(found, Local)
+        assert found.text.splitlines()[1].startswith("1. notes.read_note: Read one of the user")
+        answer = await port.call(request("notes.read_note", title="groceries"))
+        assert answer == Result("eggs, milk, bread", "private", True)
+
+
+async def test_an_mcp_tool_error_is_failed(tmp_path: Path) -> None:
+    async with open_tool_port(config(tmp_path, notes=notes(tmp_path / "pid"))) as port:
+        answer = await port.call(request("notes.read_note", title="diary"))
+    assert isinstance(answer, Failed)
+    assert "diary" in answer.message
+
+
+async def test_a_hanging_mcp_call_times_out_and_the_server_still_answers(tmp_path: Path) -> None:
+    cfg = config(tmp_path, notes=notes(tmp_path / "pid")).model_copy(update={"timeout": 0.5})
+    async with open_tool_port(cfg) as port:
+        answer = await port.call(request("notes.wait", seconds=30))
+        assert answer == Failed("notes.wait did not finish within 0.5 s and was stopped")
+        assert await port.call(request("notes.list_notes")) == Result(
+            "groceries\ntodo", "public", False)  # fmt: skip
+
+
+async def test_a_killed_server_is_reported_then_started_again(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    async with open_tool_port(config(tmp_path, notes=notes(pid_file))) as port:
+        assert isinstance(await port.call(request("notes.list_notes")), Result)
+        first_pid = int(pid_file.read_text())
+        os.kill(first_pid, signal.SIGKILL)
+
+        answer = await port.call(request("notes.list_notes"))
+        assert isinstance(answer, Failed)
+        assert "MCP server notes stopped" in answer.message
+        assert all(not e.available for e in port.registry.entries() if e.source == "notes")
+
+        again = await port.call(request("notes.list_notes"))
+        assert again == Result("groceries\ntodo", "public", False)
+        assert int(pid_file.read_text()) != first_pid
+        assert all(e.available for e in port.registry.entries() if e.source == "notes")
+
+
+async def test_a_server_that_cannot_start_leaves_the_rest_working(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = McpServer(command=[str(tmp_path / "no-such-server")])
+    async with open_tool_port(config(tmp_path, broken=broken)) as port:
+        assert not [n for n in port.registry.names() if n.startswith("broken.")]
+        assert isinstance(await port.call(request("current_time")), Result)
+    assert "MCP server broken did not start" in caplog.text
