@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from loopd.server_proc import LaunchSpec, RunningServer, managed_server
-from support.replay import ReplayServer
+from support.replay import Exchange, ReplayServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "templates"
@@ -29,7 +29,8 @@ async def replay(nursery: trio.Nursery) -> StartReplay:
     async def start(*names: str, **options: object) -> ReplayServer:
         server = ReplayServer.of(*names)
         for exchange in server.exchanges:
-            exchange.replay.update(options)
+            if isinstance(exchange, Exchange):
+                exchange.replay.update(options)
         await nursery.start(server.run)
         return server
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,13 @@ def load(name: str) -> list[Exchange]:
     ]
 
 
+Responder = Callable[[Any], Exchange]
+"""Makes the response from the request's JSON body: a scripted server rather than a recording."""
+
+
 @dataclass
 class ReplayServer:
-    exchanges: list[Exchange]
+    exchanges: list[Exchange | Responder]
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
     broken: int = 0
@@ -108,6 +113,8 @@ class ReplayServer:
             await _send(stream, conn, h11.EndOfMessage())
             return True
         exchange = self.exchanges.pop(0)
+        if not isinstance(exchange, Exchange):
+            exchange = exchange(self.requests[-1]["body"])
         if exchange.replay.get("stall"):
             await trio.sleep_forever()
         headers = [(k, v) for k, v in exchange.headers if k.lower() != "content-length"]

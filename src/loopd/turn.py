@@ -1,0 +1,268 @@
+"""One turn: a user message in, an answer out, tool calls in between, a limit on every runaway.
+
+    TurnError
+     ├── SessionFull   the prompt no longer fits the slot's context
+     ├── TurnLimit     too many tool rounds, a call repeated twice, or the turn's deadline
+     └── InferFailed   llama-server could not answer (the InferError is `.error`)
+
+A `StoreError` from the session passes through as it is. Whatever ends a turn (an answer, a
+limit, an error, a cancellation), the log is left a valid conversation: every tool call of the
+last answer has a result (saying why it was not run, if it was not), and a `turn_end` record
+gives the reason. Each record is on disk before the event that reports it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from loopd.baseline import messages, untrusted_envelope
+from loopd.config import LoopConfig
+from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
+from loopd.infer import (
+    ChatEvent,
+    ChatRequest,
+    Completion,
+    EventSink,
+    InferError,
+    Loss,
+    ToolCall,
+    ToolCallDelta,
+    cache_outcome,
+    is_context_full,
+)
+from loopd.records import (
+    AssistantRecord,
+    CacheLossRecord,
+    DataClass,
+    ToolResultRecord,
+    TurnEndReason,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+)
+from loopd.store import Session
+from loopd.tools import Denied, Failed, Local, PendingApproval, Registry, ToolPort, ToolRequest
+from loopd.tools import dispatch as dispatch_call
+
+__all__ = [
+    "APPROVAL_TEXT",
+    "REPEAT_TEXT",
+    "InferFailed",
+    "Inference",
+    "Runtime",
+    "SessionFull",
+    "TurnError",
+    "TurnLimit",
+    "TurnOutcome",
+    "cap_result",
+    "run_turn",
+]
+
+REPEAT_TEXT = (
+    "Not run: this call was already made with these arguments in this turn; its result is above."
+)
+APPROVAL_TEXT = "Not run: this call needs the user's approval, and this version cannot wait for it."
+PREVIEW = 120
+
+
+class TurnError(Exception):
+    """A turn ended without an answer; the log says why in its `turn_end` record."""
+
+    reason: TurnEndReason = "error"
+
+
+class SessionFull(TurnError):
+    reason = "session_full"
+
+
+class TurnLimit(TurnError):
+    reason = "turn_limit"
+
+
+class InferFailed(TurnError):
+    def __init__(self, error: InferError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Inference(Protocol):
+    """What a turn needs of the model: one completion, retried where that is safe."""
+
+    async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion: ...
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a turn needs besides the session."""
+
+    loop: LoopConfig
+    inference: Inference
+    port: ToolPort
+    registry: Registry
+    slot: int = 0
+    find_limit: int = 5
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    content: str
+    usage: UsageRecord
+
+
+OnEvent = Callable[[TurnEvent], None]
+
+
+async def run_turn(session: Session, rt: Runtime, content: str, on_event: OnEvent) -> TurnOutcome:
+    await session.append(UserRecord(content=content))
+    reason: TurnEndReason = "error"
+    try:
+        with trio.move_on_after(rt.loop.turn_timeout):
+            outcome = await _Turn(session, rt, on_event).run()
+            reason = "answer"
+            return outcome
+        reason = "turn_limit"
+        raise TurnLimit(
+            f"the turn took longer than {rt.loop.turn_timeout:g} s ([loop] turn_timeout)"
+        )
+    except TurnError as e:
+        reason = e.reason
+        raise
+    except trio.Cancelled:
+        reason = "cancelled"
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            await _close(session, reason)
+
+
+async def _close(session: Session, reason: TurnEndReason) -> None:
+    """Answer the calls of the last answer left without results, then say why the turn ended."""
+    records = list(session.records)
+    for index in range(len(records) - 1, -1, -1):
+        last = records[index]
+        if isinstance(last, AssistantRecord):
+            done = {r.tool_call_id for r in records[index:] if isinstance(r, ToolResultRecord)}
+            for call in (c for c in last.tool_calls if c.id not in done):
+                why = f"Not run: the turn ended first ({reason.replace('_', ' ')})."
+                number = session.next_call()
+                await session.append(
+                    ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
+                )
+            break
+    await session.append(TurnEndRecord(reason=reason))
+
+
+def cap_result(text: str, cap: int) -> tuple[str, bool]:
+    """At most `cap` characters, with a marker saying how much was cut."""
+    if len(text) <= cap:
+        return text, False
+    return f"{text[:cap]}\n[... truncated: {len(text) - cap} more characters not shown]", True
+
+
+class _Turn:
+    def __init__(self, session: Session, rt: Runtime, on_event: OnEvent) -> None:
+        self.session, self.rt, self.on_event = session, rt, on_event
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    async def run(self) -> TurnOutcome:
+        rounds = 0
+        while True:
+            completion, usage = await self._request()
+            if not completion.tool_calls:
+                return TurnOutcome(completion.content or "", usage)
+            rounds += 1
+            if rounds > self.rt.loop.tool_iterations:
+                raise TurnLimit(f"more than {self.rt.loop.tool_iterations} rounds of tool calls "
+                                "in one turn ([loop] tool_iterations)")  # fmt: skip
+            for call in completion.tool_calls:
+                await self._answer(call)
+
+    async def _request(self) -> tuple[Completion, UsageRecord]:
+        session, rt = self.session, self.rt
+        previous = session.last_usage()
+        request = ChatRequest(
+            messages(session.baseline, session.records), tools=list(session.baseline.tools),
+            slot=rt.slot, thinking=True, thinking_cap=rt.loop.thinking_cap,
+        )  # fmt: skip
+        try:
+            completion = await rt.inference.chat_with_retry(request, self._pass_on)
+        except InferError as e:
+            if is_context_full(e):
+                raise SessionFull(str(e)) from e
+            raise InferFailed(e) from e
+        c = completion
+        await session.append(AssistantRecord(content=c.content, tool_calls=c.tool_calls,
+                                             reasoning_content=c.reasoning_content))  # fmt: skip
+        usage = UsageRecord(timings=c.timings, reasoning_tokens=c.reasoning_tokens,
+                            thinking_capped=c.thinking_capped)  # fmt: skip
+        await session.append(usage)
+        if previous and previous.timings and completion.timings:
+            outcome = cache_outcome(previous.timings, completion.timings)
+            if isinstance(outcome, Loss):
+                await session.append(
+                    CacheLossRecord(expected=outcome.expected, cached=outcome.cached)
+                )
+                self.on_event(CacheLoss(expected=outcome.expected, cached=outcome.cached))
+        return completion, usage
+
+    def _pass_on(self, event: ChatEvent) -> None:
+        # Deltas are dropped: clients hear of a call once it is whole, as ToolCallStarted.
+        if not isinstance(event, ToolCallDelta):
+            self.on_event(event)
+
+    async def _answer(self, call: ToolCall) -> None:
+        number = self.session.next_call()
+        self.on_event(ToolCallStarted(name=call.name, call=number, tool=_requested_tool(call)))
+        text, data_class, untrusted = await self._run(call, number)
+        text, truncated = cap_result(text, self.rt.loop.tool_result_cap)
+        if untrusted:
+            text = untrusted_envelope(text)
+        await self.session.append(ToolResultRecord(
+            call=number, tool_call_id=call.id, name=call.name, content=text,
+            data_class=data_class, untrusted=untrusted, truncated=truncated,
+        ))  # fmt: skip
+        preview = text.strip().split("\n", 1)[0][:PREVIEW]
+        self.on_event(ToolResult(name=call.name, call=number, data_class=data_class,
+                                 untrusted=untrusted, truncated=truncated,
+                                 preview=preview))  # fmt: skip
+
+    async def _run(self, call: ToolCall, number: int) -> tuple[str, DataClass, bool]:
+        key = (call.name, call.arguments)
+        self.seen[key] += 1
+        if self.rt.loop.repeat_detection and self.seen[key] > 1:
+            if self.seen[key] > 2:
+                raise TurnLimit(f"{call.name} was called a third time with the same arguments "
+                                "in one turn ([loop] repeat_detection)")  # fmt: skip
+            return REPEAT_TEXT, "public", False
+        routed = dispatch_call(
+            self.rt.registry, call.name, call.arguments, find_limit=self.rt.find_limit
+        )
+        if isinstance(routed, Local):
+            return routed.text, "public", False
+        answer = await self.rt.port.call(
+            ToolRequest(self.session.id, number, routed.tool, routed.arguments)
+        )
+        if isinstance(answer, Failed):
+            return f"The tool failed: {answer.message}", "public", False
+        if isinstance(answer, Denied):
+            return f"The call was denied: {answer.reason}", "public", False
+        if isinstance(answer, PendingApproval):
+            return APPROVAL_TEXT, "public", False
+        return answer.content, answer.data_class, answer.untrusted
+
+
+def _requested_tool(call: ToolCall) -> str | None:
+    if call.name != "call_tool":
+        return None
+    try:
+        parsed = json.loads(call.arguments)
+    except ValueError:
+        return None
+    name = parsed.get("name") if isinstance(parsed, dict) else None
+    return name if isinstance(name, str) else None
