@@ -86,7 +86,7 @@ class FakeLlama:
     prompts: list[bytes] = field(default_factory=list)
 
     def __call__(self, request: Any) -> Exchange:
-        reply = self.replies.pop(0)
+        reply = self.replies.pop(0) if self.replies else Reply(content="(the script ran out)")
         if reply.kind == "context_full":
             return load("context_full")[0]
         if reply.kind == "server_error":
