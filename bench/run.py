@@ -30,11 +30,16 @@ def main() -> int:
     figures = {"store": store.run()}
     table = ["| figure | loopd | baseline (same run) | ratio |", "| --- | --- | --- | --- |"]
     table += [f"| {' | '.join(row)} |" for row in store.rows(figures["store"])]
-    text = "\n".join([
-        "# Benchmark results", "",
-        f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, by `{COMMAND}`.", "",
-        *table, "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "# Benchmark results",
+            "",
+            f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, by `{COMMAND}`.",
+            "",
+            *table,
+            "",
+        ]
+    )
     (HERE / "results.md").write_text(text)
     record = {"date": started.isoformat(), "machine": machine(), "command": COMMAND, **figures}
     (HERE / "results.json").write_text(json.dumps(record, indent=1) + "\n")

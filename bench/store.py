@@ -30,8 +30,11 @@ APPENDS = 200
 def conversation(n: int) -> list[Record]:
     """A realistic mix: user, assistant with a tool call, result, usage; repeated."""
     t = Timings(cache_n=1200, prompt_n=40, prompt_ms=80.5, predicted_n=60, predicted_ms=600.1)
-    call = ToolCall(id="call_1", name="call_tool", arguments='{"name": "read_file", "arguments": '
-                    '{"path": "notes/today.md"}}')  # fmt: skip
+    call = ToolCall(
+        id="call_1",
+        name="call_tool",
+        arguments='{"name": "read_file", "arguments": {"path": "notes/today.md"}}',
+    )
     cycle: list[Record] = [
         UserRecord(content="What is in my notes for today? " * 3),
         AssistantRecord(content=None, reasoning_content="Let me look. " * 5, tool_calls=(call,)),
@@ -86,13 +89,19 @@ async def _measure(directory: Path) -> dict[str, Any]:
     open_ms, parse_ms = _ms(opens), _ms(parses)
     append_ms, bare_ms = _ms(appends), _ms(bare)
     return {
-        "open_10k": {**open_ms, "baseline_median_ms": parse_ms["median_ms"],
-                     "ratio": open_ms["median_ms"] / parse_ms["median_ms"],
-                     "bytes": path.stat().st_size},
-        "append_fsync": {**append_ms, "baseline_median_ms": bare_ms["median_ms"],
-                         "baseline_p99_ms": bare_ms["p99_ms"],
-                         "ratio": append_ms["median_ms"] / bare_ms["median_ms"]},
-    }  # fmt: skip
+        "open_10k": {
+            **open_ms,
+            "baseline_median_ms": parse_ms["median_ms"],
+            "ratio": open_ms["median_ms"] / parse_ms["median_ms"],
+            "bytes": path.stat().st_size,
+        },
+        "append_fsync": {
+            **append_ms,
+            "baseline_median_ms": bare_ms["median_ms"],
+            "baseline_p99_ms": bare_ms["p99_ms"],
+            "ratio": append_ms["median_ms"] / bare_ms["median_ms"],
+        },
+    }
 
 
 def run() -> dict[str, Any]:
@@ -103,8 +112,16 @@ def run() -> dict[str, Any]:
 def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     o, a = figures["open_10k"], figures["append_fsync"]
     return [
-        ("open a 10,000-record session", f"{o['median_ms']:.0f} ms (p99 {o['p99_ms']:.0f})",
-         f"json.loads per line: {o['baseline_median_ms']:.0f} ms", f"{o['ratio']:.2f}x"),
-        ("one append with fsync", f"{a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f})",
-         f"os.write + fsync: {a['baseline_median_ms']:.2f} ms", f"{a['ratio']:.2f}x"),
-    ]  # fmt: skip
+        (
+            "open a 10,000-record session",
+            f"{o['median_ms']:.0f} ms (p99 {o['p99_ms']:.0f})",
+            f"json.loads per line: {o['baseline_median_ms']:.0f} ms",
+            f"{o['ratio']:.2f}x",
+        ),
+        (
+            "one append with fsync",
+            f"{a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f})",
+            f"os.write + fsync: {a['baseline_median_ms']:.2f} ms",
+            f"{a['ratio']:.2f}x",
+        ),
+    ]

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import trio
 
+from loopd import baseline
 from loopd.server_proc import LaunchSpec, free_port, managed_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,28 +36,21 @@ DROPPED_HEADERS = {"date", "content-length", "transfer-encoding", "keep-alive", 
 # Greedy decoding, so a re-recording changes only when llama-server or the model does.
 GREEDY = {"temperature": 0, "seed": 1}
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "find_tool",
-        "description": "Find tools for a task. Returns names, descriptions and argument schemas.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "call_tool",
-        "description": "Call a tool found with find_tool, with its arguments as an object.",
-        "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}, "arguments": {"type": "object"}},
-                       "required": ["name", "arguments"]}}},
-]  # fmt: skip
+TOOLS = list(baseline.TOOLS)  # the two tools every session of loopd offers
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
 def body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {
-        "messages": messages, "stream": True, "id_slot": 0, "cache_prompt": True,
-        "return_progress": True, "stream_options": {"include_usage": True},
-        **GREEDY, **extra,
-    }  # fmt: skip
+        "messages": messages,
+        "stream": True,
+        "id_slot": 0,
+        "cache_prompt": True,
+        "return_progress": True,
+        "stream_options": {"include_usage": True},
+        **GREEDY,
+        **extra,
+    }
 
 
 async def exchange(http: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +92,11 @@ async def plain(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
 async def second_turn(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     first = [SYSTEM, {"role": "user", "content": "Name a colour."}]
     one = await exchange(http, url, body(first, max_tokens=16))
-    second = [*first, {"role": "assistant", "content": answer_of(one)},
-              {"role": "user", "content": "Name another one."}]  # fmt: skip
+    second = [
+        *first,
+        {"role": "assistant", "content": answer_of(one)},
+        {"role": "user", "content": "Name another one."},
+    ]
     return [one, await exchange(http, url, body(second, max_tokens=16))]
 
 
@@ -127,10 +124,39 @@ async def call_tool(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24, stop=['"']))]
 
 
+# With these shorter tool descriptions, SmolLM2's greedy output after the call does not match
+# the template's format, and llama-server's parser fails in the middle of the stream.
+RAMBLING_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": t} for k, t in properties.items()},
+                "required": list(properties),
+            },
+        },
+    }
+    for name, description, properties in [
+        (
+            "find_tool",
+            "Find tools for a task. Returns names, descriptions and argument schemas.",
+            {"query": "string"},
+        ),
+        (
+            "call_tool",
+            "Call a tool found with find_tool, with its arguments as an object.",
+            {"name": "string", "arguments": "object"},
+        ),
+    ]
+]
+
+
 async def stream_error(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
-    # Without a stop string the rambling breaks the tool-call parser mid-stream.
     messages = _prefill("find_tool", '{"query": "')
-    return [await exchange(http, url, body(messages, tools=TOOLS, max_tokens=24))]
+    return [await exchange(http, url, body(messages, tools=RAMBLING_TOOLS, max_tokens=24))]
 
 
 async def reasoning_cap(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
@@ -148,18 +174,25 @@ SCENARIOS = {
     "plain": Scenario("a plain streamed answer", plain),
     "second_turn": Scenario("two turns on one slot, the second extending the first", second_turn),
     "context_full": Scenario("a prompt larger than the context (-c 256)", context_full, 256),
-    "find_tool": Scenario("a find_tool call (Qwen2.5 template, prefilled <tool_call>)",
-                          find_tool, template=QWEN),
-    "call_tool": Scenario("a call_tool call (Qwen2.5 template, prefilled <tool_call>)",
-                          call_tool, template=QWEN),
-    "stream_error": Scenario("an error inside the stream: the tool-call parser fails on output "
-                             "that does not match the template's format", stream_error,
-                             template=QWEN),
-    "reasoning_cap": Scenario("reasoning with reasoning_budget_tokens 20 (QwQ template)",
-                              reasoning_cap, template=QWQ),
-    "reasoning_long": Scenario("reasoning with no budget (QwQ template)",
-                               reasoning_long, template=QWQ),
-}  # fmt: skip
+    "find_tool": Scenario(
+        "a find_tool call (Qwen2.5 template, prefilled <tool_call>)", find_tool, template=QWEN
+    ),
+    "call_tool": Scenario(
+        "a call_tool call (Qwen2.5 template, prefilled <tool_call>)", call_tool, template=QWEN
+    ),
+    "stream_error": Scenario(
+        "an error inside the stream: the tool-call parser fails on output "
+        "that does not match the template's format",
+        stream_error,
+        template=QWEN,
+    ),
+    "reasoning_cap": Scenario(
+        "reasoning with reasoning_budget_tokens 20 (QwQ template)", reasoning_cap, template=QWQ
+    ),
+    "reasoning_long": Scenario(
+        "reasoning with no budget (QwQ template)", reasoning_long, template=QWQ
+    ),
+}
 
 
 # Bad servers cannot be had from a healthy one: these are made from the real `plain` recording,
@@ -173,18 +206,33 @@ def _events(plain: dict[str, Any]) -> list[str]:
 
 
 DERIVED: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-    "garbage": ("an HTML page with status 200 instead of an event stream", lambda p: _with(
-        p, headers=[["content-type", "text/html"]], body="<html><body>Welcome</body></html>")),
-    "bad_chunk": ("the plain answer with its third event's JSON cut short", lambda p: _with(
-        p, body="\n\n".join([*_events(p)[:2], _events(p)[2][:40], *_events(p)[3:]]) + "\n\n")),
-    "no_done": ("the plain answer without its final `data: [DONE]`", lambda p: _with(
-        p, body="\n\n".join(_events(p)[:-1]) + "\n\n")),
-    "cut": ("the plain answer's first four events, then the connection drops", lambda p: _with(
-        p, body="\n\n".join(_events(p)[:4]) + "\n\n", replay={"cut": True})),
-    "error_500_text": ("a 500 whose body is plain text, as a proxy in front might send",
-        lambda p: _with(p, status=500, headers=[["content-type", "text/plain"]],
-                        body="upstream crashed")),
-}  # fmt: skip
+    "garbage": (
+        "an HTML page with status 200 instead of an event stream",
+        lambda p: _with(
+            p, headers=[["content-type", "text/html"]], body="<html><body>Welcome</body></html>"
+        ),
+    ),
+    "bad_chunk": (
+        "the plain answer with its third event's JSON cut short",
+        lambda p: _with(
+            p, body="\n\n".join([*_events(p)[:2], _events(p)[2][:40], *_events(p)[3:]]) + "\n\n"
+        ),
+    ),
+    "no_done": (
+        "the plain answer without its final `data: [DONE]`",
+        lambda p: _with(p, body="\n\n".join(_events(p)[:-1]) + "\n\n"),
+    ),
+    "cut": (
+        "the plain answer's first four events, then the connection drops",
+        lambda p: _with(p, body="\n\n".join(_events(p)[:4]) + "\n\n", replay={"cut": True}),
+    ),
+    "error_500_text": (
+        "a 500 whose body is plain text, as a proxy in front might send",
+        lambda p: _with(
+            p, status=500, headers=[["content-type", "text/plain"]], body="upstream crashed"
+        ),
+    ),
+}
 
 
 def write_derived() -> None:
@@ -195,9 +243,12 @@ def write_derived() -> None:
 
 def spec(n_ctx: int, template: Path | None) -> LaunchSpec:
     return LaunchSpec(
-        binary=assets.server_path(), model=assets.MODEL_PATH, n_ctx=n_ctx, threads=2,
+        binary=assets.server_path(),
+        model=assets.MODEL_PATH,
+        n_ctx=n_ctx,
+        threads=2,
         chat_template_file=template,
-    )  # fmt: skip
+    )
 
 
 def write(

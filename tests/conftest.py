@@ -60,9 +60,14 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             nonlocal started
             started += 1
             spec = LaunchSpec(
-                binary=binary, model=model, n_ctx=n_ctx, threads=2, port=port,
-                slot_save_path=slots, chat_template_file=template,
-            )  # fmt: skip
+                binary=binary,
+                model=model,
+                n_ctx=n_ctx,
+                threads=2,
+                port=port,
+                slot_save_path=slots,
+                chat_template_file=template,
+            )
             log = tmp_path / f"llama-server-{started}.log"
             return await stack.enter_async_context(managed_server(spec, log))
 

@@ -46,8 +46,14 @@ def test_prompt_progress_becomes_progress_events() -> None:
 
 def test_timings_are_taken_from_the_last_chunk_that_has_them() -> None:
     a = Assembler()
-    timings = {"cache_n": 4, "prompt_n": 9, "prompt_ms": 1.5, "predicted_n": 3,
-               "predicted_ms": 2.0, "prompt_per_second": 6000.0}  # fmt: skip
+    timings = {
+        "cache_n": 4,
+        "prompt_n": 9,
+        "prompt_ms": 1.5,
+        "predicted_n": 3,
+        "predicted_ms": 2.0,
+        "prompt_per_second": 6000.0,
+    }
     a.feed(chunk({}, timings=timings))
     done = a.completion()
     assert done.timings is not None

@@ -55,12 +55,21 @@ def test_each_record_kind_becomes_its_message_or_none() -> None:
     assert messages(BASELINE, log) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "reasoning_content": "hmm", "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "find_tool", "arguments": '{ "query":"files" }'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "hmm",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "find_tool", "arguments": '{ "query":"files" }'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "read_file"},
         {"role": "assistant", "content": "done"},
-    ]  # fmt: skip
+    ]
 
 
 def test_untrusted_content_is_wrapped_in_the_documented_envelope() -> None:

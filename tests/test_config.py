@@ -133,8 +133,10 @@ def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> No
     path = write(tmp_path, "[loop]\ntool_iterations = -1\n")
     done = subprocess.run(
         [sys.executable, "-m", "loopd", "check-config", "--config", str(path)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2
     assert done.stdout == ""
     assert f"{path}:2: [loop] tool_iterations: Input should be greater than 0" in done.stderr

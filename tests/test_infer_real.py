@@ -47,8 +47,12 @@ def extend(request: ChatRequest, answer: Completion, user: str) -> ChatRequest:
     if answer.reasoning_content is not None:
         assistant["reasoning_content"] = answer.reasoning_content
     messages = [*request.messages, assistant, {"role": "user", "content": user}]
-    return ChatRequest(messages, sampling=request.sampling, max_tokens=request.max_tokens,
-                       thinking_cap=request.thinking_cap)  # fmt: skip
+    return ChatRequest(
+        messages,
+        sampling=request.sampling,
+        max_tokens=request.max_tokens,
+        thinking_cap=request.thinking_cap,
+    )
 
 
 async def test_real_server_streams_progress_and_content_with_timings(llama: StartLlama) -> None:
@@ -97,8 +101,9 @@ async def test_a_server_killed_mid_stream_gives_a_typed_error(llama: StartLlama)
                 server.process.kill()
 
         with pytest.raises(StreamError):
-            await client.chat_with_retry(ask("Count to one hundred.", max_tokens=400),
-                                         kill_on_first_token)  # fmt: skip
+            await client.chat_with_retry(
+                ask("Count to one hundred.", max_tokens=400), kill_on_first_token
+            )
 
 
 async def test_a_server_that_is_down_gives_retrying_then_connect_error() -> None:
@@ -132,8 +137,7 @@ async def test_a_cancelled_request_frees_the_slot(llama: StartLlama) -> None:
                 if isinstance(event, Content):
                     scope.cancel()
 
-            await client.chat(ask("Count to one thousand.", max_tokens=2000),
-                              cancel_on_first_token)  # fmt: skip
+            await client.chat(ask("Count to one thousand.", max_tokens=2000), cancel_on_first_token)
         assert scope.cancelled_caught
         async with httpx.AsyncClient(base_url=server.url) as http:
             with trio.fail_after(10):
@@ -150,8 +154,9 @@ async def test_reasoning_streams_and_the_thinking_cap_stops_it(llama: StartLlama
     events: list[ChatEvent] = []
     async with Client(server.url) as client:
         free = await client.chat(ask("Why is the sky blue?", max_tokens=60), lambda _: None)
-        capped = await client.chat(ask("Why is the sky blue?", max_tokens=60, thinking_cap=20),
-                                   events.append)  # fmt: skip
+        capped = await client.chat(
+            ask("Why is the sky blue?", max_tokens=60, thinking_cap=20), events.append
+        )
     assert free.reasoning_tokens > 20 + THINKING_CAP_GRACE  # left alone, it thinks on
     assert not free.thinking_capped
     assert any(isinstance(e, Reasoning) for e in events)

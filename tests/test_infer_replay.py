@@ -166,8 +166,9 @@ async def test_reasoning_the_server_does_not_stop_is_cut_by_the_client(
 async def test_no_thinking_cap_without_thinking(replay: StartReplay) -> None:
     server = await replay("reasoning_long")
     async with Client(server.url) as client:
-        done = await client.chat(ChatRequest(REQUEST.messages, thinking=False, thinking_cap=5),
-                                 lambda _: None)  # fmt: skip
+        done = await client.chat(
+            ChatRequest(REQUEST.messages, thinking=False, thinking_cap=5), lambda _: None
+        )
     assert not done.thinking_capped
     assert "reasoning_budget_tokens" not in server.requests[0]["body"]
 

@@ -11,6 +11,7 @@ and the log is a valid conversation. A failing case prints how to replay it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import tempfile
@@ -59,7 +60,7 @@ replies = st.one_of(
         content=st.none() | words,
         reasoning=st.none() | words,
         tool_calls=st.lists(tool_call(), max_size=3).map(tuple),
-    ),  # fmt: skip
+    ),
     st.builds(Reply, kind=st.sampled_from(["context_full", "server_error", "stream_error"])),
 )
 
@@ -74,8 +75,13 @@ class Step:
     """Close the session and reopen it from its log before this turn."""
 
 
-steps = st.builds(Step, user=words, replies=st.lists(replies, max_size=4),
-                  cancel_after=st.none() | st.integers(1, 12), restart=st.booleans())  # fmt: skip
+steps = st.builds(
+    Step,
+    user=words,
+    replies=st.lists(replies, max_size=4),
+    cancel_after=st.none() | st.integers(1, 12),
+    restart=st.booleans(),
+)
 
 
 def assert_valid_conversation(records: list[Record]) -> None:
@@ -108,8 +114,12 @@ async def play(conversation: list[Step], directory: Path) -> None:
         await nursery.start(server.run)
         async with Client(server.url, retry=RetryPolicy(attempts=1)) as client:
             session = await store.create(make_baseline("Be brief."))
-            rt = Runtime(loop=loop, inference=client, registry=registry(),
-                         port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.2))  # fmt: skip
+            rt = Runtime(
+                loop=loop,
+                inference=client,
+                registry=registry(),
+                port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.2),
+            )
             for step in conversation:
                 if step.restart:
                     before = canonical(messages(session.baseline, session.records))
@@ -139,14 +149,13 @@ async def one_turn(session: Any, rt: Runtime, step: Step) -> None:
             if step.cancel_after is not None and seen >= step.cancel_after:
                 scope.cancel()
 
-        try:
+        with contextlib.suppress(TurnError):  # limits and failures are part of the script
             await run_turn(session, rt, step.user, on_event)
-        except TurnError:
-            pass  # limits and failures are part of the script
 
 
-@settings(max_examples=60, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(conversation=st.lists(steps, min_size=1, max_size=5))
 def test_every_request_extends_the_previous_one(conversation: list[Step]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -58,8 +58,10 @@ async def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
 
 async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    appended: list[Record] = [UserRecord(content="a"), ToolResultRecord(
-        call=1, tool_call_id="c", name="t", content="r", data_class="secret")]  # fmt: skip
+    appended: list[Record] = [
+        UserRecord(content="a"),
+        ToolResultRecord(call=1, tool_call_id="c", name="t", content="r", data_class="secret"),
+    ]
     with await store.create(BASELINE) as session:
         for record in appended:
             await session.append(record)
@@ -70,8 +72,9 @@ async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:
 
 async def test_tool_result_class_is_written_as_class(tmp_path: Path) -> None:
     with await Store(tmp_path).create(BASELINE) as session:
-        await session.append(ToolResultRecord(call=1, tool_call_id="c", name="t", content="r",
-                                              data_class="private"))  # fmt: skip
+        await session.append(
+            ToolResultRecord(call=1, tool_call_id="c", name="t", content="r", data_class="private")
+        )
         line = json.loads(session.path.read_bytes().splitlines()[-1])
     assert line["class"] == "private"
     assert "data_class" not in line
@@ -171,8 +174,15 @@ async def test_old_records_without_newer_fields_still_load(tmp_path: Path) -> No
     store = Store(tmp_path)
     with await store.create(BASELINE) as session:
         pass
-    old = {"kind": "tool_result", "time": "2026-01-01T00:00:00Z", "call": 1,
-           "tool_call_id": "c", "name": "t", "content": "r", "from_the_future": 1}  # fmt: skip
+    old = {
+        "kind": "tool_result",
+        "time": "2026-01-01T00:00:00Z",
+        "call": 1,
+        "tool_call_id": "c",
+        "name": "t",
+        "content": "r",
+        "from_the_future": 1,
+    }
     with session.path.open("ab") as f:
         f.write(json.dumps(old).encode() + b"\n")
     with await store.open(session.id) as reopened:

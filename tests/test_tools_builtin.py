@@ -29,8 +29,11 @@ def tools(*roots: Path) -> Builtins:
 
 
 def run(builtins: Builtins, name: str, **arguments: Any) -> str:
-    function = {"read_file": builtins.read_file, "list_directory": builtins.list_directory,
-                "search_text": builtins.search_text}[name]  # fmt: skip
+    function = {
+        "read_file": builtins.read_file,
+        "list_directory": builtins.list_directory,
+        "search_text": builtins.search_text,
+    }[name]
     return function(arguments)
 
 

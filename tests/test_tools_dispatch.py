@@ -13,8 +13,9 @@ SCHEMA = {
     "required": ["path"],
     "additionalProperties": False,
 }
-REGISTRY = Registry([ToolEntry("read_file", "Read a text file.", "Read a text file.", SCHEMA,
-                               "builtin", Policy())])  # fmt: skip
+REGISTRY = Registry(
+    [ToolEntry("read_file", "Read a text file.", "Read a text file.", SCHEMA, "builtin", Policy())]
+)
 
 
 def local_text(name: str, arguments: str) -> str:
@@ -34,14 +35,16 @@ def test_find_tool_without_a_query_says_what_it_needs() -> None:
 
 
 def test_call_tool_with_good_arguments_goes_to_the_port() -> None:
-    outcome = dispatch(REGISTRY, "call_tool",
-                       '{"name": "read_file", "arguments": {"path": "a.txt"}}')  # fmt: skip
+    outcome = dispatch(
+        REGISTRY, "call_tool", '{"name": "read_file", "arguments": {"path": "a.txt"}}'
+    )
     assert outcome == Port("read_file", {"path": "a.txt"})
 
 
 def test_arguments_given_as_a_json_string_are_accepted() -> None:
-    outcome = dispatch(REGISTRY, "call_tool",
-                       '{"name": "read_file", "arguments": "{\\"path\\": \\"a\\"}"}')  # fmt: skip
+    outcome = dispatch(
+        REGISTRY, "call_tool", '{"name": "read_file", "arguments": "{\\"path\\": \\"a\\"}"}'
+    )
     assert outcome == Port("read_file", {"path": "a"})
 
 
@@ -52,19 +55,34 @@ def test_arguments_given_as_a_json_string_are_accepted() -> None:
         ("find_tool", "[1, 2]", "must be a JSON object, not list"),
         ("call_tool", '{"arguments": {}}', 'call_tool needs "name"'),
         ("call_tool", '{"name": "read_file", "arguments": [1]}', 'needs "arguments" as a JSON'),
-        ("call_tool", '{"name": "read_fil", "arguments": {}}',
-         "There is no tool named 'read_fil'. Did you mean read_file?"),
-        ("call_tool", '{"name": "read_file", "arguments": {}}',
-         "do not fit its schema: (top): 'path' is a required property"),
-        ("call_tool", '{"name": "read_file", "arguments": {"path": "a", "start_line": 0}}',
-         "start_line: 0 is less than the minimum of 1"),
-        ("call_tool", '{"name": "read_file", "arguments": {"path": "a", "mode": "w"}}',
-         "Additional properties are not allowed"),
-        ("read_file", '{"path": "a"}',
-         """There is no tool 'read_file' to call directly. To run it: call_tool {"name": "rea"""),
+        (
+            "call_tool",
+            '{"name": "read_fil", "arguments": {}}',
+            "There is no tool named 'read_fil'. Did you mean read_file?",
+        ),
+        (
+            "call_tool",
+            '{"name": "read_file", "arguments": {}}',
+            "do not fit its schema: (top): 'path' is a required property",
+        ),
+        (
+            "call_tool",
+            '{"name": "read_file", "arguments": {"path": "a", "start_line": 0}}',
+            "start_line: 0 is less than the minimum of 1",
+        ),
+        (
+            "call_tool",
+            '{"name": "read_file", "arguments": {"path": "a", "mode": "w"}}',
+            "Additional properties are not allowed",
+        ),
+        (
+            "read_file",
+            '{"path": "a"}',
+            """There is no tool 'read_file' to call directly. To run it: call_tool {"name": "rea""",
+        ),
         ("rm_rf", "{}", "There is no tool 'rm_rf' to call directly."),
     ],
-)  # fmt: skip
+)
 def test_bad_calls_are_answered_locally_saying_what_was_wrong(
     name: str, arguments: str, expected: str
 ) -> None:

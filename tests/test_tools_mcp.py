@@ -22,8 +22,11 @@ def config(tmp_path: Path, **servers: McpServer) -> ToolsConfig:
 
 
 def notes(pid_file: Path, **policy: object) -> McpServer:
-    return McpServer(command=[sys.executable, SERVER], env={"NOTES_PID_FILE": str(pid_file)},
-                     policy=Policy.model_validate(policy))  # fmt: skip
+    return McpServer(
+        command=[sys.executable, SERVER],
+        env={"NOTES_PID_FILE": str(pid_file)},
+        policy=Policy.model_validate(policy),
+    )
 
 
 def request(tool: str, **arguments: object) -> ToolRequest:
@@ -55,7 +58,8 @@ async def test_a_hanging_mcp_call_times_out_and_the_server_still_answers(tmp_pat
         answer = await port.call(request("notes.wait", seconds=30))
         assert answer == Failed("notes.wait did not finish within 0.5 s and was stopped")
         assert await port.call(request("notes.list_notes")) == Result(
-            "groceries\ntodo", "public", False)  # fmt: skip
+            "groceries\ntodo", "public", False
+        )
 
 
 async def test_a_killed_server_is_reported_then_started_again(tmp_path: Path) -> None:

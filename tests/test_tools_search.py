@@ -132,12 +132,23 @@ def test_unavailable_tools_are_marked() -> None:
 def test_a_new_source_is_found_after_it_joins() -> None:
     r = registry()
     assert r.search("horoscope", 5) == []
-    entry = ToolEntry("astro.horoscope", "Today's horoscope for a sign.", "",
-                      {"type": "object"}, "astro", Policy())  # fmt: skip
+    entry = ToolEntry(
+        "astro.horoscope",
+        "Today's horoscope for a sign.",
+        "",
+        {"type": "object"},
+        "astro",
+        Policy(),
+    )
     r.set_source("astro", [entry])
     assert r.search("horoscope", 5) == [entry]
 
 
 def test_tokens_split_names_and_stem_words() -> None:
-    assert tokens("readFile list_directory Searching") == ["read", "file", "list", "directory",
-                                                           "search"]  # fmt: skip
+    assert tokens("readFile list_directory Searching") == [
+        "read",
+        "file",
+        "list",
+        "directory",
+        "search",
+    ]

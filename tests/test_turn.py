@@ -32,8 +32,7 @@ from loopd.turn import (
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 
-NOTE_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}},
-               "required": ["title"]}  # fmt: skip
+NOTE_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
 
 
 class Notes:
@@ -50,11 +49,18 @@ class Notes:
 
 
 def registry() -> Registry:
-    policies = {"read_note": Policy(), "hang": Policy(), "broken": Policy(), "big": Policy(),
-                "wipe": Policy(action="deny"), "buy": Policy(action="ask"),
-                "web": Policy(untrusted=True, data_class="private")}  # fmt: skip
-    return Registry(ToolEntry(n, f"{n} tool", f"{n} tool", NOTE_SCHEMA, "notes", p)
-                    for n, p in policies.items())  # fmt: skip
+    policies = {
+        "read_note": Policy(),
+        "hang": Policy(),
+        "broken": Policy(),
+        "big": Policy(),
+        "wipe": Policy(action="deny"),
+        "buy": Policy(action="ask"),
+        "web": Policy(untrusted=True, data_class="private"),
+    }
+    return Registry(
+        ToolEntry(n, f"{n} tool", f"{n} tool", NOTE_SCHEMA, "notes", p) for n, p in policies.items()
+    )
 
 
 def call(tool: str, title: str = "groceries", call_id: str = "c1") -> tuple[str, str, str]:
@@ -70,9 +76,12 @@ class Harness:
         self.events: list[TurnEvent] = []
 
     async def turn(self, content: str = "hello", **loop: Any) -> TurnOutcome:
-        rt = Runtime(loop=LoopConfig(**{"tool_result_cap": 1000, **loop}), inference=self.client,
-                     port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.3),
-                     registry=registry())  # fmt: skip
+        rt = Runtime(
+            loop=LoopConfig(**{"tool_result_cap": 1000, **loop}),
+            inference=self.client,
+            port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.3),
+            registry=registry(),
+        )
         return await run_turn(self.session, rt, content, self.events.append)
 
     def kinds(self) -> list[str]:
@@ -115,11 +124,20 @@ async def test_a_plain_answer(harness: Any) -> None:
 
 
 async def test_find_tool_then_an_answer(harness: Any) -> None:
-    h = await harness(Reply(tool_calls=(("c1", "find_tool", '{"query": "read a note"}'),)),
-                      Reply(content="Use read_note."))  # fmt: skip
+    h = await harness(
+        Reply(tool_calls=(("c1", "find_tool", '{"query": "read a note"}'),)),
+        Reply(content="Use read_note."),
+    )
     outcome = await h.turn()
-    assert h.kinds() == ["user", "assistant", "usage", "tool_result", "assistant", "usage",
-                         "turn_end"]  # fmt: skip
+    assert h.kinds() == [
+        "user",
+        "assistant",
+        "usage",
+        "tool_result",
+        "assistant",
+        "usage",
+        "turn_end",
+    ]
     assert h.results()[0].startswith("Tools for 'read a note', best first:\n1. read_note")
     assert outcome.content == "Use read_note."
     assert not any(isinstance(e, ToolCallDelta) for e in h.events)  # deltas are dropped
@@ -139,8 +157,15 @@ async def test_the_real_find_tool_recording_with_its_broken_arguments(harness: A
 async def test_call_tool_then_an_answer(harness: Any) -> None:
     h = await harness(Reply(tool_calls=(call("read_note"),)), Reply(content="Eggs and milk."))
     await h.turn()
-    assert h.kinds() == ["user", "assistant", "usage", "tool_result", "assistant", "usage",
-                         "turn_end"]  # fmt: skip
+    assert h.kinds() == [
+        "user",
+        "assistant",
+        "usage",
+        "tool_result",
+        "assistant",
+        "usage",
+        "turn_end",
+    ]
     result = h.session.records[3]
     assert isinstance(result, ToolResultRecord)
     assert (result.call, result.tool_call_id, result.name) == (1, "c1", "call_tool")
@@ -189,8 +214,11 @@ async def test_an_error_inside_the_stream_appends_nothing(harness: Any) -> None:
 
 
 async def test_every_request_extends_the_previous_one(harness: Any) -> None:
-    h = await harness(Reply(tool_calls=(call("read_note"), call("big", call_id="c2"))),
-                      Reply(content="done"), Reply(content="second turn"))  # fmt: skip
+    h = await harness(
+        Reply(tool_calls=(call("read_note"), call("big", call_id="c2"))),
+        Reply(content="done"),
+        Reply(content="second turn"),
+    )
     await h.turn()
     await h.turn("and now?")
     sent = [canonical(r["body"]["messages"]) for r in h.server.requests]
@@ -229,8 +257,11 @@ async def test_limit_repeated_call(harness: Any) -> None:
     )
     with pytest.raises(TurnLimit, match="third time"):
         await h.turn()
-    assert h.results() == ["note groceries: eggs, milk", REPEAT_TEXT,
-                           "Not run: the turn ended first (turn limit)."]  # fmt: skip
+    assert h.results() == [
+        "note groceries: eggs, milk",
+        REPEAT_TEXT,
+        "Not run: the turn ended first (turn limit).",
+    ]
 
 
 async def test_limit_repeated_call_off_runs_every_call(harness: Any) -> None:

@@ -28,10 +28,12 @@ def parser() -> argparse.ArgumentParser:
         "default spelled out. Exit status 2 when the file is missing or invalid.",
     )
     check.add_argument(
-        "--config", type=Path, metavar="FILE",
+        "--config",
+        type=Path,
+        metavar="FILE",
         help="the config file (default: $LOOPD_CONFIG, else ~/.config/loopd/config.toml if it "
         "exists, else the built-in defaults)",
-    )  # fmt: skip
+    )
     return p
 
 

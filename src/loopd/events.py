@@ -51,7 +51,15 @@ class CacheLoss(_Event):
 
 
 TurnEvent = Annotated[
-    Queued | Waiting | Progress | Reasoning | Content | ThinkingCapped | Retrying
-    | ToolCallStarted | ToolResult | CacheLoss,
+    Queued
+    | Waiting
+    | Progress
+    | Reasoning
+    | Content
+    | ThinkingCapped
+    | Retrying
+    | ToolCallStarted
+    | ToolResult
+    | CacheLoss,
     Discriminator("kind"),
-]  # fmt: skip
+]

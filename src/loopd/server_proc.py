@@ -44,11 +44,22 @@ class LaunchSpec:
 
     def command(self, port: int) -> list[str]:
         args = [
-            str(self.binary), "-m", str(self.model),
-            "--host", self.host, "--port", str(port),
-            "-np", "1", "-c", str(self.n_ctx),
-            "--jinja", "--no-context-shift", "--metrics", "--no-ui",
-        ]  # fmt: skip
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "-np",
+            "1",
+            "-c",
+            str(self.n_ctx),
+            "--jinja",
+            "--no-context-shift",
+            "--metrics",
+            "--no-ui",
+        ]
         if self.threads is not None:
             args += ["-t", str(self.threads)]
         if self.slot_save_path is not None:

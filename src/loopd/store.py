@@ -220,9 +220,12 @@ class Store:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
         header = SessionHeader(
-            id=new_session_id(created), created=created, baseline=baseline,
-            loopd_version=__version__, time=created,
-        )  # fmt: skip
+            id=new_session_id(created),
+            created=created,
+            baseline=baseline,
+            loopd_version=__version__,
+            time=created,
+        )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"
         # Written and locked under a hidden name, then renamed: a log is never seen without
@@ -270,8 +273,9 @@ class Store:
                 log.warning("skipping %s in the list: %s", path, e)
                 continue
             if isinstance(header, SessionHeader):
-                infos.append(SessionInfo(session_id, header.created, data.count(_USER_KIND),
-                                         last_time, path))  # fmt: skip
+                infos.append(
+                    SessionInfo(session_id, header.created, data.count(_USER_KIND), last_time, path)
+                )
         return infos
 
 
@@ -294,8 +298,11 @@ def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list
         whole = size - len(torn)
         log.warning(
             "%s: cut off a torn last line of %d bytes (a write was interrupted); "
-            "%d whole records kept", path, len(torn), len(lines),
-        )  # fmt: skip
+            "%d whole records kept",
+            path,
+            len(torn),
+            len(lines),
+        )
         os.ftruncate(fd, whole)
         os.fsync(fd)
     if not lines:
@@ -307,8 +314,12 @@ def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list
     if header.id != session_id:
         raise CorruptLog(path, 1, f"the header names another session, {header.id}")
     if header.format > FORMAT:
-        raise CorruptLog(path, 1, f"log format {header.format} is newer than this loopd "
-                                  f"({__version__}) reads ({FORMAT}): upgrade loopd")  # fmt: skip
+        raise CorruptLog(
+            path,
+            1,
+            f"log format {header.format} is newer than this loopd "
+            f"({__version__}) reads ({FORMAT}): upgrade loopd",
+        )
     for number, record in enumerate(records, start=2):
         if isinstance(record, SessionHeader):
             raise CorruptLog(path, number, "a second session header")

@@ -178,8 +178,10 @@ class _Turn:
                 return TurnOutcome(completion.content or "", usage)
             rounds += 1
             if rounds > self.rt.loop.tool_iterations:
-                raise TurnLimit(f"more than {self.rt.loop.tool_iterations} rounds of tool calls "
-                                "in one turn ([loop] tool_iterations)")  # fmt: skip
+                raise TurnLimit(
+                    f"more than {self.rt.loop.tool_iterations} rounds of tool calls "
+                    "in one turn ([loop] tool_iterations)"
+                )
             for call in completion.tool_calls:
                 await self._answer(call)
 
@@ -187,9 +189,12 @@ class _Turn:
         session, rt = self.session, self.rt
         previous = session.last_usage()
         request = ChatRequest(
-            messages(session.baseline, session.records), tools=list(session.baseline.tools),
-            slot=rt.slot, thinking=True, thinking_cap=rt.loop.thinking_cap,
-        )  # fmt: skip
+            messages(session.baseline, session.records),
+            tools=list(session.baseline.tools),
+            slot=rt.slot,
+            thinking=True,
+            thinking_cap=rt.loop.thinking_cap,
+        )
         try:
             completion = await rt.inference.chat_with_retry(request, self._pass_on)
         except InferError as e:
@@ -197,10 +202,16 @@ class _Turn:
                 raise SessionFull(str(e)) from e
             raise InferFailed(e) from e
         c = completion
-        await session.append(AssistantRecord(content=c.content, tool_calls=c.tool_calls,
-                                             reasoning_content=c.reasoning_content))  # fmt: skip
-        usage = UsageRecord(timings=c.timings, reasoning_tokens=c.reasoning_tokens,
-                            thinking_capped=c.thinking_capped)  # fmt: skip
+        await session.append(
+            AssistantRecord(
+                content=c.content, tool_calls=c.tool_calls, reasoning_content=c.reasoning_content
+            )
+        )
+        usage = UsageRecord(
+            timings=c.timings,
+            reasoning_tokens=c.reasoning_tokens,
+            thinking_capped=c.thinking_capped,
+        )
         await session.append(usage)
         if previous and previous.timings and completion.timings:
             outcome = cache_outcome(previous.timings, completion.timings)
@@ -223,22 +234,38 @@ class _Turn:
         text, truncated = cap_result(text, self.rt.loop.tool_result_cap)
         if untrusted:
             text = untrusted_envelope(text)
-        await self.session.append(ToolResultRecord(
-            call=number, tool_call_id=call.id, name=call.name, content=text,
-            data_class=data_class, untrusted=untrusted, truncated=truncated,
-        ))  # fmt: skip
+        await self.session.append(
+            ToolResultRecord(
+                call=number,
+                tool_call_id=call.id,
+                name=call.name,
+                content=text,
+                data_class=data_class,
+                untrusted=untrusted,
+                truncated=truncated,
+            )
+        )
         preview = text.strip().split("\n", 1)[0][:PREVIEW]
-        self.on_event(ToolResult(name=call.name, call=number, data_class=data_class,
-                                 untrusted=untrusted, truncated=truncated,
-                                 preview=preview))  # fmt: skip
+        self.on_event(
+            ToolResult(
+                name=call.name,
+                call=number,
+                data_class=data_class,
+                untrusted=untrusted,
+                truncated=truncated,
+                preview=preview,
+            )
+        )
 
     async def _run(self, call: ToolCall, number: int) -> tuple[str, DataClass, bool]:
         key = (call.name, call.arguments)
         self.seen[key] += 1
         if self.rt.loop.repeat_detection and self.seen[key] > 1:
             if self.seen[key] > 2:
-                raise TurnLimit(f"{call.name} was called a third time with the same arguments "
-                                "in one turn ([loop] repeat_detection)")  # fmt: skip
+                raise TurnLimit(
+                    f"{call.name} was called a third time with the same arguments "
+                    "in one turn ([loop] repeat_detection)"
+                )
             return REPEAT_TEXT, "public", False
         routed = dispatch_call(
             self.rt.registry, call.name, call.arguments, find_limit=self.rt.find_limit

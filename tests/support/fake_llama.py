@@ -22,9 +22,15 @@ SSE = [("content-type", "text/event-stream")]
 
 def _chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> str:
     choices = [] if delta is None else [{"finish_reason": finish, "index": 0, "delta": delta}]
-    body = {"choices": choices, "created": 1796041000, "id": "chatcmpl-scripted",
-            "model": "SmolLM2-135M-Instruct.Q4_1.gguf", "system_fingerprint": "b0-unknown",
-            "object": "chat.completion.chunk", **extra}  # fmt: skip
+    body = {
+        "choices": choices,
+        "created": 1796041000,
+        "id": "chatcmpl-scripted",
+        "model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "system_fingerprint": "b0-unknown",
+        "object": "chat.completion.chunk",
+        **extra,
+    }
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
@@ -59,8 +65,10 @@ class Reply:
                     ]
                 }
             )
-            out += [{"tool_calls": [{"index": index, "function": {"arguments": a}}]}
-                    for a in _words(arguments)]  # fmt: skip
+            out += [
+                {"tool_calls": [{"index": index, "function": {"arguments": a}}]}
+                for a in _words(arguments)
+            ]
         return out
 
 
@@ -99,16 +107,27 @@ class FakeLlama:
         cached = _common_prefix(self.slot, prompt)
         cached = min(cached, len(prompt) - 1)  # one token is always evaluated again
         pieces = reply.pieces()
-        body = _chunk({"role": "assistant", "content": None},
-                      prompt_progress={"total": len(prompt), "cache": cached,
-                                       "processed": len(prompt), "time_ms": 1})  # fmt: skip
+        body = _chunk(
+            {"role": "assistant", "content": None},
+            prompt_progress={
+                "total": len(prompt),
+                "cache": cached,
+                "processed": len(prompt),
+                "time_ms": 1,
+            },
+        )
         body += "".join(_chunk(p) for p in pieces)
         if reply.kind == "stream_error":
             body += 'data: {"error":{"code":500,"message":"scripted","type":"server_error"}}\n\n'
             return Exchange({}, 200, SSE, body, {})
         finish = "tool_calls" if reply.tool_calls else "stop"
-        timings = {"cache_n": cached, "prompt_n": len(prompt) - cached, "prompt_ms": 1.0,
-                   "predicted_n": len(pieces), "predicted_ms": 1.0}  # fmt: skip
+        timings = {
+            "cache_n": cached,
+            "prompt_n": len(prompt) - cached,
+            "prompt_ms": 1.0,
+            "predicted_n": len(pieces),
+            "predicted_ms": 1.0,
+        }
         body += _chunk({}, finish)
         body += _chunk(None, usage={"completion_tokens": len(pieces)}, timings=timings)
         body += "data: [DONE]\n\n"

@@ -46,8 +46,10 @@ class Roots:
             raise ToolFailure("no folders are open to file tools (set [tools] roots)")
         parts = PurePosixPath(path).parts
         if PurePosixPath(path).is_absolute() or path.startswith("~"):
-            raise ToolFailure(f"{path}: absolute paths are refused; give a path relative to "
-                              "the root (list_directory '.' shows it)")  # fmt: skip
+            raise ToolFailure(
+                f"{path}: absolute paths are refused; give a path relative to "
+                "the root (list_directory '.' shows it)"
+            )
         if ".." in parts:
             raise ToolFailure(f"{path}: '..' is refused; paths stay inside the roots")
         if len(self.roots) == 1:
@@ -71,8 +73,12 @@ class Roots:
 
 
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required,
-            "additionalProperties": False}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
 
 
 _PATH = {"type": "string", "description": "Relative to the root, e.g. notes/today.md"}
@@ -159,8 +165,9 @@ class Builtins:
         start = int(arguments.get("start_line", 1))
         with resolved.open("rb") as f:
             if b"\0" in f.read(SNIFF_BYTES):
-                raise ToolFailure(f"{path} is a binary file ({info.st_size} bytes); it cannot "
-                                  "be shown as text")  # fmt: skip
+                raise ToolFailure(
+                    f"{path} is a binary file ({info.st_size} bytes); it cannot be shown as text"
+                )
             f.seek(0)
             lines: list[str] = []
             taken = 0
@@ -168,8 +175,9 @@ class Builtins:
                 if number < start:
                     continue
                 if len(lines) == READ_LINES or taken + len(raw) > READ_BYTES:
-                    lines.append(f"[... more from line {number}: read_file with start_line "
-                                 f"{number}]")  # fmt: skip
+                    lines.append(
+                        f"[... more from line {number}: read_file with start_line {number}]"
+                    )
                     break
                 lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
                 taken += len(raw)
@@ -204,8 +212,9 @@ class Builtins:
         pattern = arguments["pattern"]
         path = arguments.get("path", ".")
         try:
-            matcher = re.compile(pattern if arguments.get("regex") else re.escape(pattern),
-                                 re.IGNORECASE)  # fmt: skip
+            matcher = re.compile(
+                pattern if arguments.get("regex") else re.escape(pattern), re.IGNORECASE
+            )
         except re.error as e:
             raise ToolFailure(f"not a valid regular expression: {e}") from None
         start = self.roots.resolve(path)

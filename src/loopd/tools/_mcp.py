@@ -72,9 +72,10 @@ class McpSource:
 
     async def _serve_once(self) -> None:
         params = StdioServerParameters(
-            command=self.server.command[0], args=self.server.command[1:],
+            command=self.server.command[0],
+            args=self.server.command[1:],
             env={**os.environ, **self.server.env},
-        )  # fmt: skip
+        )
         started = False
         try:
             with trio.CancelScope(deadline=trio.current_time() + START_TIMEOUT) as starting:
@@ -108,19 +109,28 @@ class McpSource:
         self._last_error = why
         delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (self._failures - 1))
         self._not_before = trio.current_time() + delay
-        log.warning("MCP server %s did not start: %s (next try in %.0f s at the earliest)",
-                    self.name, why, delay)  # fmt: skip
+        log.warning(
+            "MCP server %s did not start: %s (next try in %.0f s at the earliest)",
+            self.name,
+            why,
+            delay,
+        )
 
     def _entries(self, tools: list[mcp.types.Tool]) -> list[ToolEntry]:
         entries = []
         for tool in tools:
             name = f"{self.name}.{tool.name}"
             description = (tool.description or tool.title or tool.name).strip()
-            entries.append(ToolEntry(
-                name=name, summary=description.splitlines()[0] if description else name,
-                description=description, schema=dict(tool.input_schema), source=self.name,
-                policy=policy_for(self.config, name, self.name),
-            ))  # fmt: skip
+            entries.append(
+                ToolEntry(
+                    name=name,
+                    summary=description.splitlines()[0] if description else name,
+                    description=description,
+                    schema=dict(tool.input_schema),
+                    source=self.name,
+                    policy=policy_for(self.config, name, self.name),
+                )
+            )
         return entries
 
     async def _connected(self) -> Client:
@@ -128,8 +138,10 @@ class McpSource:
             return self._client
         wait = self._not_before - trio.current_time()
         if wait > 0:
-            raise ToolFailure(f"MCP server {self.name} is not running ({self._last_error}); "
-                              f"the next start is in {wait:.0f} s")  # fmt: skip
+            raise ToolFailure(
+                f"MCP server {self.name} is not running ({self._last_error}); "
+                f"the next start is in {wait:.0f} s"
+            )
         starts = self._starts
         self._wanted.set()
         while self._client is None and self._starts == starts:
@@ -149,8 +161,9 @@ class McpSource:
                 self._client = None
                 self.registry.set_available(self.name, available=False)
                 self._broken.set()
-                raise ToolFailure(f"MCP server {self.name} stopped ({e}); it is started again "
-                                  "on the next call") from None  # fmt: skip
+                raise ToolFailure(
+                    f"MCP server {self.name} stopped ({e}); it is started again on the next call"
+                ) from None
             raise ToolFailure(f"{entry.name}: {e}") from None
         text = "\n".join(_text_of(block) for block in result.content)
         return ToolOutput(text, is_error=result.is_error)

@@ -117,8 +117,12 @@ class LocalToolPort:
             except ToolFailure as e:
                 return Failed(str(e)[:MESSAGE_LIMIT])
             except Exception as e:
-                log.exception("tool %s raised (session %s, call %d)", entry.name,
-                              request.session, request.call)  # fmt: skip
+                log.exception(
+                    "tool %s raised (session %s, call %d)",
+                    entry.name,
+                    request.session,
+                    request.call,
+                )
                 return Failed(f"{type(e).__name__}: {e}"[:MESSAGE_LIMIT])
         if deadline.cancelled_caught:
             return Failed(f"{entry.name} did not finish within {self.timeout:g} s and was stopped")
