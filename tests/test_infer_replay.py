@@ -278,6 +278,5 @@ async def test_cancelling_a_request_closes_its_stream_at_once(replay: StartRepla
         assert scope.cancelled_caught
         # The server notices the closed connection on its next write.
         with trio.fail_after(5):
-            while server.broken == 0:  # noqa: ASYNC110 - set by the server's own task
-                await trio.sleep(0.01)
+            await server.wait_until(lambda: server.broken > 0)
     assert sum(isinstance(e, Content) for e in events) == 1

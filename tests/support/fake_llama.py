@@ -45,6 +45,8 @@ class Reply:
     reasoning: str | None = None
     tool_calls: tuple[tuple[str, str, str], ...] = ()
     """(id, name, arguments) of each call."""
+    delay: float = 0.0
+    """Seconds between streamed pieces."""
     kind: str = "answer"
     """`answer`, `context_full`, `server_error` (500), `stream_error` or `stall`."""
 
@@ -132,4 +134,4 @@ class FakeLlama:
         body += _chunk(None, usage={"completion_tokens": len(pieces)}, timings=timings)
         body += "data: [DONE]\n\n"
         self.slot = prompt
-        return Exchange({}, 200, SSE, body, {})
+        return Exchange({}, 200, SSE, body, {"event_delay": reply.delay})

@@ -73,6 +73,16 @@ class ReplayServer:
     port: int = 0
     broken: int = 0
     """Responses the client stopped reading before their end (it closed the connection)."""
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait until a request or a broken connection makes `condition` true."""
+        while not condition():
+            await self._changed.wait()
 
     @classmethod
     def of(cls, *names: str) -> ReplayServer:
@@ -95,6 +105,7 @@ class ReplayServer:
                 conn.start_next_cycle()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.broken += 1
+            self._notify()
         except h11.ProtocolError:
             pass
         finally:
@@ -107,6 +118,7 @@ class ReplayServer:
         self.requests.append(
             {"method": request.method.decode(), "path": request.target.decode(), "body": body}
         )
+        self._notify()
         if not self.exchanges:
             await _send(stream, conn, h11.Response(status_code=500, headers=[]))
             await _send(stream, conn, h11.Data(data=b'{"error":"no more recordings"}'))

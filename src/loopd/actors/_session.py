@@ -1,0 +1,163 @@
+"""The session actor: owns the session, runs one turn at a time in order, and publishes every
+event, tagged with its turn, to whoever subscribed.
+
+Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
+subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
+The log on disk is the truth; a dropped client can read it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from loopd.events import TurnEvent
+from loopd.infer import InferError
+from loopd.store import Session, StoreError
+from loopd.turn import Runtime, TurnError, TurnOutcome, run_turn
+
+__all__ = ["Busy", "Published", "SessionActor", "Subscription", "TurnDone", "TurnFailed"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    outcome: TurnOutcome
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    kind: str
+    """`turn_limit`, `session_full`, `infer`, `cancelled` or `error`."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Published:
+    turn: str
+    """The id the client gave the message that started the turn."""
+    item: TurnEvent | TurnDone | TurnFailed
+
+
+class Subscription:
+    def __init__(self, buffer: int) -> None:
+        self._send, self.receive = trio.open_memory_channel[Published](buffer)
+        self.lagged = False
+        """Set when it fell behind and was dropped."""
+
+    def offer(self, message: Published) -> bool:
+        try:
+            self._send.send_nowait(message)
+        except trio.WouldBlock:
+            self.lagged = True
+            self._send.close()
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False  # the subscriber went away
+        return True
+
+    def close(self) -> None:
+        self._send.close()
+
+
+class Busy(Exception):
+    """Too many messages are already waiting."""
+
+
+@dataclass(frozen=True)
+class _Message:
+    turn: str
+    content: str
+
+
+class SessionActor:
+    def __init__(self, session: Session, runtime: Runtime, queue_limit: int) -> None:
+        self.session = session
+        self.runtime = runtime
+        self.queue_limit = queue_limit
+        self._queue: deque[_Message] = deque()
+        self._wake = trio.Event()
+        self._subscribers: list[Subscription] = []
+        self._running: tuple[str, trio.CancelScope] | None = None
+
+    @property
+    def running(self) -> str | None:
+        return self._running[0] if self._running else None
+
+    @property
+    def queued(self) -> list[str]:
+        return [m.turn for m in self._queue]
+
+    def submit(self, turn: str, content: str) -> int:
+        """Queue a user message; its position (0: runs next). Raises `Busy` when full."""
+        if len(self._queue) >= self.queue_limit:
+            raise Busy(f"{len(self._queue)} messages are already waiting")
+        self._queue.append(_Message(turn, content))
+        self._wake.set()
+        return len(self._queue) - 1 + (self._running is not None)
+
+    def cancel(self, turn: str) -> bool:
+        """Cancel a running or waiting turn; False when there is no such turn."""
+        if self._running and self._running[0] == turn:
+            self._running[1].cancel()
+            return True
+        for message in self._queue:
+            if message.turn == turn:
+                self._queue.remove(message)
+                self._publish(Published(turn, TurnFailed("cancelled", "cancelled before it ran")))
+                return True
+        return False
+
+    def subscribe(self, buffer: int) -> Subscription:
+        subscription = Subscription(buffer)
+        self._subscribers.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        subscription.close()
+        if subscription in self._subscribers:
+            self._subscribers.remove(subscription)
+
+    def _publish(self, message: Published) -> None:
+        self._subscribers = [s for s in self._subscribers if s.offer(message)]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Take messages in order and run their turns, until cancelled."""
+        task_status.started()
+        try:
+            while True:
+                if not self._queue:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                    continue
+                await self._turn(self._queue.popleft())
+        finally:
+            for subscription in self._subscribers:
+                subscription.close()
+
+    async def _turn(self, message: _Message) -> None:
+        def on_event(event: TurnEvent) -> None:
+            self._publish(Published(message.turn, event))
+
+        with trio.CancelScope() as scope:
+            self._running = (message.turn, scope)
+            try:
+                outcome = await run_turn(self.session, self.runtime, message.content, on_event)
+                self._publish(Published(message.turn, TurnDone(outcome)))
+            except TurnError as e:
+                kind = "infer" if isinstance(e.__cause__, InferError) else e.reason
+                self._publish(Published(message.turn, TurnFailed(kind, str(e))))
+            except StoreError as e:
+                log.exception("the session log could not be written")
+                self._publish(Published(message.turn, TurnFailed("error", str(e))))
+                raise
+            finally:
+                self._running = None
+        if scope.cancelled_caught:
+            self._publish(
+                Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
+            )
