@@ -22,6 +22,7 @@ import httpx
 import trio
 
 from loopd import baseline
+from loopd.infer import BUDGET_MESSAGE
 from loopd.server_proc import LaunchSpec, free_port, managed_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +162,12 @@ async def stream_error(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]
 
 async def reasoning_cap(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
     user = {"role": "user", "content": "Why is the sky blue?"}
-    payload = body([SYSTEM, user], max_tokens=40, reasoning_budget_tokens=20)
+    payload = body(
+        [SYSTEM, user],
+        max_tokens=40,
+        reasoning_budget_tokens=20,
+        reasoning_budget_message=BUDGET_MESSAGE,
+    )
     return [await exchange(http, url, payload)]
 
 

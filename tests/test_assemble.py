@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from loopd.infer import (
+    BUDGET_MESSAGE,
     Content,
     Progress,
-    Reasoning,
     StreamBroken,
     StreamErrorEvent,
     ThinkingCapped,
@@ -96,36 +96,53 @@ def test_arguments_string_is_kept_exactly_as_received() -> None:
     assert a.completion().tool_calls[0].arguments == raw
 
 
-def test_reasoning_reaching_the_cap_emits_thinking_capped_once() -> None:
-    """At cap - 1 pieces: the server's budget also pays for the end tag it adds."""
+def test_reasoning_the_server_capped_is_known_by_its_budget_message() -> None:
     a = Assembler(thinking_cap=3)
-    events = [e for _ in range(5) for e in a.feed(chunk({"reasoning_content": "hm "}))]
-    assert events.count(ThinkingCapped(cap=3)) == 1
-    assert events.index(ThinkingCapped(cap=3)) == 2  # right after the second reasoning piece
-    assert sum(isinstance(e, Reasoning) for e in events) == 5
+    pieces = ["hm", " so", " then", *(BUDGET_MESSAGE[i : i + 5] for i in range(0, 30, 5))]
+    events = [e for p in pieces for e in a.feed(chunk({"reasoning_content": p}))]
+    assert ThinkingCapped(cap=3) not in events  # not known until the reasoning ends
+    events = a.feed(chunk({"content": "Answer"}))
+    assert events == [ThinkingCapped(cap=3), Content(text="Answer")]
     done = a.completion()
     assert done.thinking_capped
-    assert done.reasoning_tokens == 5
-    assert not a.past_cap
+    assert done.reasoning_content is not None
+    assert done.reasoning_content.endswith(BUDGET_MESSAGE)
+
+
+def test_capped_reasoning_at_the_very_end_of_the_stream() -> None:
+    a = Assembler(thinking_cap=3)
+    a.feed(chunk({"reasoning_content": "hm" + BUDGET_MESSAGE}))
+    assert a.finish() == [ThinkingCapped(cap=3)]
+    assert a.completion().thinking_capped
+
+
+def test_reasoning_that_ends_by_itself_is_not_capped() -> None:
+    a = Assembler(thinking_cap=10)
+    for _ in range(8):
+        a.feed(chunk({"reasoning_content": "short"}))
+    assert a.feed(chunk({"content": "Answer"})) == [Content(text="Answer")]
+    assert a.finish() == []
+    assert not a.completion().thinking_capped
 
 
 def test_reasoning_past_the_cap_and_its_grace_must_be_cut() -> None:
     a = Assembler(thinking_cap=2)
     for _ in range(2 + THINKING_CAP_GRACE):
         a.feed(chunk({"reasoning_content": "x"}))
-    assert not a.past_cap
+    assert a.past_cap() is None
     a.feed(chunk({"reasoning_content": "x"}))
-    assert a.past_cap
+    assert a.past_cap() == [ThinkingCapped(cap=2)]
     done = a.completion(cut_by_client=True)
     assert done.finish_reason == "thinking_cap"
     assert done.thinking_capped
 
 
-def test_reasoning_under_the_cap_is_not_capped() -> None:
-    a = Assembler(thinking_cap=10)
-    for _ in range(8):
-        a.feed(chunk({"reasoning_content": "short"}))
-    assert not a.completion().thinking_capped
+def test_without_a_cap_nothing_is_capped() -> None:
+    a = Assembler()
+    for _ in range(100):
+        a.feed(chunk({"reasoning_content": "x" + BUDGET_MESSAGE}))
+    assert a.past_cap() is None
+    assert a.finish() == []
 
 
 def test_an_error_chunk_raises_with_the_servers_error() -> None:

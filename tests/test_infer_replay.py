@@ -9,6 +9,7 @@ import trio
 
 from conftest import StartReplay
 from loopd.infer import (
+    BUDGET_MESSAGE,
     THINKING_CAP_GRACE,
     ChatEvent,
     ChatRequest,
@@ -139,11 +140,16 @@ async def test_reasoning_streams_and_the_servers_budget_caps_it(replay: StartRep
     request = ChatRequest(REQUEST.messages, thinking_cap=20)
     async with Client(server.url) as client:
         done = await client.chat(request, sink)
-    assert json.loads(request.body())["reasoning_budget_tokens"] == 20
+    body = json.loads(request.body())
+    assert (body["reasoning_budget_tokens"], body["reasoning_budget_message"]) == (
+        20,
+        BUDGET_MESSAGE,
+    )
     reasoning = [e for e in events if isinstance(e, Reasoning)]
     assert reasoning
     assert done.reasoning_content == "".join(e.text for e in reasoning)
     assert ThinkingCapped(cap=20) in events
+    assert events.index(ThinkingCapped(cap=20)) == events.index(reasoning[-1]) + 1
     assert done.thinking_capped
     assert done.finish_reason != "thinking_cap"  # the server ended it, not the client
     assert done.timings is not None

@@ -18,9 +18,8 @@ from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Client, Content, RetryPolicy, ThinkingCapped, ToolCallDelta
 from loopd.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
 from loopd.store import Session, Store
-from loopd.tools import LocalToolPort, Registry, ToolEntry, ToolFailure, ToolOutput
+from loopd.tools import APPROVAL_TEXT, LocalToolPort, Registry, ToolEntry, ToolFailure, ToolOutput
 from loopd.turn import (
-    APPROVAL_TEXT,
     REPEAT_TEXT,
     InferFailed,
     Runtime,

@@ -103,6 +103,9 @@ class ServerConfig(_Table):
     read_timeout: PositiveFloat = 120.0
     """The longest silence in a stream, in seconds (the server pings every 30 s)."""
     retry: RetryConfig = RetryConfig()
+    sampling: dict[str, float | int | bool | str] = {}
+    """Sent with every request, e.g. `{temperature = 0.7, top_p = 0.9}`; unset fields keep
+    llama-server's own defaults."""
 
 
 class SlotsConfig(_Table):
@@ -122,6 +125,9 @@ class LoopConfig(_Table):
     """Refuse a call repeated with the same arguments in a turn; stop at the second repeat."""
     thinking_cap: PositiveInt = 4096
     """Reasoning tokens allowed per request."""
+    max_tokens: PositiveInt = 8192
+    """Tokens one answer may generate, reasoning included: a model caught repeating itself
+    stops here (`finish_reason` `length`)."""
     tool_result_cap: PositiveInt = 16_000
     """Characters of a tool result the model sees; the rest is cut with a marker."""
     turn_timeout: PositiveFloat = 900.0

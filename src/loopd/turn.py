@@ -13,11 +13,10 @@ gives the reason. Each record is on disk before the event that reports it is sen
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import trio
 
@@ -47,11 +46,10 @@ from loopd.records import (
     UserRecord,
 )
 from loopd.store import Session
-from loopd.tools import Denied, Failed, Local, PendingApproval, Registry, ToolPort, ToolRequest
+from loopd.tools import Local, Registry, ToolPort, ToolRequest, for_the_model, requested_tool
 from loopd.tools import dispatch as dispatch_call
 
 __all__ = [
-    "APPROVAL_TEXT",
     "REPEAT_TEXT",
     "InferFailed",
     "Inference",
@@ -67,7 +65,6 @@ __all__ = [
 REPEAT_TEXT = (
     "Not run: this call was already made with these arguments in this turn; its result is above."
 )
-APPROVAL_TEXT = "Not run: this call needs the user's approval, and this version cannot wait for it."
 PREVIEW = 120
 
 
@@ -107,6 +104,8 @@ class Runtime:
     registry: Registry
     slot: int = 0
     find_limit: int = 5
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Extra request fields such as `temperature` (`[server] sampling`)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +193,8 @@ class _Turn:
             slot=rt.slot,
             thinking=True,
             thinking_cap=rt.loop.thinking_cap,
+            max_tokens=rt.loop.max_tokens,
+            sampling=rt.sampling,
         )
         try:
             completion = await rt.inference.chat_with_retry(request, self._pass_on)
@@ -229,7 +230,11 @@ class _Turn:
 
     async def _answer(self, call: ToolCall) -> None:
         number = self.session.next_call()
-        self.on_event(ToolCallStarted(name=call.name, call=number, tool=_requested_tool(call)))
+        self.on_event(
+            ToolCallStarted(
+                name=call.name, call=number, tool=requested_tool(call.name, call.arguments)
+            )
+        )
         text, data_class, untrusted = await self._run(call, number)
         text, truncated = cap_result(text, self.rt.loop.tool_result_cap)
         if untrusted:
@@ -272,24 +277,5 @@ class _Turn:
         )
         if isinstance(routed, Local):
             return routed.text, "public", False
-        answer = await self.rt.port.call(
-            ToolRequest(self.session.id, number, routed.tool, routed.arguments)
-        )
-        if isinstance(answer, Failed):
-            return f"The tool failed: {answer.message}", "public", False
-        if isinstance(answer, Denied):
-            return f"The call was denied: {answer.reason}", "public", False
-        if isinstance(answer, PendingApproval):
-            return APPROVAL_TEXT, "public", False
-        return answer.content, answer.data_class, answer.untrusted
-
-
-def _requested_tool(call: ToolCall) -> str | None:
-    if call.name != "call_tool":
-        return None
-    try:
-        parsed = json.loads(call.arguments)
-    except ValueError:
-        return None
-    name = parsed.get("name") if isinstance(parsed, dict) else None
-    return name if isinstance(name, str) else None
+        request = ToolRequest(self.session.id, number, routed.tool, routed.arguments)
+        return for_the_model(await self.rt.port.call(request))

@@ -56,6 +56,7 @@ async def open_core(config: Config, session: Session, client: Client) -> AsyncIt
             registry=port.registry,
             slot=config.slots.main,
             find_limit=config.tools.find_limit,
+            sampling=dict(config.server.sampling),
         )
         actor = SessionActor(session, runtime, config.channel.queue_limit)
         await nursery.start(actor.run)

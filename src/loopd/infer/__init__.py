@@ -15,6 +15,7 @@ from ._errors import (
     is_retryable,
 )
 from ._types import (
+    BUDGET_MESSAGE,
     ChatEvent,
     ChatRequest,
     Completion,
@@ -31,6 +32,7 @@ from ._types import (
 )
 
 __all__ = [
+    "BUDGET_MESSAGE",
     "THINKING_CAP_GRACE",
     "CacheOutcome",
     "ChatEvent",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ._errors import StreamBroken, StreamErrorEvent
 from ._types import (
+    BUDGET_MESSAGE,
     ChatEvent,
     Completion,
     Content,
@@ -25,20 +26,12 @@ from ._types import (
     ToolCallDelta,
 )
 
-__all__ = ["THINKING_CAP_GRACE", "Assembler", "reasoning_at_cap"]
+__all__ = ["THINKING_CAP_GRACE", "Assembler"]
 
-# The server closes capped reasoning with a few tokens of its own (the end tag, and the budget
-# message when one is set); only reasoning that runs past these is the client's to cut.
-THINKING_CAP_GRACE = 8
-
-
-def reasoning_at_cap(cap: int) -> int:
-    """Reasoning pieces that mean the cap was reached.
-
-    llama-server spends the budget's last token on the end-of-thinking tag, which is not
-    streamed as reasoning: with a budget of 20, 19 pieces arrive (seen on the real server).
-    """
-    return max(cap - 1, 1)
+# Reasoning that the server does not end (a template without thinking tags ignores the budget)
+# is cut by the client once it runs this many pieces past the cap: room for the server's own
+# closing text (the budget message and the end tag) when it does end it.
+THINKING_CAP_GRACE = 16
 
 
 class _Loose(BaseModel):
@@ -129,10 +122,8 @@ class Assembler:
             self._reasoning.append(delta.reasoning_content)
             self.reasoning_tokens += 1
             events.append(Reasoning(text=delta.reasoning_content))
-            cap = self.thinking_cap
-            if cap is not None and self.reasoning_tokens == reasoning_at_cap(cap):
-                self.thinking_capped = True
-                events.append(ThinkingCapped(cap=cap))
+        elif delta.content or delta.tool_calls:
+            self._reasoning_ended(events)
         if delta.content:
             self._content.append(delta.content)
             events.append(Content(text=delta.content))
@@ -152,15 +143,31 @@ class Assembler:
                 )
             )
 
-    @property
-    def past_cap(self) -> bool:
-        """Reasoning ran past the cap and the server's grace: the client must end the stream."""
+    def _reasoning_ended(self, events: list[ChatEvent]) -> None:
+        """The server ends capped reasoning with the budget message: that is how we know."""
         cap = self.thinking_cap
-        return cap is not None and self.reasoning_tokens > cap + THINKING_CAP_GRACE
+        if cap is None or self.thinking_capped or not self._reasoning:
+            return
+        if "".join(self._reasoning[-8:]).endswith(BUDGET_MESSAGE):
+            self.thinking_capped = True
+            events.append(ThinkingCapped(cap=cap))
 
-    @property
-    def has_output(self) -> bool:
-        return bool(self._content or self._reasoning or self._calls)
+    def finish(self) -> list[ChatEvent]:
+        """The stream ended: the events that only its end can tell."""
+        events: list[ChatEvent] = []
+        self._reasoning_ended(events)
+        return events
+
+    def past_cap(self) -> list[ChatEvent] | None:
+        """None while reasoning is within bounds; once it runs past the cap and the server's
+        grace, the last events, and the client must end the stream."""
+        cap = self.thinking_cap
+        if cap is None or self.reasoning_tokens <= cap + THINKING_CAP_GRACE:
+            return None
+        if self.thinking_capped:
+            return []
+        self.thinking_capped = True
+        return [ThinkingCapped(cap=cap)]
 
     def completion(self, *, cut_by_client: bool = False) -> Completion:
         return Completion(
@@ -173,5 +180,5 @@ class Assembler:
             finish_reason="thinking_cap" if cut_by_client else self._finish_reason,
             timings=self._timings,
             reasoning_tokens=self.reasoning_tokens,
-            thinking_capped=self.thinking_capped or cut_by_client,
+            thinking_capped=self.thinking_capped,
         )

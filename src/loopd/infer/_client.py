@@ -206,16 +206,25 @@ class Client:
                         raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
                     if sse is None:
                         raise StreamBroken("the stream ended without [DONE]")
-                    if sse.data == "[DONE]":
-                        return assembler.completion()
-                    for event in assembler.feed(sse.data):
-                        on_event(event)
-                    if assembler.past_cap:
-                        return assembler.completion(cut_by_client=True)
+                    if (done := _take(assembler, sse.data, on_event)) is not None:
+                        return done
         except SSEError as e:
             raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
         except httpx.TransportError as e:
             raise StreamBroken(f"the stream broke: {e!r}") from e
+
+
+def _take(assembler: Assembler, data: str, on_event: EventSink) -> Completion | None:
+    """Pass on what one `data:` line holds; the completion once the stream is done."""
+    if data == "[DONE]":
+        events, done = assembler.finish(), assembler.completion()
+    else:
+        events, done = assembler.feed(data), None
+        if (last := assembler.past_cap()) is not None:
+            events, done = [*events, *last], assembler.completion(cut_by_client=True)
+    for event in events:
+        on_event(event)
+    return done
 
 
 async def _close(response: httpx.Response) -> None:

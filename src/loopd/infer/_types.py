@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator
 from loopd.canonical import canonical
 
 __all__ = [
+    "BUDGET_MESSAGE",
     "ChatEvent",
     "ChatRequest",
     "Completion",
@@ -29,6 +30,11 @@ __all__ = [
     "ToolCallDelta",
     "Waiting",
 ]
+
+
+BUDGET_MESSAGE = " [thinking budget reached]"
+"""Sent as `reasoning_budget_message`: llama-server ends reasoning it capped with this text,
+which is how the client tells a capped reasoning from one that ended by itself."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class ChatRequest:
             payload["max_tokens"] = self.max_tokens
         if self.thinking and self.thinking_cap is not None:
             payload["reasoning_budget_tokens"] = self.thinking_cap
+            payload["reasoning_budget_message"] = BUDGET_MESSAGE
         return canonical(payload)
 
 

@@ -9,10 +9,11 @@ import trio
 from loopd.config import ToolsConfig
 
 from ._builtin import Builtins, Roots, builtin_entries
-from ._dispatch import Dispatch, Local, Port, dispatch, find_tool_text
+from ._dispatch import Dispatch, Local, Port, dispatch, find_tool_text, requested_tool
 from ._entry import ToolEntry
 from ._mcp import McpSource
 from ._port import (
+    APPROVAL_TEXT,
     Denied,
     Executor,
     Failed,
@@ -24,10 +25,12 @@ from ._port import (
     ToolOutput,
     ToolPort,
     ToolRequest,
+    for_the_model,
 )
 from ._registry import BUILTIN, Registry, policy_for
 
 __all__ = [
+    "APPROVAL_TEXT",
     "BUILTIN",
     "Builtins",
     "Denied",
@@ -51,8 +54,10 @@ __all__ = [
     "builtin_entries",
     "dispatch",
     "find_tool_text",
+    "for_the_model",
     "open_tool_port",
     "policy_for",
+    "requested_tool",
 ]
 
 

@@ -20,7 +20,7 @@ from loopd.canonical import canonical
 
 from ._registry import Registry
 
-__all__ = ["Dispatch", "Local", "Port", "dispatch", "find_tool_text"]
+__all__ = ["Dispatch", "Local", "Port", "dispatch", "find_tool_text", "requested_tool"]
 
 USAGE = (
     'Use find_tool {"query": "..."} to find a tool, then '
@@ -123,3 +123,12 @@ def find_tool_text(registry: Registry, query: str, limit: int) -> str:
         lines.append(f"   arguments: {canonical(entry.schema).decode()}")
     lines.append('Call one with call_tool {"name": ..., "arguments": {...}}.')
     return "\n".join(lines)
+
+
+def requested_tool(name: str, arguments: str) -> str | None:
+    """The tool a `call_tool` call asks for, when its arguments name one; for showing it."""
+    if name != "call_tool":
+        return None
+    parsed = _object(arguments, name)
+    tool = parsed.get("name") if isinstance(parsed, dict) else None
+    return tool if isinstance(tool, str) else None

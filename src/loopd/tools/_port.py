@@ -20,6 +20,7 @@ from ._entry import ToolEntry
 from ._registry import Registry
 
 __all__ = [
+    "APPROVAL_TEXT",
     "Denied",
     "Executor",
     "Failed",
@@ -31,6 +32,7 @@ __all__ = [
     "ToolOutput",
     "ToolPort",
     "ToolRequest",
+    "for_the_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,20 @@ class PendingApproval:
 
 
 PortAnswer = Result | Failed | Denied | PendingApproval
+
+APPROVAL_TEXT = "Not run: this call needs the user's approval, and this version cannot wait for it."
+
+
+def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
+    """What the model reads for an answer (its content, or why there is none), its data class
+    and whether it is untrusted."""
+    if isinstance(answer, Result):
+        return answer.content, answer.data_class, answer.untrusted
+    if isinstance(answer, Failed):
+        return f"The tool failed: {answer.message}", "public", False
+    if isinstance(answer, Denied):
+        return f"The call was denied: {answer.reason}", "public", False
+    return APPROVAL_TEXT, "public", False
 
 
 class ToolPort(Protocol):
