@@ -28,7 +28,7 @@ from loopd.canonical import canonical
 from loopd.config import LoopConfig
 from loopd.events import TurnEvent
 from loopd.infer import Client, RetryPolicy
-from loopd.records import AssistantRecord, Record, ToolResultRecord, TurnEndRecord, UserRecord
+from loopd.records import conversation_problems
 from loopd.store import Store
 from loopd.tools import LocalToolPort
 from loopd.turn import Runtime, TurnError, run_turn
@@ -84,27 +84,6 @@ steps = st.builds(
 )
 
 
-def assert_valid_conversation(records: list[Record]) -> None:
-    """Tool results answer the calls of the answer before them; every turn has its end."""
-    open_calls: set[str] = set()
-    for record in records:
-        if isinstance(record, (UserRecord, AssistantRecord)):
-            assert not open_calls, f"calls left unanswered: {open_calls}"
-        if isinstance(record, AssistantRecord):
-            open_calls = {c.id for c in record.tool_calls}
-        elif isinstance(record, ToolResultRecord):
-            assert record.tool_call_id in open_calls or record.tool_call_id in seen_ids(records)
-            open_calls.discard(record.tool_call_id)
-        elif isinstance(record, TurnEndRecord):
-            assert not open_calls, f"a turn ended with calls unanswered: {open_calls}"
-    users = sum(isinstance(r, UserRecord) for r in records)
-    assert users == sum(isinstance(r, TurnEndRecord) for r in records)
-
-
-def seen_ids(records: list[Record]) -> set[str]:
-    return {c.id for r in records if isinstance(r, AssistantRecord) for c in r.tool_calls}
-
-
 async def play(conversation: list[Step], directory: Path) -> None:
     fake = FakeLlama([])
     server = ReplayServer([fake] * 200)
@@ -136,7 +115,7 @@ async def play(conversation: list[Step], directory: Path) -> None:
     for earlier, later in itertools.pairwise(bodies):
         assert canonical(later[: len(earlier)]) == canonical(earlier)
     assert "cache_loss" not in [r.kind for r in records]
-    assert_valid_conversation(records)
+    assert conversation_problems(records) == []
 
 
 async def one_turn(session: Any, rt: Runtime, step: Step) -> None:

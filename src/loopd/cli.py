@@ -1,17 +1,38 @@
-"""The `loopd` command: `loopd check-config` (more commands come with the daemon)."""
+"""The `loopd` command: `serve`, `sessions`, `replay`, `check-config`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+from functools import partial
 from pathlib import Path
 
+import trio
+
 from loopd import __version__
-from loopd.config import ConfigError, dump_toml, load_config
+from loopd.baseline import messages
+from loopd.canonical import canonical
+from loopd.channel import DaemonRunning
+from loopd.config import Config, ConfigError, dump_toml, load_config
+from loopd.daemon import StartupError, serve
+from loopd.records import (
+    AssistantRecord,
+    CacheLossRecord,
+    ToolResultRecord,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+    conversation_problems,
+)
+from loopd.store import Store, StoreError
 
 # Exit statuses a script can test.
 EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_RUNNING = 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,36 +42,176 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"loopd {__version__}")
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
-    check = commands.add_parser(
-        "check-config",
-        help="validate the config and print the effective one",
-        description="Validate the config file and print the effective config as TOML, every "
-        "default spelled out. Exit status 2 when the file is missing or invalid.",
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=summary, description=description)
+        sub.add_argument(
+            "--config",
+            type=Path,
+            metavar="FILE",
+            help="the config file (default: $LOOPD_CONFIG, else ~/.config/loopd/config.toml if "
+            "it exists, else the built-in defaults)",
+        )
+        return sub
+
+    run = command(
+        "serve",
+        "run the daemon",
+        "Serve the latest session (or a new one) on the Unix socket until SIGINT or "
+        "SIGTERM. With no [server] url, start the configured llama-server and model.",
     )
-    check.add_argument(
-        "--config",
+    run.add_argument(
+        "--socket",
         type=Path,
-        metavar="FILE",
-        help="the config file (default: $LOOPD_CONFIG, else ~/.config/loopd/config.toml if it "
-        "exists, else the built-in defaults)",
+        metavar="PATH",
+        help="the socket (default: [channel] socket, $XDG_RUNTIME_DIR/loopd/loopd.sock)",
+    )
+    run.add_argument("--new-session", action="store_true", help="start a fresh session")
+    run.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines for people (text) or machines (json), on stderr",
+    )
+    run.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    run.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    command("sessions", "list the sessions", "List the sessions in the store, oldest first.")
+    replay = command(
+        "replay",
+        "print a session and check that it replays",
+        "Print the conversation of a session, and check that its log replays to "
+        "the same messages and is a valid conversation (exit 1 when not).",
+    )
+    replay.add_argument("session", help="the session id (or 'latest')")
+    command(
+        "check-config",
+        "validate the config and print the effective one",
+        "Validate the config file and print the effective config as TOML, every default "
+        "spelled out. Exit status 2 when the file is missing or invalid.",
     )
     return p
 
 
-def check_config(config_file: Path | None) -> int:
-    try:
-        config, source = load_config(config_file)
-    except ConfigError as e:
-        print(f"loopd: invalid config:\n{e}", file=sys.stderr)
-        return EXIT_CONFIG
-    print(f"# effective config: {source or 'built-in defaults (no config file)'}")
-    print(dump_toml(config), end="")
-    return EXIT_OK
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def _logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
+        )
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for noisy in ("httpx", "httpcore", "mcp"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        parser().print_help()
+        return EXIT_OK
+    try:
+        config, source = load_config(args.config)
+    except ConfigError as e:
+        print(f"loopd: invalid config:\n{e}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.command == "check-config":
-        return check_config(args.config)
-    parser().print_help()
+        print(f"# effective config: {source or 'built-in defaults (no config file)'}")
+        print(dump_toml(config), end="")
+        return EXIT_OK
+    if args.command == "serve":
+        return _serve(config, args)
+    if args.command == "sessions":
+        return _sessions(config)
+    return _replay(config, args.session)
+
+
+def _serve(config: Config, args: argparse.Namespace) -> int:
+    _logging(args)
+    socket_path = args.socket or config.channel.socket
+    try:
+        trio.run(partial(serve, new_session=args.new_session), config, socket_path)
+    except BaseException as e:
+        error = _single(e)
+        if not isinstance(error, (DaemonRunning, StartupError, StoreError, OSError)):
+            raise
+        print(f"loopd: {error}", file=sys.stderr)
+        return EXIT_RUNNING if isinstance(error, DaemonRunning) else EXIT_FAILED
     return EXIT_OK
+
+
+def _single(error: BaseException) -> BaseException:
+    """The one error inside nested nurseries' exception groups, when there is one."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def _sessions(config: Config) -> int:
+    store = Store(config.store.directory)
+    listed = trio.run(store.sessions)
+    if not listed:
+        print(f"no sessions in {store.directory}")
+    for s in listed:
+        print(f"{s.id}  {s.turns:4d} turns  last {s.last_activity:%Y-%m-%d %H:%M}")
+    return EXIT_OK
+
+
+def _replay(config: Config, session_id: str) -> int:
+    store = Store(config.store.directory)
+    if session_id == "latest":
+        session_id = store.latest() or ""
+    try:
+        header, records, torn = store.read(session_id)
+    except StoreError as e:
+        print(f"loopd: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for record in records:
+        print(_line(record))
+    problems = conversation_problems(records)
+    if torn:
+        problems.append(f"a torn last line of {torn} bytes (the next open cuts it off)")
+    first = canonical(messages(header.baseline, records))
+    if canonical(messages(header.baseline, store.read(session_id)[1])) != first:
+        problems.append("the log does not replay to the same messages")
+    for problem in problems:
+        print(f"loopd: {problem}", file=sys.stderr)
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+def _line(record: object) -> str:  # noqa: PLR0911 - one line per kind of record
+    if isinstance(record, UserRecord):
+        return f"user: {record.content}"
+    if isinstance(record, AssistantRecord):
+        calls = "".join(f"\n  -> {c.name} {c.arguments}" for c in record.tool_calls)
+        return f"assistant: {record.content or ''}{calls}"
+    if isinstance(record, ToolResultRecord):
+        flags = "".join(
+            f" [{f}]"
+            for f, on in (("untrusted", record.untrusted), ("truncated", record.truncated))
+            if on
+        )
+        head = f"  <- {record.name} #{record.call} ({record.data_class}){flags}"
+        return f"{head}: {record.content[:200]}"
+    if isinstance(record, UsageRecord) and record.timings:
+        t = record.timings
+        return f"  [prompt {t.prompt_n} new, {t.cache_n} cached; {t.predicted_n} generated]"
+    if isinstance(record, CacheLossRecord):
+        return f"  [CACHE LOSS: {record.cached} cached of {record.expected} expected]"
+    if isinstance(record, TurnEndRecord):
+        return f"-- turn end: {record.reason}"
+    return f"  [{getattr(record, 'kind', '?')}]"

@@ -12,6 +12,7 @@ raises `format`, and readers refuse formats newer than theirs with a clear messa
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -33,6 +34,7 @@ __all__ = [
     "TurnEndRecord",
     "UsageRecord",
     "UserRecord",
+    "conversation_problems",
     "dump",
     "now",
 ]
@@ -149,3 +151,28 @@ RECORD: TypeAdapter[Record] = TypeAdapter(Record)
 def dump(record: Record) -> bytes:
     """One log line, newline included. Field names as in the log (`class`, not `data_class`)."""
     return record.model_dump_json(by_alias=True).encode() + b"\n"
+
+
+def conversation_problems(records: list[Record]) -> list[str]:
+    """What makes a log not a valid conversation: tool calls left without results before the
+    next message or the end of their turn, results that answer no call, a turn without its end.
+    Empty for a good log. (Ids are counted, not just collected: a model may repeat one.)"""
+    problems: list[str] = []
+    open_calls: Counter[str] = Counter()
+    for number, record in enumerate(records, start=2):
+        if isinstance(record, (UserRecord, AssistantRecord, TurnEndRecord)) and +open_calls:
+            problems.append(f"record {number}: calls left without results: {sorted(+open_calls)}")
+            open_calls = Counter()
+        if isinstance(record, AssistantRecord):
+            open_calls = Counter(c.id for c in record.tool_calls)
+        elif isinstance(record, ToolResultRecord):
+            if open_calls[record.tool_call_id] <= 0:
+                problems.append(
+                    f"record {number}: a result for no open call {record.tool_call_id!r}"
+                )
+            open_calls[record.tool_call_id] -= 1
+    users = sum(isinstance(r, UserRecord) for r in records)
+    ends = sum(isinstance(r, TurnEndRecord) for r in records)
+    if ends not in (users, users - 1):  # the last turn may still be running
+        problems.append(f"{users} user messages but {ends} turn ends")
+    return problems

@@ -113,6 +113,8 @@ async def managed_server(spec: LaunchSpec, log_path: Path) -> AsyncIterator[Runn
 
 async def _start(spec: LaunchSpec, port: int, log_path: Path) -> RunningServer:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if spec.slot_save_path is not None:
+        spec.slot_save_path.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = await trio.lowlevel.open_process(
             spec.command(port), stdin=None, stdout=log, stderr=log

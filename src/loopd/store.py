@@ -51,6 +51,7 @@ __all__ = [
     "StoreError",
     "UnknownSession",
     "new_session_id",
+    "parse_log",
 ]
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,16 @@ class Store:
         """Every session, oldest first."""
         return await trio.to_thread.run_sync(self._sessions)
 
+    def read(self, session_id: str) -> tuple[SessionHeader, list[Record], int]:
+        """Read a log without taking it: for looking, while a daemon may be writing it. Gives
+        the header, the records and the length of a torn last line (left as it is)."""
+        path = self.path_of(session_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise UnknownSession(f"no session {session_id} in {self.directory}") from None
+        return parse_log(path, data, session_id)
+
     def latest(self) -> str | None:
         ids = self._ids()
         return ids[-1] if ids else None
@@ -290,21 +301,22 @@ def _lock(fd: int, path: Path) -> None:
 
 
 def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list[Record]]:
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size, 0)
-    lines = data.split(b"\n")
-    torn = lines.pop()  # b"" when the file ends with a newline, as a whole log does
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    header, records, torn = parse_log(path, data, session_id)
     if torn:
-        whole = size - len(torn)
         log.warning(
             "%s: cut off a torn last line of %d bytes (a write was interrupted); "
-            "%d whole records kept",
-            path,
-            len(torn),
-            len(lines),
-        )
-        os.ftruncate(fd, whole)
+            "%d whole records kept", path, torn, len(records) + 1,
+        )  # fmt: skip
+        os.ftruncate(fd, len(data) - torn)
         os.fsync(fd)
+    return header, records
+
+
+def parse_log(path: Path, data: bytes, session_id: str) -> tuple[SessionHeader, list[Record], int]:
+    """The header, the records, and the length of a torn last line (0: none)."""
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline, as a whole log does
     if not lines:
         raise CorruptLog(path, 1, "the log is empty: it has no session header")
     records = _parse_lines(path, lines)
@@ -314,16 +326,12 @@ def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list
     if header.id != session_id:
         raise CorruptLog(path, 1, f"the header names another session, {header.id}")
     if header.format > FORMAT:
-        raise CorruptLog(
-            path,
-            1,
-            f"log format {header.format} is newer than this loopd "
-            f"({__version__}) reads ({FORMAT}): upgrade loopd",
-        )
+        raise CorruptLog(path, 1, f"log format {header.format} is newer than this loopd "
+                                  f"({__version__}) reads ({FORMAT}): upgrade loopd")  # fmt: skip
     for number, record in enumerate(records, start=2):
         if isinstance(record, SessionHeader):
             raise CorruptLog(path, number, "a second session header")
-    return header, records
+    return header, records, len(torn)
 
 
 def _parse_lines(path: Path, lines: list[bytes]) -> list[Record]:

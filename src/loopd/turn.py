@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import trio
 
 from loopd.baseline import messages, untrusted_envelope
+from loopd.closing import close_turn
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import (
@@ -41,7 +42,6 @@ from loopd.records import (
     DataClass,
     ToolResultRecord,
     TurnEndReason,
-    TurnEndRecord,
     UsageRecord,
     UserRecord,
 )
@@ -137,24 +137,7 @@ async def run_turn(session: Session, rt: Runtime, content: str, on_event: OnEven
         raise
     finally:
         with trio.CancelScope(shield=True):
-            await _close(session, reason)
-
-
-async def _close(session: Session, reason: TurnEndReason) -> None:
-    """Answer the calls of the last answer left without results, then say why the turn ended."""
-    records = list(session.records)
-    for index in range(len(records) - 1, -1, -1):
-        last = records[index]
-        if isinstance(last, AssistantRecord):
-            done = {r.tool_call_id for r in records[index:] if isinstance(r, ToolResultRecord)}
-            for call in (c for c in last.tool_calls if c.id not in done):
-                why = f"Not run: the turn ended first ({reason.replace('_', ' ')})."
-                number = session.next_call()
-                await session.append(
-                    ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
-                )
-            break
-    await session.append(TurnEndRecord(reason=reason))
+            await close_turn(session, reason)
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:

@@ -29,6 +29,10 @@ import trio
 
 RECORDINGS = Path(__file__).resolve().parent.parent.parent / "recordings"
 MAX_REQUEST = 16 * 1024 * 1024
+SIDE_ENDPOINTS: dict[str, Any] = {
+    "/health": {"status": "ok"},
+    "/props": {"model_path": "SmolLM2-135M-Instruct.Q4_1.gguf", "total_slots": 1},
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,23 @@ class ReplayServer:
         request, body = await _receive_request(stream, conn)
         if request is None:
             return False
+        target = request.target.decode()
+        if target in SIDE_ENDPOINTS:  # what loopd asks besides completions, answered as is
+            payload = json.dumps(SIDE_ENDPOINTS[target]).encode()
+            await _send(
+                stream,
+                conn,
+                h11.Response(
+                    status_code=200,
+                    headers=[
+                        ("Content-Type", "application/json"),
+                        ("Content-Length", str(len(payload))),
+                    ],
+                ),
+            )
+            await _send(stream, conn, h11.Data(data=payload))
+            await _send(stream, conn, h11.EndOfMessage())
+            return True
         self.requests.append(
             {"method": request.method.decode(), "path": request.target.decode(), "body": body}
         )

@@ -94,11 +94,14 @@ class SessionActor:
 
     def submit(self, turn: str, content: str) -> int:
         """Queue a user message; its position (0: runs next). Raises `Busy` when full."""
-        if len(self._queue) >= self.queue_limit:
-            raise Busy(f"{len(self._queue)} messages are already waiting")
+        # The head of the queue runs as soon as the actor takes it: it is not waiting.
+        waiting = len(self._queue) if self._running else max(0, len(self._queue) - 1)
+        if waiting >= self.queue_limit:
+            raise Busy(f"{waiting} messages are already waiting for the running turn")
+        position = len(self._queue) + (self._running is not None)
         self._queue.append(_Message(turn, content))
         self._wake.set()
-        return len(self._queue) - 1 + (self._running is not None)
+        return position
 
     def cancel(self, turn: str) -> bool:
         """Cancel a running or waiting turn; False when there is no such turn."""
@@ -111,6 +114,13 @@ class SessionActor:
                 self._publish(Published(turn, TurnFailed("cancelled", "cancelled before it ran")))
                 return True
         return False
+
+    def replace_session(self, session: Session) -> Session:
+        """Turns go to `session` from now on; the old one is returned, for the caller to close."""
+        if self._running or self._queue:
+            raise Busy("a turn is running or waiting")
+        old, self.session = self.session, session
+        return old
 
     def subscribe(self, buffer: int) -> Subscription:
         subscription = Subscription(buffer)
@@ -146,7 +156,8 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                outcome = await run_turn(self.session, self.runtime, message.content, on_event)
+                session = self.session
+                outcome = await run_turn(session, self.runtime, message.content, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
                 kind = "infer" if isinstance(e.__cause__, InferError) else e.reason

@@ -208,6 +208,9 @@ class Client:
                         raise StreamBroken("the stream ended without [DONE]")
                     if (done := _take(assembler, sse.data, on_event)) is not None:
                         return done
+                    # Many events can sit in one read; let the tasks that relay them to
+                    # clients run between events, so a burst never overflows their buffers.
+                    await trio.lowlevel.checkpoint()
         except SSEError as e:
             raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
         except httpx.TransportError as e:

@@ -1,0 +1,50 @@
+"""Closing a turn so the log stays a valid conversation, however the turn stopped."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from loopd.records import (
+    AssistantRecord,
+    ToolResultRecord,
+    TurnEndReason,
+    TurnEndRecord,
+    UserRecord,
+)
+from loopd.store import Session
+
+__all__ = ["close_interrupted_turn", "close_turn"]
+
+
+async def close_turn(session: Session, reason: TurnEndReason) -> None:
+    """Answer the calls of the last answer left without results, then say why the turn ended."""
+    records = list(session.records)
+    for index in range(len(records) - 1, -1, -1):
+        last = records[index]
+        if isinstance(last, AssistantRecord):
+            # Results go in call order; counted, since a model may give two calls one id.
+            answered = Counter(
+                r.tool_call_id for r in records[index:] if isinstance(r, ToolResultRecord)
+            )
+            for call in last.tool_calls:
+                if answered[call.id] > 0:
+                    answered[call.id] -= 1
+                    continue
+                why = f"Not run: the turn ended first ({reason.replace('_', ' ')})."
+                number = session.next_call()
+                await session.append(
+                    ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
+                )
+            break
+    await session.append(TurnEndRecord(reason=reason))
+
+
+async def close_interrupted_turn(session: Session) -> bool:
+    """After a crash: close a turn the log shows started and never ended. True if there was one."""
+    last_user = max(
+        (i for i, r in enumerate(session.records) if isinstance(r, UserRecord)), default=-1
+    )
+    if last_user < 0 or any(isinstance(r, TurnEndRecord) for r in session.records[last_user:]):
+        return False
+    await close_turn(session, "error")
+    return True

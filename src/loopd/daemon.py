@@ -1,0 +1,193 @@
+"""`loopd serve`: one nursery that supervises everything a running loopd is.
+
+    serve ─┬─ signals            SIGINT/SIGTERM: say goodbye, stop; a second one: exit now
+           ├─ llama-server       the embedded default: started, watched, restarted with backoff
+           └─ open_core ── channel server
+
+Start-up fails early and clearly: a live daemon on the socket, a session held by another
+process, no llama-server or model to start. Shutdown cancels the running turn (its log stays
+valid), says `bye` to every client, removes the socket, and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import trio
+
+from loopd.actors import open_core
+from loopd.baseline import make_baseline
+from loopd.channel import ChannelServer, open_socket
+from loopd.closing import close_interrupted_turn
+from loopd.config import Config, ManagedServer
+from loopd.infer import Client, RetryPolicy, Timeouts
+from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
+from loopd.store import Session, Store
+
+__all__ = ["StartupError", "launch_spec", "serve"]
+
+log = logging.getLogger(__name__)
+
+RESTART_BASE = 1.0
+RESTART_CAP = 60.0
+
+
+class StartupError(Exception):
+    """loopd cannot start; the message says why and what to do."""
+
+
+def launch_spec(managed: ManagedServer, state: Path) -> LaunchSpec:
+    """The embedded llama-server: from the config, else the environment, else PATH."""
+    binary = managed.binary or _env_path("LOOPD_LLAMA_SERVER") or _which("llama-server")
+    if binary is None:
+        raise StartupError(
+            "no llama-server to start: set [server.managed] binary or $LOOPD_LLAMA_SERVER, put "
+            "llama-server on PATH, or point [server] url at a running one"
+        )
+    model = managed.model or _env_path("LOOPD_MODEL")
+    if model is None:
+        raise StartupError("no model to load: set [server.managed] model or $LOOPD_MODEL")
+    for what, path in (("llama-server", binary), ("model", model)):
+        if not path.expanduser().is_file():
+            raise StartupError(f"the {what} {path} does not exist")
+    return LaunchSpec(
+        binary=binary.expanduser(),
+        model=model.expanduser(),
+        n_ctx=managed.n_ctx,
+        threads=managed.threads,
+        slot_save_path=state / "slots",
+        port=free_port(),
+        chat_template_file=managed.chat_template_file,
+        extra_args=tuple(managed.extra_args),
+    )
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def _which(name: str) -> Path | None:
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+@dataclass
+class _Llama:
+    url: str
+    model: str | None
+
+
+async def _keep_running(
+    spec: LaunchSpec, log_path: Path, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """Run the embedded llama-server; restart it with backoff whenever it dies."""
+    failures = 0
+    started = False
+    while True:
+        try:
+            async with managed_server(spec, log_path) as server:
+                failures = 0
+                if not started:
+                    task_status.started()
+                    started = True
+                log.info("llama-server is up at %s (pid %d)", server.url, server.process.pid)
+                code = await server.process.wait()
+                log.warning("llama-server exited with status %s; starting it again", code)
+        except ServerStartError as e:
+            if not started:
+                raise StartupError(f"llama-server did not start: {e}") from e
+            failures += 1
+            delay = min(RESTART_CAP, RESTART_BASE * 2 ** (failures - 1))
+            log.warning("llama-server did not start (%s); next try in %.0f s", e, delay)
+            await trio.sleep(delay)
+
+
+async def _probe(url: str) -> str | None:
+    """Say early whether an external llama-server answers, and which model it runs."""
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+            health = await http.get("/health")
+            props = (await http.get("/props")).json() if health.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError) as e:
+        log.warning("llama-server at %s does not answer yet (%s); requests will retry", url, e)
+        return None
+    if health.status_code != 200:
+        log.warning("llama-server at %s is not ready (HTTP %d)", url, health.status_code)
+    model = props.get("model_path") if isinstance(props, dict) else None
+    return Path(model).name if isinstance(model, str) else None
+
+
+async def _open_session(store: Store, config: Config, *, new: bool) -> Session:
+    latest = None if new else store.latest()
+    if latest is None:
+        session = await store.create(make_baseline(config.session.system_prompt))
+        log.info("new session %s", session.id)
+        return session
+    session = await store.open(latest)
+    log.info("session %s: %d records, %d turns", session.id, len(session.records), session.turns)
+    if await close_interrupted_turn(session):
+        log.warning("the last turn was interrupted (loopd stopped mid-turn); its log is closed")
+    return session
+
+
+async def serve(config: Config, socket_path: Path, *, new_session: bool = False) -> None:
+    """Serve until SIGINT or SIGTERM."""
+    store = Store(config.store.directory)
+    unix = await open_socket(socket_path)
+    log.info("listening on %s", socket_path)
+    try:
+        with await _open_session(store, config, new=new_session) as session:
+            await _serve(config, store, session, unix.listener)
+    finally:
+        with trio.CancelScope(shield=True):
+            await unix.aclose()
+    log.info("stopped")
+
+
+async def _serve(
+    config: Config, store: Store, session: Session, listener: trio.SocketListener
+) -> None:
+    async with trio.open_nursery() as nursery:
+        if config.server.url:
+            llama = _Llama(config.server.url, await _probe(config.server.url))
+        else:
+            spec = launch_spec(config.server.managed, config.store.directory.parent)
+            log_path = config.store.directory.parent / "llama-server.log"
+            await nursery.start(_keep_running, spec, log_path)
+            llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
+        s = config.server
+        client = Client(
+            llama.url,
+            timeouts=Timeouts(
+                connect=s.connect_timeout, queue=s.queue_timeout, read=s.read_timeout
+            ),
+            retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
+        )
+        async with client, open_core(config, session, client) as core:
+            channel = ChannelServer(core, store, config, llama.url, llama.model)
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope, channel)
+            await channel.serve(listener)
+
+
+async def _stop_on_signal(scope: trio.CancelScope, channel: ChannelServer) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for number in signals:
+            log.info("%s: shutting down (again to exit at once)", signal.Signals(number).name)
+            break
+
+        async def exit_on_second() -> None:
+            async for _ in signals:
+                log.warning("second signal: exiting now")
+                os._exit(1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(exit_on_second)
+            await channel.goodbye("loopd is shutting down")
+            scope.cancel()  # the running turn is cancelled and writes its closing records

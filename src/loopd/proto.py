@@ -1,0 +1,278 @@
+"""The channel's wire messages: JSON lines over a Unix socket, one object per line with a
+`type`. docs/protocol.md shows each with an example; `loopd.proto.json_schema()` is the schema.
+
+The protocol version is `PROTOCOL`. A field added later gets a default, so older clients and
+daemons keep understanding each other; anything else raises `PROTOCOL`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
+
+from loopd.events import TurnEvent
+from loopd.records import UsageRecord
+
+__all__ = [
+    "CLIENT_MESSAGE",
+    "DAEMON_MESSAGE",
+    "PROTOCOL",
+    "Accepted",
+    "Bye",
+    "Cancel",
+    "ClientMessage",
+    "DaemonMessage",
+    "Error",
+    "Event",
+    "Hello",
+    "History",
+    "HistoryRequest",
+    "NewSession",
+    "Send",
+    "SessionInfo",
+    "Sessions",
+    "SessionsRequest",
+    "Status",
+    "StatusRequest",
+    "Subscribe",
+    "TurnDone",
+    "TurnFailed",
+    "Usage",
+    "Welcome",
+    "dump",
+    "json_schema",
+]
+
+PROTOCOL = 1
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+
+
+# -- client to daemon ------------------------------------------------------------------------
+
+
+class Hello(_Message):
+    """Optional first line; the daemon answers `welcome`."""
+
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL
+    client: str = ""
+    """The client's name and version, for the daemon's log."""
+
+
+class Send(_Message):
+    """A user message. It runs now or waits in order; `accepted` gives its place."""
+
+    type: Literal["send"] = "send"
+    id: str = Field(min_length=1, max_length=200)
+    """Chosen by the client; every line about this turn carries it."""
+    content: str
+
+
+class Cancel(_Message):
+    """Cancel a running or waiting turn of this client's."""
+
+    type: Literal["cancel"] = "cancel"
+    id: str
+
+
+class StatusRequest(_Message):
+    type: Literal["status"] = "status"
+
+
+class Subscribe(_Message):
+    """See every turn of the session from now on, whoever sent it (including a running one)."""
+
+    type: Literal["subscribe"] = "subscribe"
+
+
+class NewSession(_Message):
+    """Start a fresh session (only while no turn runs or waits); answered with `welcome`."""
+
+    type: Literal["new_session"] = "new_session"
+
+
+class SessionsRequest(_Message):
+    type: Literal["sessions"] = "sessions"
+
+
+class HistoryRequest(_Message):
+    """The records of the current session, or those from `start` (inclusive) to `end`."""
+
+    type: Literal["history"] = "history"
+    start: int | None = None
+    end: int | None = None
+
+
+ClientMessage = Annotated[
+    Hello
+    | Send
+    | Cancel
+    | StatusRequest
+    | Subscribe
+    | NewSession
+    | SessionsRequest
+    | HistoryRequest,
+    Discriminator("type"),
+]
+CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+
+
+# -- daemon to client ------------------------------------------------------------------------
+
+
+class Welcome(_Message):
+    type: Literal["welcome"] = "welcome"
+    protocol: int = PROTOCOL
+    daemon: str
+    """loopd's version."""
+    session: str
+    """The session turns go to."""
+
+
+class Accepted(_Message):
+    """A `send` was taken: `position` 0 runs now, 1 waits for one turn, and so on."""
+
+    type: Literal["accepted"] = "accepted"
+    id: str
+    position: int
+
+
+class Event(_Message):
+    type: Literal["event"] = "event"
+    id: str
+    """The turn's id, as its client chose it."""
+    event: TurnEvent
+
+
+class Usage(_Message):
+    """What the turn's last request cost."""
+
+    prompt_n: int | None
+    cache_n: int | None
+    predicted_n: int | None
+    prompt_ms: float | None
+    predicted_ms: float | None
+    reasoning_tokens: int
+    thinking_capped: bool
+
+    @classmethod
+    def of(cls, usage: UsageRecord | None) -> Usage | None:
+        if usage is None:
+            return None
+        t = usage.timings
+        return cls(
+            prompt_n=t and t.prompt_n,
+            cache_n=t and t.cache_n,
+            predicted_n=t and t.predicted_n,
+            prompt_ms=t and t.prompt_ms,
+            predicted_ms=t and t.predicted_ms,
+            reasoning_tokens=usage.reasoning_tokens,
+            thinking_capped=usage.thinking_capped,
+        )
+
+
+class TurnDone(_Message):
+    type: Literal["turn_done"] = "turn_done"
+    id: str
+    content: str
+    usage: Usage | None
+
+
+class TurnFailed(_Message):
+    type: Literal["turn_failed"] = "turn_failed"
+    id: str
+    kind: Literal["turn_limit", "session_full", "infer", "cancelled", "error"]
+    message: str
+
+
+class Status(_Message):
+    type: Literal["status"] = "status"
+    session: str
+    server: str
+    """The llama-server loopd talks to."""
+    model: str | None
+    slot: int
+    busy: bool
+    """A turn is running."""
+    queue: int
+    """Messages waiting behind it."""
+    turns: int
+    last_usage: Usage | None
+
+
+class SessionInfo(_Message):
+    id: str
+    created: str
+    turns: int
+    last_activity: str
+
+
+class Sessions(_Message):
+    type: Literal["sessions"] = "sessions"
+    sessions: list[SessionInfo]
+    current: str
+
+
+class History(_Message):
+    type: Literal["history"] = "history"
+    session: str
+    start: int
+    records: list[dict[str, Any]]
+    """As in the log: each with `kind` and `time`."""
+
+
+class Error(_Message):
+    """Something the client sent could not be done; the connection stays open unless said."""
+
+    type: Literal["error"] = "error"
+    code: Literal[
+        "bad_utf8",
+        "bad_json",
+        "not_object",
+        "unknown_type",
+        "bad_message",
+        "line_too_long",
+        "busy",
+        "unknown_turn",
+        "duplicate_id",
+        "lagged",
+        "session_busy",
+        "internal",
+    ]
+    message: str
+    id: str | None = None
+    """The turn it concerns, if any."""
+
+
+class Bye(_Message):
+    """The daemon closes the connection; nothing follows."""
+
+    type: Literal["bye"] = "bye"
+    reason: str
+
+
+DaemonMessage = Annotated[
+    Welcome | Accepted | Event | TurnDone | TurnFailed | Status | Sessions | History | Error | Bye,
+    Discriminator("type"),
+]
+DAEMON_MESSAGE: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)
+
+
+def dump(message: _Message) -> bytes:
+    """One line of the channel, newline included."""
+    return message.model_dump_json(by_alias=True, exclude_none=False).encode() + b"\n"
+
+
+def json_schema(direction: Literal["client", "daemon"]) -> dict[str, Any]:
+    """The JSON Schema of the lines one side sends (docs/protocol-*.schema.json)."""
+    adapter: TypeAdapter[Any] = CLIENT_MESSAGE if direction == "client" else DAEMON_MESSAGE
+    who = "client to daemon" if direction == "client" else "daemon to client"
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"loopd channel protocol {PROTOCOL}: {who}",
+        **adapter.json_schema(by_alias=True),
+    }

@@ -1,0 +1,301 @@
+"""`loopd serve` as a real process, with raw socket clients: the protocol, bad input, signals,
+kill -9, and a second daemon."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conftest import StartLlama
+from loopd.records import conversation_problems
+from loopd.store import Store
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama, Reply
+from support.replay import Exchange, ReplayServer
+
+StartDaemon = Callable[..., Awaitable[Daemon]]
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def run(command: list[str]) -> Ran:
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, capture_stdout=True, capture_stderr=True, check=False
+        )
+    return Ran(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
+    started: list[Daemon] = []
+
+    async def start(*script: str | FakeLlama, channel: str = "", **replay: Any) -> Daemon:
+        exchanges: list[Any] = []
+        for step in script:
+            exchanges += ReplayServer.of(step).exchanges if isinstance(step, str) else [step]
+        server = ReplayServer(exchanges)
+        for exchange in server.exchanges:
+            if isinstance(exchange, Exchange):
+                exchange.replay.update(replay)
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel)
+        await d.start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        await d.kill()
+        await d.close_clients()
+
+
+async def test_hello_send_events_and_turn_done(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    client = await d.connect()
+    await client.send({"type": "hello", "protocol": 1, "client": "test"})
+    welcome = (await client.until("welcome"))[-1]
+    assert welcome["protocol"] == 1
+    got = await client.turn("t1", "hello")
+    assert got[0] == {"type": "accepted", "id": "t1", "position": 0}
+    kinds = [line["event"]["kind"] for line in got if line["type"] == "event"]
+    assert "waiting" in kinds
+    assert "content" in kinds
+    done = got[-1]
+    assert done["type"] == "turn_done"
+    assert done["content"]
+    assert done["usage"]["prompt_n"] > 0
+
+
+async def test_a_subscribed_client_sees_another_clients_turn(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    alice, bob = await d.connect(), await d.connect()
+    await bob.send({"type": "subscribe"})
+    await bob.send({"type": "status"})
+    await bob.until("status")  # the subscription is in place
+    await alice.turn("a1", "hello")
+    seen = await bob.until("turn_done")
+    assert seen[-1]["id"] == "a1"
+    assert any(line["type"] == "event" for line in seen)
+
+
+async def test_sends_queue_in_order_up_to_the_bound_then_busy(daemon: StartDaemon) -> None:
+    d = await daemon("plain", "plain", channel="queue_limit = 1\n", event_delay=0.05)
+    client = await d.connect()
+    for n in range(3):
+        await client.send({"type": "send", "id": f"t{n}", "content": "hi"})
+    lines = [await client.receive() for _ in range(3)]
+    assert lines[0] == {"type": "accepted", "id": "t0", "position": 0}
+    assert lines[1] == {"type": "accepted", "id": "t1", "position": 1}
+    assert lines[2] is not None
+    assert (lines[2]["type"], lines[2]["code"], lines[2]["id"]) == ("error", "busy", "t2")
+    done = [line["id"] for line in await client.until("turn_done") if line["type"] == "turn_done"]
+    done += [line["id"] for line in await client.until("turn_done") if line["type"] == "turn_done"]
+    assert done == ["t0", "t1"]
+
+
+BAD_LINES = [
+    (b"\xff\xfe", "bad_utf8"),
+    (b"{not json", "bad_json"),
+    (b"[1, 2]", "not_object"),
+    (b'"text"', "not_object"),
+    (b'{"type": "dance"}', "unknown_type"),
+    (b'{"content": "no type"}', "bad_message"),
+    (b'{"type": "send", "content": "no id"}', "bad_message"),
+    (b'{"type": "send", "id": 5, "content": "x"}', "bad_message"),
+    (b'{"type": "cancel", "id": "nothing-runs"}', "unknown_turn"),
+]
+
+
+async def test_each_bad_line_gets_an_error_and_another_clients_turn_goes_on(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon("plain", event_delay=0.02)
+    good, bad = await d.connect(), await d.connect()
+    await good.send({"type": "send", "id": "g1", "content": "hello"})
+    for line, code in BAD_LINES:
+        await bad.send(line)
+        answer = await bad.receive()
+        assert answer is not None
+        assert (answer["type"], answer["code"]) == ("error", code), line
+    await bad.send({"type": "status"})
+    assert (await bad.until("status"))[-1]["busy"] in (True, False)  # still served
+    assert (await good.until("turn_done"))[-1]["id"] == "g1"
+
+
+async def test_a_line_over_the_cap_is_refused_and_the_connection_closed(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon("plain", channel="max_line = 1000\n")
+    client = await d.connect()
+    await client.send(b'{"type": "send", "id": "x", "content": "' + b"a" * 5000 + b'"}')
+    answer = await client.receive()
+    assert answer is not None
+    assert (answer["type"], answer["code"]) == ("error", "line_too_long")
+    assert await client.receive() is None
+    other = await d.connect()
+    assert (await other.turn("o1", "hi"))[-1]["type"] == "turn_done"
+
+
+async def test_garbage_without_end_closes_the_connection(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    client = await d.connect()
+    for _ in range(25):
+        await client.send(b"garbage")
+    lines = []
+    while (line := await client.receive()) is not None:
+        lines.append(line)
+    assert lines[-1]["type"] == "bye"
+    assert sum(line["type"] == "error" for line in lines) == 20
+
+
+async def test_half_a_line_then_gone_disturbs_nobody(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    half = await d.connect()
+    await half.stream.send_all(b'{"type": "send", "id": "h", "con')
+    await half.aclose()
+    client = await d.connect()
+    assert (await client.turn("c1", "hello"))[-1]["type"] == "turn_done"
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_disturbs_nobody(
+    daemon: StartDaemon,
+) -> None:
+    # Paced like a fast model, and long enough to fill a deaf client's socket and outbox.
+    long = Reply(content=" ".join(["word"] * 6000), delay=0.0002)
+    d = await daemon(FakeLlama([long]), FakeLlama([Reply(content="short")]))
+    deaf = await d.connect()
+    await deaf.send({"type": "subscribe"})  # then never reads while the turn streams
+    client = await d.connect()
+    first = await client.turn("c1", "talk a lot")
+    assert first[-1]["type"] == "turn_done"
+    assert sum(line["type"] == "event" for line in first) > 6000
+    assert (await client.turn("c2", "again"))[-1]["type"] == "turn_done"
+    heard = 0
+    with trio.fail_after(30):
+        while await deaf.receive() is not None:
+            heard += 1
+    assert heard < 6000  # cut off, then closed
+
+
+async def test_a_client_that_subscribes_mid_turn_sees_the_rest(daemon: StartDaemon) -> None:
+    d = await daemon("plain", event_delay=0.05)
+    alice = await d.connect()
+    await alice.send({"type": "send", "id": "a1", "content": "hello"})
+    await alice.until("event")
+    late = await d.connect()
+    await late.send({"type": "subscribe"})
+    seen = await late.until("turn_done")
+    assert seen[-1]["id"] == "a1"
+
+
+async def test_a_second_daemon_on_a_live_socket_refuses(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    second = await run(d.command("serve"))
+    assert second.returncode == 3
+    assert f"a loopd daemon already runs at {d.socket}" in second.stderr
+    client = await d.connect()
+    assert (await client.turn("t", "hi"))[-1]["type"] == "turn_done"
+
+
+async def test_a_stale_socket_is_replaced(daemon: StartDaemon) -> None:
+    d = await daemon("plain", "plain")
+    await d.kill()  # leaves its socket behind
+    assert d.socket.exists()
+    await d.start()
+    client = await d.connect()
+    assert (await client.turn("t", "hi"))[-1]["type"] == "turn_done"
+
+
+async def test_sigterm_says_bye_removes_the_socket_and_leaves_a_valid_log(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon("plain", event_delay=0.2)
+    client = await d.connect()
+    await client.send({"type": "send", "id": "t", "content": "hello"})
+    await client.until("event")
+    assert await d.stop(signal.SIGTERM) == 0
+    lines = []
+    while (line := await client.receive()) is not None:
+        lines.append(line)
+    assert lines[-1] == {"type": "bye", "reason": "loopd is shutting down"}
+    assert not d.socket.exists()
+    store = Store(d.home / "sessions")
+    latest = store.latest()
+    assert latest is not None
+    _, records, torn = store.read(latest)
+    assert torn == 0
+    assert [r.kind for r in records] == ["user", "turn_end"]
+    assert conversation_problems(records) == []
+
+
+async def test_kill_9_mid_turn_then_a_new_daemon_goes_on(daemon: StartDaemon) -> None:
+    d = await daemon("plain", "plain", event_delay=0.2)
+    client = await d.connect()
+    await client.send({"type": "send", "id": "t1", "content": "hello"})
+    await client.until("event")
+    await d.kill()
+    await d.start()
+    client = await d.connect()
+    assert (await client.turn("t2", "again"))[-1]["type"] == "turn_done"
+    store = Store(d.home / "sessions")
+    latest = store.latest()
+    assert latest is not None
+    _, records, _ = store.read(latest)
+    assert conversation_problems(records) == []
+    assert [r.kind for r in records][:2] == ["user", "turn_end"]  # the interrupted turn, closed
+    assert "interrupted" in d.log.read_text()
+
+
+async def test_sessions_and_replay_commands(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    client = await d.connect()
+    await client.turn("t", "hello")
+    listed = await run(d.command("sessions"))
+    assert "1 turns" in listed.stdout
+    replay = await run(d.command("replay", "latest"))
+    assert replay.returncode == 0, replay.stderr
+    assert replay.stdout.startswith("user: hello\nassistant: ")
+
+
+@pytest.mark.llama
+async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    server = await llama()
+    d = Daemon(tmp_path / "loopd", server.url, "")
+    (d.home / "loopd.toml").write_text(
+        d.config.read_text() + "[loop]\nmax_tokens = 64\n[server.sampling]\ntemperature = 0\n"
+    )
+    await d.start()
+    try:
+        client = await d.connect()
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await client.send({"type": "send", "id": "t2", "content": "Count to fifty."})
+        await client.until("event")
+        await d.kill()
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t3", "Name a fruit."))[-1]["type"] == "turn_done"
+        store = Store(d.home / "sessions")
+        latest = store.latest()
+        assert latest is not None
+        _, records, _ = store.read(latest)
+        assert conversation_problems(records) == []
+        assert "cache_loss" not in [r.kind for r in records]
+        usages = [r for r in records if r.kind == "usage"]
+        assert len(usages) >= 2
+    finally:
+        await d.kill()
+        await d.close_clients()
