@@ -22,6 +22,12 @@ setup:
 ask *PROMPT: setup
     @{{py}} scripts/ask.py "$@"
 
+# Run the daemon on the bundled llama-server and model (arguments go to `loopd serve`)
+serve *ARGS: setup
+    LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
+    LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
+    .venv/bin/loopd serve "$@"
+
 # Run the whole test suite (real llama-server tests included)
 test *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
@@ -56,6 +62,8 @@ record *NAMES: setup
 bench: setup
     {{py}} bench/run.py
 
-# Write the generated docs (docs/config.md) from the code
+# Write the generated docs (config reference, protocol schemas) from the code
 docs: setup
     {{py}} -c 'from loopd.config import reference; print(reference(), end="")' > docs/config.md
+    {{py}} -c 'import json; from loopd.proto import json_schema; print(json.dumps(json_schema("client"), indent=1))' > docs/protocol-client.schema.json
+    {{py}} -c 'import json; from loopd.proto import json_schema; print(json.dumps(json_schema("daemon"), indent=1))' > docs/protocol-daemon.schema.json
