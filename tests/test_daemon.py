@@ -3,6 +3,8 @@ kill -9, and a second daemon."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -296,6 +298,30 @@ async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
         assert "cache_loss" not in [r.kind for r in records]
         usages = [r for r in records if r.kind == "usage"]
         assert len(usages) >= 2
+    finally:
+        await d.kill()
+        await d.close_clients()
+
+
+@pytest.mark.llama
+async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path) -> None:
+    """No [server] url: loopd starts the bundled server, and starts it again when it dies."""
+    d = Daemon(tmp_path / "loopd", "", "")
+    text = d.config.read_text().replace('url = ""\n', "")
+    d.config.write_text(text + "[loop]\nmax_tokens = 16\n")
+    await d.start()
+    try:
+        client = await d.connect()
+        assert (await client.turn("t1", "Say hi."))[-1]["type"] == "turn_done"
+        pids = re.findall(r"llama-server is up at \S+ \(pid (\d+)\)", d.log.read_text())
+        assert len(pids) == 1
+        os.kill(int(pids[0]), signal.SIGKILL)
+        with trio.fail_after(60):
+            while len(re.findall(r"llama-server is up", d.log.read_text())) < 2:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        assert (await client.turn("t2", "Say hi again."))[-1]["type"] == "turn_done"
+        assert await d.stop() == 0
+        assert not d.socket.exists()
     finally:
         await d.kill()
         await d.close_clients()
