@@ -1,20 +1,241 @@
-"""The `bxctl` command."""
+"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `sessions`, `log`.
+
+Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
+cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
+running or went away.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+from pathlib import Path
 
+import trio
+from rich.console import Console
+
+from bxctl.chat import interactive
+from bxctl.connection import Connection, Unreachable
+from bxctl.view import transcript
 from loopd import __version__
+from loopd.config import ConfigError, load_config
+from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
+from loopd.store import Store, StoreError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_LIMIT = 3
+EXIT_FULL = 4
+EXIT_UNREACHABLE = 5
+FAILURE_EXIT = {"turn_limit": EXIT_LIMIT, "session_full": EXIT_FULL}
+
+__all__ = ["main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bxctl", description="The terminal client of loopd.")
+    p = argparse.ArgumentParser(
+        prog="bxctl",
+        description="The terminal client of loopd.",
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--version", action="version", version=f"bxctl {__version__}")
+    p.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help="loopd's socket (default: the one loopd's config names)",
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="loopd's config file")
+    commands = p.add_subparsers(dest="command", metavar="COMMAND")
+    chat = commands.add_parser(
+        "chat",
+        help="talk to the model (one turn with -m or piped text)",
+        description="Talk to the model through loopd, with live rendering. With -m TEXT, or "
+        "text on stdin when it is not a terminal, run one turn, print the answer and exit.",
+    )
+    chat.add_argument("-m", "--message", metavar="TEXT", help="run one turn and exit")
+    chat.add_argument(
+        "--json",
+        action="store_true",
+        help="with -m: print the turn's messages as JSON lines instead of the answer",
+    )
+    chat.add_argument(
+        "--show-reasoning",
+        action="store_true",
+        help="keep the model's reasoning on screen once it answers",
+    )
+    commands.add_parser(
+        "status",
+        help="what loopd is doing",
+        description="Show the session, the model, the slot and the last request's figures.",
+    )
+    commands.add_parser(
+        "sessions",
+        help="list the sessions",
+        description="List the sessions, from loopd (or the store if it is not running).",
+    )
+    log = commands.add_parser(
+        "log",
+        help="print a session's transcript",
+        description="Print a session's transcript from the store: messages, "
+        "tool results, and the cache figures of each request.",
+    )
+    log.add_argument("session", nargs="?", help="a session id (default: the latest)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser().parse_args(sys.argv[1:] if argv is None else argv)
-    parser().print_help()
-    return 0
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per command
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        parser().print_help()
+        return EXIT_OK
+    try:
+        config, _ = load_config(args.config)
+    except ConfigError as e:
+        print(f"bxctl: invalid loopd config:\n{e}", file=sys.stderr)
+        return EXIT_USAGE
+    path: Path = args.socket or config.channel.socket
+    try:
+        if args.command == "chat":
+            return _chat(args, path)
+        if args.command == "status":
+            return trio.run(_status, path)
+        if args.command == "sessions":
+            return trio.run(_sessions, path, Store(config.store.directory))
+        return _log(Store(config.store.directory), args.session)
+    except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
+        return _exit_for(_single(e))
+
+
+def _single(error: BaseException) -> BaseException:
+    """The one error inside nested nurseries' exception groups, when there is one."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def _exit_for(error: BaseException) -> int:
+    if isinstance(error, Unreachable):
+        print(f"bxctl: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if isinstance(error, BrokenPipeError):  # the reader of our output left: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_FAILED
+    raise error
+
+
+def _chat(args: argparse.Namespace, path: Path) -> int:
+    text = args.message
+    if text is None and not sys.stdin.isatty():
+        text = sys.stdin.read()
+    if text is not None:
+        if not text.strip():
+            print("bxctl: nothing to send", file=sys.stderr)
+            return EXIT_USAGE
+        return trio.run(_once, path, text, args.json)
+    if args.json:
+        print("bxctl: --json needs -m TEXT or text on stdin", file=sys.stderr)
+        return EXIT_USAGE
+    trio.run(interactive, path, Console(), args.show_reasoning)
+    return EXIT_OK
+
+
+async def _once(path: Path, text: str, as_json: bool) -> int:
+    connection = await Connection.open(path)
+    await connection.hello()
+    turn = f"bxctl-{id(connection):x}"
+    await connection.send({"type": "send", "id": turn, "content": text})
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_on_interrupt() -> None:
+                async for _ in interrupts:
+                    await connection.send({"type": "cancel", "id": turn})
+
+            nursery.start_soon(cancel_on_interrupt)
+            code = await _follow(connection, turn, as_json)
+            nursery.cancel_scope.cancel()
+    await connection.aclose()
+    return code
+
+
+async def _follow(connection: Connection, turn: str, as_json: bool) -> int:
+    while (message := await connection.receive()) is not None:
+        if getattr(message, "id", None) != turn:
+            continue
+        if as_json:
+            print(message.model_dump_json(by_alias=True), flush=True)
+        elif isinstance(message, Event) and message.event.kind == "content":
+            print(message.event.text, end="", flush=True)
+        if isinstance(message, TurnDone):
+            if not as_json:
+                print(flush=True)
+            return EXIT_OK
+        if isinstance(message, TurnFailed | Error):
+            what = message.kind if isinstance(message, TurnFailed) else message.code
+            print(f"\nbxctl: {what}: {message.message}", file=sys.stderr)
+            return FAILURE_EXIT.get(what, EXIT_FAILED)
+    print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+async def _status(path: Path) -> int:
+    connection = await Connection.open(path)
+    status = await connection.request({"type": "status"}, "status")
+    await connection.aclose()
+    if not isinstance(status, Status):
+        raise Unreachable(f"loopd answered {status.type}, not status")
+    console = Console()
+    console.print(f"session  {status.session} ({status.turns} turns)")
+    console.print(f"server   {status.server}  model {status.model or '?'}  slot {status.slot}")
+    console.print(f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting")
+    if status.last_usage:
+        u = status.last_usage
+        console.print(
+            f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
+            f"{u.predicted_n} generated"
+        )
+    return EXIT_OK
+
+
+async def _sessions(path: Path, store: Store) -> int:
+    try:
+        connection = await Connection.open(path)
+    except Unreachable:
+        listed = [(s.id, s.turns, s.last_activity.isoformat()) for s in await store.sessions()]
+        current = None
+    else:
+        answer = await connection.request({"type": "sessions"}, "sessions")
+        await connection.aclose()
+        if not isinstance(answer, Sessions):
+            raise Unreachable(f"loopd answered {answer.type}, not sessions")
+        listed = [(s.id, s.turns, s.last_activity) for s in answer.sessions]
+        current = answer.current
+    for session_id, turns, last in listed:
+        mark = "*" if session_id == current else " "
+        print(f"{mark} {session_id}  {turns:4d} turns  last {last[:16].replace('T', ' ')}")
+    if not listed:
+        print(f"no sessions in {store.directory}")
+    return EXIT_OK
+
+
+def _log(store: Store, session_id: str | None) -> int:
+    session_id = session_id or store.latest()
+    if session_id is None:
+        print(f"bxctl: no sessions in {store.directory}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        header, records, _ = store.read(session_id)
+    except StoreError as e:
+        print(f"bxctl: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    console = Console()
+    console.print(f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold")
+    for line in transcript(records):
+        console.print(line)
+    return EXIT_OK

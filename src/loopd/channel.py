@@ -309,7 +309,8 @@ class _Connection:
     async def _on_history(self, message: proto.HistoryRequest) -> None:
         session = self.server.core.session.session
         records = list(session.records)
-        first = max(0, message.start or 0)
+        start = message.start or 0
+        first = start if start >= 0 else max(0, len(records) + start)  # negative: from the end
         end = len(records) if message.end is None else min(message.end, len(records))
         page = records[first : min(end, first + HISTORY_PAGE)]
         dumped = [r.model_dump(mode="json", by_alias=True) for r in page]

@@ -100,7 +100,8 @@ class SessionsRequest(_Message):
 
 
 class HistoryRequest(_Message):
-    """The records of the current session, or those from `start` (inclusive) to `end`."""
+    """The records of the current session, or those from `start` (inclusive; negative counts
+    from the end, so -20 is the last twenty) to `end`."""
 
     type: Literal["history"] = "history"
     start: int | None = None

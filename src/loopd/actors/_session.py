@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import trio
 
 from loopd.events import TurnEvent
-from loopd.infer import InferError
 from loopd.store import Session, StoreError
-from loopd.turn import Runtime, TurnError, TurnOutcome, run_turn
+from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
 
 __all__ = ["Busy", "Published", "SessionActor", "Subscription", "TurnDone", "TurnFailed"]
 
@@ -160,7 +159,7 @@ class SessionActor:
                 outcome = await run_turn(session, self.runtime, message.content, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
-                kind = "infer" if isinstance(e.__cause__, InferError) else e.reason
+                kind = "infer" if isinstance(e, InferFailed) else e.reason
                 self._publish(Published(message.turn, TurnFailed(kind, str(e))))
             except StoreError as e:
                 log.exception("the session log could not be written")

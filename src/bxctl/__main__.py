@@ -1,0 +1,5 @@
+import sys
+
+from bxctl.cli import main
+
+sys.exit(main())

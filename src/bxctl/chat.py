@@ -1,0 +1,197 @@
+"""`bxctl chat` on a terminal: prompt_toolkit for the input line (in a worker thread, so it
+never fights trio), rich `Live` for the turn, refreshed from a trio task at a steady rate
+(no auto-refresh thread). Finished turns are printed above the prompt, so a long answer is
+printed once, whole, and never flickers or repeats.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from functools import partial
+from pathlib import Path
+
+import platformdirs
+import trio
+from prompt_toolkit import PromptSession
+from prompt_toolkit.history import FileHistory
+from prompt_toolkit.key_binding import KeyBindings
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from bxctl.connection import Connection, Unreachable
+from bxctl.view import TurnView, transcript
+from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
+from loopd.records import RECORD
+
+__all__ = ["interactive", "live_turn"]
+
+REFRESH = 1 / 12
+RECONNECT_CAP = 5.0
+HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
+at the prompt, Ctrl-C or Ctrl-D quits.
+  /new        start a fresh session (the old one stays on disk)
+  /sessions   list the sessions
+  /status     what loopd is doing
+  /help       this text
+  /quit       leave"""
+
+
+class Lost(Exception):
+    """The daemon closed the connection."""
+
+
+def _prompt_session() -> PromptSession[str]:
+    state = platformdirs.user_state_path("bxctl")
+    state.mkdir(parents=True, exist_ok=True)
+    keys = KeyBindings()
+
+    @keys.add("enter")
+    def _submit(event: object) -> None:
+        event.current_buffer.validate_and_handle()  # type: ignore[attr-defined]
+
+    @keys.add("escape", "enter")
+    def _newline(event: object) -> None:
+        event.current_buffer.insert_text("\n")  # type: ignore[attr-defined]
+
+    return PromptSession(
+        history=FileHistory(str(state / "history")), multiline=True, key_bindings=keys
+    )
+
+
+async def interactive(path: Path, console: Console, show_reasoning: bool) -> None:
+    connection = await Connection.open(path)
+    session = await connection.hello()
+    console.print(
+        Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
+    )
+    await _recent(connection, console)
+    prompt = _prompt_session()
+    turns = itertools.count(1)
+    while True:
+        try:
+            text = await trio.to_thread.run_sync(partial(prompt.prompt, "> "))
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not text.strip():
+            continue
+        try:
+            if text.startswith("/"):
+                if not await _command(text.strip(), connection, console):
+                    break
+            else:
+                await live_turn(connection, f"t{next(turns)}", text, console, show_reasoning)
+        except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
+            connection = await _reconnect(path, console)
+    await connection.aclose()
+
+
+async def _reconnect(path: Path, console: Console) -> Connection:
+    console.print("loopd went away; reconnecting (Ctrl-C to quit)…", style="yellow")
+    for attempt in itertools.count():
+        try:
+            connection = await Connection.open(path)
+            session = await connection.hello()
+        except Unreachable:
+            await trio.sleep(min(RECONNECT_CAP, 0.25 * 2**attempt))
+            continue
+        console.print(f"reconnected to loopd, session {session}", style="green")
+        return connection
+    raise AssertionError  # unreachable: the loop only returns
+
+
+async def _recent(connection: Connection, console: Console) -> None:
+    history = await connection.request({"type": "history", "start": -12}, "history")
+    if isinstance(history, History) and history.records:
+        records = [RECORD.validate_python(r) for r in history.records]
+        for line in transcript(records):
+            console.print(line)
+
+
+async def _command(text: str, connection: Connection, console: Console) -> bool:
+    """Run a /command; False to quit."""
+    name = text.split(maxsplit=1)[0]
+    if name in ("/quit", "/exit"):
+        return False
+    if name == "/help":
+        console.print(HELP)
+        return True
+    handler = _COMMANDS.get(name)
+    if handler is None:
+        console.print(f"unknown command {name}; /help lists them", style="red")
+        return True
+    request, answer_type, show = handler
+    answer = await connection.request({"type": request}, answer_type)
+    if isinstance(answer, Error):
+        console.print(answer.message, style="red")
+    else:
+        console.print(show(answer))
+    return True
+
+
+def _new(answer: object) -> Text:
+    session = answer.session if isinstance(answer, Welcome) else "?"
+    return Text(f"new session {session}", style="green")
+
+
+def _sessions(answer: object) -> Text:
+    if not isinstance(answer, Sessions):
+        return Text("")
+    return Text(
+        "\n".join(
+            f"{'*' if s.id == answer.current else ' '} {s.id}  {s.turns:4d} turns  "
+            f"last {s.last_activity[:16]}"
+            for s in answer.sessions
+        )
+    )
+
+
+def _status(answer: object) -> Text:
+    if not isinstance(answer, Status):
+        return Text("")
+    return Text(
+        f"session {answer.session} ({answer.turns} turns), {answer.server}, "
+        f"model {answer.model}, slot {answer.slot}"
+    )
+
+
+_COMMANDS = {
+    "/new": ("new_session", "welcome", _new),
+    "/sessions": ("sessions", "sessions", _sessions),
+    "/status": ("status", "status", _status),
+}
+
+
+async def live_turn(
+    connection: Connection, turn: str, text: str, console: Console, show_reasoning: bool
+) -> None:
+    """Send one message and show its turn live; print it whole when it ends."""
+    view = TurnView(show_reasoning=show_reasoning)
+    await connection.send({"type": "send", "id": turn, "content": text})
+    with Live(console=console, auto_refresh=False, transient=True) as live:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_refresh, live, view, console)
+            nursery.start_soon(_cancel_on_interrupt, connection, turn)
+            while view.outcome is None:
+                message = await connection.receive()
+                if message is None:
+                    raise Lost
+                if isinstance(message, Error) and message.id == turn:
+                    view.outcome = TurnFailed(id=turn, kind="error", message=message.message)
+                elif getattr(message, "id", None) == turn:
+                    view.feed(message)
+            nursery.cancel_scope.cancel()
+    console.print(view.final())
+
+
+async def _refresh(live: Live, view: TurnView, console: Console) -> None:
+    while True:
+        live.update(view.live(console.height), refresh=True)
+        await trio.sleep(REFRESH)
+
+
+async def _cancel_on_interrupt(connection: Connection, turn: str) -> None:
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        async for _ in interrupts:
+            await connection.send({"type": "cancel", "id": turn})

@@ -1,0 +1,83 @@
+"""A connection to loopd's socket: JSON lines out, daemon messages in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+from pydantic import ValidationError
+
+from loopd import __version__
+from loopd.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage
+
+__all__ = ["Connection", "Unreachable"]
+
+# The daemon's lines can be long (a history page, a big tool result preview).
+MAX_LINE = 64 * 1024 * 1024
+
+
+class Unreachable(Exception):
+    """No daemon answers on the socket."""
+
+
+class Connection:
+    def __init__(self, stream: trio.SocketStream, path: Path) -> None:
+        self.stream = stream
+        self.path = path
+        self._buffer = bytearray()
+
+    @classmethod
+    async def open(cls, path: Path) -> Connection:
+        try:
+            stream = await trio.open_unix_socket(str(path))
+        except OSError as e:
+            raise Unreachable(
+                f"loopd is not running at {path} ({e.strerror}): start it with `loopd serve`"
+                " (or `just serve`)"
+            ) from None
+        return cls(stream, path)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stream.send_all(json.dumps(message).encode() + b"\n")
+
+    async def hello(self) -> str:
+        """Say hello; the session the daemon serves."""
+        await self.send({"type": "hello", "protocol": PROTOCOL, "client": f"bxctl {__version__}"})
+        while True:
+            message = await self.receive()
+            if message is None:
+                raise Unreachable(f"loopd at {self.path} closed the connection")
+            if message.type == "welcome":
+                return message.session
+
+    async def receive(self) -> DaemonMessage | None:
+        """The next message, or None when the daemon closed the connection."""
+        while (newline := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > MAX_LINE:
+                raise Unreachable("loopd sent a line too long to read")
+            try:
+                data = await self.stream.receive_some(1 << 16)
+            except trio.BrokenResourceError:
+                return None
+            if not data:
+                return None
+            self._buffer += data
+        line = bytes(self._buffer[:newline])
+        del self._buffer[: newline + 1]
+        try:
+            return DAEMON_MESSAGE.validate_json(line)
+        except ValidationError as e:
+            raise Unreachable(f"loopd sent a line bxctl cannot read: {e}") from e
+
+    async def request(self, message: dict[str, Any], answer: str) -> DaemonMessage:
+        """Send, then wait for the first message of type `answer` (an error ends the wait)."""
+        await self.send(message)
+        while (got := await self.receive()) is not None:
+            if got.type in (answer, "error"):
+                return got
+        raise Unreachable(f"loopd at {self.path} closed the connection")
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

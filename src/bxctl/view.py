@@ -1,0 +1,258 @@
+"""What a turn looks like: built from its events, drawn with rich.
+
+`TurnView` is plain state fed by `feed(message)`; `live()` is what the screen shows while the
+turn runs (the tail of it, so a long answer never overflows the terminal), `final()` what is
+printed above the prompt once it ends. No terminal is needed to test it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markdown import Markdown
+from rich.progress_bar import ProgressBar
+from rich.segment import Segment
+from rich.spinner import Spinner
+from rich.text import Text
+
+from loopd.events import CacheLoss, ToolCallStarted, ToolResult
+from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
+from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
+from loopd.records import (
+    AssistantRecord,
+    CacheLossRecord,
+    Record,
+    ToolResultRecord,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+)
+
+__all__ = ["HINTS", "TurnView", "transcript", "usage_line"]
+
+HINTS = {
+    "turn_limit": "The turn stopped at a limit. Send another message to go on.",
+    "session_full": "The session is full: the conversation no longer fits the model's context. "
+    "/new starts a fresh session (this one stays on disk).",
+    "infer": "llama-server could not answer. Is it running? `bxctl status` shows where.",
+    "cancelled": "Cancelled. The log keeps everything up to here.",
+    "error": "The turn failed; loopd's log says more.",
+}
+
+
+MEASURABLE = 0.05
+"""Seconds of streaming before a tokens/s figure means anything."""
+
+
+class Tail:
+    """The last `height` lines of a renderable."""
+
+    def __init__(self, renderable: RenderableType, height: int) -> None:
+        self.renderable, self.height = renderable, height
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.renderable, options, pad=False)
+        for line in lines[-self.height :]:
+            yield from line
+            yield Segment.line()
+
+
+@dataclass
+class _Request:
+    total: int = 0
+    cache: int = 0
+    processed: int = 0
+    pieces: int = 0
+    first_piece: float | None = None
+    last_piece: float | None = None
+
+
+@dataclass
+class TurnView:
+    content: str = ""
+    reasoning: str = ""
+    show_reasoning: bool = False
+    state: str = "sending"
+    tools: list[Text] = field(default_factory=list)
+    notes: list[Text] = field(default_factory=list)
+    requests: list[_Request] = field(default_factory=list)
+    outcome: TurnDone | TurnFailed | None = None
+
+    def feed(self, message: DaemonMessage) -> None:
+        if isinstance(message, TurnDone | TurnFailed):
+            self.outcome = message
+        elif isinstance(message, Event):
+            self._event(message.event)
+
+    def _event(self, event: object) -> None:  # noqa: C901 - one branch per event kind
+        now = time.monotonic()
+        if isinstance(event, Queued):
+            self.state = "queued: the model is busy"
+        elif isinstance(event, Waiting):
+            self.state = "waiting for the model"
+            self.requests.append(_Request())
+        elif isinstance(event, Progress):
+            request = self._request()
+            request.total, request.cache, request.processed = (
+                event.total,
+                event.cache,
+                event.processed,
+            )
+            self.state = "reading the prompt"
+        elif isinstance(event, Reasoning | Content):
+            request = self._request()
+            request.pieces += 1
+            request.first_piece = request.first_piece or now
+            request.last_piece = now
+            if isinstance(event, Reasoning):
+                self.reasoning += event.text
+                self.state = "thinking"
+            else:
+                self.content += event.text
+                self.state = "answering"
+        elif isinstance(event, ThinkingCapped):
+            self.notes.append(Text(f"thinking capped at {event.cap} tokens", style="yellow"))
+        elif isinstance(event, Retrying):
+            self.notes.append(
+                Text(
+                    f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}",
+                    style="yellow",
+                )
+            )
+        elif isinstance(event, ToolCallStarted):
+            what = f"{event.name} → {event.tool}" if event.tool else event.name
+            self.tools.append(Text(f"⚙ {what} (call {event.call})", style="cyan"))
+            self.state = f"running {event.tool or event.name}"
+        elif isinstance(event, ToolResult):
+            flags = [event.data_class] + [
+                f
+                for f, on in (("untrusted", event.untrusted), ("truncated", event.truncated))
+                if on
+            ]
+            self.tools.append(Text(f"  ↳ {event.preview}  [{', '.join(flags)}]", style="dim cyan"))
+        elif isinstance(event, CacheLoss):
+            self.notes.append(
+                Text(
+                    f"CACHE LOSS: {event.cached} tokens cached of {event.expected} expected",
+                    style="bold white on red",
+                )
+            )
+
+    def _request(self) -> _Request:
+        if not self.requests:
+            self.requests.append(_Request())
+        return self.requests[-1]
+
+    def _reasoning(self) -> RenderableType | None:
+        if not self.reasoning:
+            return None
+        if self.show_reasoning or not self.content:
+            return Text(self.reasoning.strip(), style="dim italic")
+        return Text(
+            f"(thought for {len(self.reasoning.split())} words; --show-reasoning shows it)",
+            style="dim",
+        )
+
+    def _footers(self, usage: Usage | None = None) -> list[Text]:
+        lines = []
+        for number, r in enumerate(self.requests, start=1):
+            line = (
+                f"request {number}: prompt {r.total} tokens, {r.cache} cached, "
+                f"{r.total - r.cache} processed; {r.pieces} generated"
+            )
+            # A rate over a few milliseconds says nothing; show it once there is time to measure.
+            if r.first_piece and r.last_piece and r.last_piece - r.first_piece > MEASURABLE:
+                line += f", {(r.pieces - 1) / (r.last_piece - r.first_piece):.0f} tokens/s"
+            lines.append(Text(line, style="dim"))
+        if usage is not None:
+            lines.append(usage_line(usage))
+        return lines
+
+    def live(self, height: int) -> RenderableType:
+        parts: list[RenderableType] = [*self.tools]
+        if (reasoning := self._reasoning()) is not None:
+            parts.append(reasoning)
+        if self.content:
+            parts.append(Markdown(self.content))
+        body = Tail(Group(*parts), max(3, height - 4))
+        status: RenderableType = Spinner("dots", text=Text(self.state, style="dim"))
+        request = self.requests[-1] if self.requests else None
+        if request and request.total and request.processed < request.total:
+            status = Group(
+                Text(
+                    f"reading the prompt: {request.processed}/{request.total} tokens", style="dim"
+                ),
+                ProgressBar(total=request.total, completed=request.processed, width=40),
+            )
+        return Group(body, *self.notes, status)
+
+    def final(self) -> RenderableType:
+        parts: list[RenderableType] = [*self.tools]
+        if (reasoning := self._reasoning()) is not None:
+            parts.append(reasoning)
+        if self.content:
+            parts.append(Markdown(self.content))
+        parts += self.notes
+        outcome = self.outcome
+        if isinstance(outcome, TurnFailed):
+            parts.append(
+                Text(f"{outcome.kind.replace('_', ' ')}: {outcome.message}", style="bold red")
+            )
+            parts.append(Text(HINTS.get(outcome.kind, ""), style="red"))
+        usage = outcome.usage if isinstance(outcome, TurnDone) else None
+        parts += self._footers(usage)
+        return Group(*parts)
+
+
+def usage_line(usage: Usage) -> Text:
+    """The last request's figures as llama-server reported them."""
+    text = f"last request: {usage.prompt_n} prompt tokens processed, {usage.cache_n} cached"
+    if usage.predicted_n and usage.predicted_ms:
+        rate = usage.predicted_n / usage.predicted_ms * 1000
+        text += f"; {usage.predicted_n} generated at {rate:.0f} tokens/s"
+    if usage.thinking_capped:
+        text += "; thinking capped"
+    return Text(text, style="dim")
+
+
+def transcript(records: list[Record]) -> list[Text]:
+    """A readable transcript: messages, tool calls and results, each request's cache figures."""
+    lines: list[Text] = []
+    for record in records:
+        if isinstance(record, UserRecord):
+            lines.append(Text.assemble(("you: ", "bold green"), record.content))
+        elif isinstance(record, AssistantRecord):
+            if record.content:
+                lines.append(Text.assemble(("model: ", "bold blue"), record.content))
+            lines.extend(Text(f"⚙ {c.name} {c.arguments}", style="cyan") for c in record.tool_calls)
+        elif isinstance(record, ToolResultRecord):
+            flags = [record.data_class] + [
+                f
+                for f, on in (("untrusted", record.untrusted), ("truncated", record.truncated))
+                if on
+            ]
+            first = record.content.strip().split("\n", 1)[0][:160]
+            lines.append(
+                Text(f"  ↳ #{record.call} {first}  [{', '.join(flags)}]", style="dim cyan")
+            )
+        elif isinstance(record, UsageRecord) and record.timings:
+            t = record.timings
+            lines.append(
+                Text(
+                    f"  [prompt {t.cache_n + t.prompt_n} tokens: {t.cache_n} cached, "
+                    f"{t.prompt_n} processed; {t.predicted_n} generated]",
+                    style="dim",
+                )
+            )
+        elif isinstance(record, CacheLossRecord):
+            lines.append(
+                Text(
+                    f"  CACHE LOSS: {record.cached} cached of {record.expected} expected",
+                    style="bold white on red",
+                )
+            )
+        elif isinstance(record, TurnEndRecord) and record.reason != "answer":
+            lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
+    return lines

@@ -1,0 +1,310 @@
+"""bxctl: one-turn runs and their exit statuses against a real `loopd serve`, the rendering
+on event streams without a terminal, and the live chat driven in tmux."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from rich.console import Console
+
+from bxctl.view import TurnView, transcript
+from loopd.events import CacheLoss, ToolCallStarted, ToolResult
+from loopd.infer import Content, Progress, Reasoning, ThinkingCapped, Waiting
+from loopd.proto import Event, TurnDone, TurnFailed, Usage
+from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama, Reply
+from support.replay import ReplayServer
+
+StartDaemon = Callable[..., Awaitable[Daemon]]
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
+    started: list[Daemon] = []
+
+    async def start(*script: str | FakeLlama, loop: str = "") -> Daemon:
+        exchanges: list[Any] = []
+        for step in script:
+            exchanges += ReplayServer.of(step).exchanges if isinstance(step, str) else [step] * 10
+        server = ReplayServer(exchanges)
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / "loopd", server.url)
+        if loop:
+            d.config.write_text(d.config.read_text() + f"[loop]\n{loop}")
+        await d.start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        await d.kill()
+        await d.close_clients()
+
+
+async def bxctl(d: Daemon, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), *args]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, stdin=stdin, capture_stdout=True, capture_stderr=True, check=False
+        )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def test_chat_m_prints_the_answer_and_exits_0(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="Paris is the capital.")]))
+    code, out, err = await bxctl(d, "chat", "-m", "Capital of France?")
+    assert (code, out, err) == (0, "Paris is the capital.\n", "")
+
+
+async def test_chat_reads_the_message_from_stdin(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="Hello from stdin.")]))
+    code, out, _ = await bxctl(d, "chat", stdin=b"hi there\n")
+    assert (code, out) == (0, "Hello from stdin.\n")
+
+
+async def test_chat_json_prints_the_turns_messages(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="One two.")]))
+    code, out, _ = await bxctl(d, "chat", "-m", "count", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert lines[0]["type"] == "accepted"
+    assert lines[-1]["type"] == "turn_done"
+    assert lines[-1]["content"] == "One two."
+    assert any(line["type"] == "event" and line["event"]["kind"] == "content" for line in lines)
+
+
+async def test_a_limit_exits_3(daemon: StartDaemon) -> None:
+    call = ("c1", "find_tool", '{"query": "anything"}')
+    calls = [Reply(tool_calls=((f"c{n}", call[1], f'{{"query": "q{n}"}}'),)) for n in range(3)]
+    d = await daemon(FakeLlama(calls), loop="tool_iterations = 1\n")
+    code, _, err = await bxctl(d, "chat", "-m", "loop forever")
+    assert code == 3
+    assert "turn_limit" in err
+
+
+async def test_a_full_session_exits_4(daemon: StartDaemon) -> None:
+    d = await daemon("context_full")
+    code, _, err = await bxctl(d, "chat", "-m", "too much")
+    assert code == 4
+    assert "session_full" in err
+
+
+async def test_a_failed_request_exits_1(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(kind="server_error")]))
+    code, _, err = await bxctl(d, "chat", "-m", "hello")
+    assert code == 1
+    assert "infer" in err
+
+
+async def test_no_daemon_exits_5_with_one_line(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "nobody", "http://127.0.0.1:9")
+    code, out, err = await bxctl(d, "chat", "-m", "hello")
+    assert (code, out) == (5, "")
+    assert err.startswith("bxctl: loopd is not running at ")
+    assert "loopd serve" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="Logged answer.")]))
+    assert (await bxctl(d, "chat", "-m", "remember this"))[0] == 0
+    code, out, _ = await bxctl(d, "status")
+    assert code == 0
+    assert "(1 turns)" in out
+    code, out, _ = await bxctl(d, "sessions")
+    assert out.startswith("* ")
+    code, out, _ = await bxctl(d, "log")
+    assert code == 0
+    assert "you: remember this" in out
+    assert "model: Logged answer." in out
+    assert "cached" in out
+
+
+# -- rendering, without a terminal -----------------------------------------------------------
+
+
+def render(view: TurnView, *, live: bool = False) -> str:
+    console = Console(record=True, width=120, color_system=None)
+    console.print(view.live(20) if live else view.final())
+    return console.export_text()
+
+
+def turn_events() -> list[Any]:
+    events = [
+        Waiting(),
+        Progress(total=120, cache=100, processed=100),
+        Progress(total=120, cache=100, processed=120),
+        Reasoning(text="Let me"),
+        Reasoning(text=" look."),
+        ThinkingCapped(cap=2),
+        ToolCallStarted(name="call_tool", call=1, tool="read_file"),
+        ToolResult(
+            name="call_tool",
+            call=1,
+            data_class="private",
+            untrusted=True,
+            truncated=True,
+            preview="# Notes",
+        ),
+        CacheLoss(expected=200, cached=50),
+        Content(text="Your **notes**"),
+        Content(text=" say hi."),
+    ]
+    return [Event(id="t", event=e) for e in events]
+
+
+def test_a_turn_renders_tools_content_cache_loss_and_figures() -> None:
+    view = TurnView()
+    for message in turn_events():
+        view.feed(message)
+    usage = Usage(
+        prompt_n=20,
+        cache_n=100,
+        predicted_n=4,
+        prompt_ms=10,
+        predicted_ms=50,
+        reasoning_tokens=2,
+        thinking_capped=True,
+    )
+    view.feed(TurnDone(id="t", content="Your **notes** say hi.", usage=usage))
+    text = render(view)
+    assert "⚙ call_tool → read_file (call 1)" in text
+    assert "↳ # Notes  [private, untrusted, truncated]" in text
+    assert "Your notes say hi." in text  # Markdown, not raw asterisks
+    assert "CACHE LOSS: 50 tokens cached of 200 expected" in text
+    assert "thinking capped at 2 tokens" in text
+    assert "(thought for 3 words; --show-reasoning shows it)" in text
+    assert "request 1: prompt 120 tokens, 100 cached, 20 processed; 4 generated" in text
+    assert (
+        "last request: 20 prompt tokens processed, 100 cached; 4 generated at 80 tokens/s" in text
+    )
+
+
+def test_reasoning_is_shown_while_thinking_and_whole_with_the_flag() -> None:
+    view = TurnView()
+    for message in turn_events()[:5]:
+        view.feed(message)
+    assert "Let me look." in render(view, live=True)
+    shown = TurnView(show_reasoning=True)
+    for message in turn_events():
+        shown.feed(message)
+    assert "Let me look." in render(shown)
+
+
+def test_prompt_progress_is_a_bar_while_the_prompt_is_read() -> None:
+    view = TurnView()
+    for message in turn_events()[:2]:
+        view.feed(message)
+    assert "reading the prompt: 100/120 tokens" in render(view, live=True)
+
+
+def test_a_long_answer_shows_only_its_tail_live() -> None:
+    view = TurnView()
+    view.feed(Event(id="t", event=Content(text="\n\n".join(f"line {n}" for n in range(200)))))
+    text = render(view, live=True)
+    assert "line 199" in text
+    assert "line 0\n" not in text
+    assert len(text.splitlines()) < 25
+
+
+@pytest.mark.parametrize(
+    ("kind", "hint"),
+    [
+        ("turn_limit", "Send another message"),
+        ("session_full", "/new starts a fresh session"),
+        ("infer", "Is it running?"),
+        ("cancelled", "Cancelled."),
+    ],
+)
+def test_a_failed_turn_says_what_to_do_next(kind: str, hint: str) -> None:
+    view = TurnView()
+    view.feed(TurnFailed(id="t", kind=kind, message="details"))
+    assert hint in render(view)
+
+
+def test_the_transcript_shows_results_and_cache_losses() -> None:
+    records = [
+        UserRecord(content="hi"),
+        ToolResultRecord(
+            call=3, tool_call_id="c", name="x", content="result line\nmore", untrusted=True
+        ),
+        CacheLossRecord(expected=9, cached=2),
+    ]
+    console = Console(record=True, width=80, color_system=None)
+    for line in transcript(records):  # type: ignore[arg-type]
+        console.print(line)
+    text = console.export_text()
+    assert "you: hi" in text
+    assert "↳ #3 result line  [public, untrusted]" in text
+    assert "CACHE LOSS: 2 cached of 9 expected" in text
+
+
+# -- the live chat, in tmux ------------------------------------------------------------------
+
+
+class Tmux:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def run(self, *args: str) -> str:
+        done = await trio.run_process(["tmux", *args], capture_stdout=True, check=True)
+        return done.stdout.decode()
+
+    async def screen(self) -> str:
+        return await self.run("capture-pane", "-p", "-t", self.name)
+
+    async def keys(self, *keys: str) -> None:
+        await self.run("send-keys", "-t", self.name, *keys)
+
+    async def wait_for(self, text: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = await self.screen()
+            if text in screen:
+                return screen
+            await trio.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared; the screen:\n{await self.screen()}")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> None:
+    long = " ".join(f"word{n}" for n in range(400))
+    d = await daemon(
+        FakeLlama(
+            [
+                Reply(tool_calls=(("c1", "find_tool", '{"query": "read a file"}'),)),
+                Reply(content="Use **current_time** for that."),
+                Reply(content=long, delay=0.05),
+            ]
+        )
+    )
+    tmux = Tmux(f"bxctl-{id(d):x}")
+    command = f"{sys.executable} -m bxctl --config {d.config} chat; echo BXCTL-EXIT-$?; sleep 60"
+    env = f"XDG_STATE_HOME={tmp_path / 'state'}"
+    await tmux.run(
+        "new-session", "-d", "-s", tmux.name, "-x", "100", "-y", "30", f"env {env} {command}"
+    )
+    try:
+        await tmux.wait_for("/help for help")
+        await tmux.keys("which tool tells the time?", "Enter")
+        screen = await tmux.wait_for("Use current_time for that.")
+        assert "⚙ find_tool (call 1)" in screen
+        assert "request 2: prompt" in screen
+        await tmux.keys("talk for a long time", "Enter")
+        await tmux.wait_for("word5")
+        await tmux.keys("C-c")
+        screen = await tmux.wait_for("Cancelled. The log keeps everything up to here.")
+        assert "word399" not in screen
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("BXCTL-EXIT-0")
+    finally:
+        await tmux.run("kill-session", "-t", tmux.name)
