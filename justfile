@@ -28,6 +28,36 @@ serve *ARGS: setup
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
     .venv/bin/loopd serve "$@"
 
+# Chat with the model: starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
+chat *ARGS: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
+    export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
+    if ! .venv/bin/bxctl status >/dev/null 2>&1; then
+        state="${XDG_STATE_HOME:-$HOME/.local/state}/loopd"
+        mkdir -p "$state"
+        echo "starting loopd (log: $state/loopd.log; stop it with: just stop)" >&2
+        nohup .venv/bin/loopd serve >>"$state/loopd.log" 2>&1 &
+        echo $! >"$state/loopd.pid"
+        for _ in $(seq 600); do .venv/bin/bxctl status >/dev/null 2>&1 && break; sleep 0.1; done
+    fi
+    exec .venv/bin/bxctl chat "$@"
+
+# Stop the loopd that `just chat` started
+stop:
+    #!/usr/bin/env bash
+    pid_file="${XDG_STATE_HOME:-$HOME/.local/state}/loopd/loopd.pid"
+    if [ -f "$pid_file" ] && kill -TERM "$(cat "$pid_file")" 2>/dev/null; then
+        rm -f "$pid_file"; echo "loopd stopped"
+    else
+        echo "no loopd started by just chat is running"
+    fi
+
+# The cache property on a real llama-server: four turns with a loopd restart ($LOOPD_SERVER_URL, else the bundled one)
+device-check: setup
+    {{py}} scripts/device_check.py
+
 # Run the whole test suite (real llama-server tests included)
 test *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \

@@ -10,13 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import assets  # beside this script, so on sys.path when it runs
 import trio
 
 from loopd.infer import ChatEvent, ChatRequest, Client, Content, InferError, Reasoning
 from loopd.server_proc import LaunchSpec, ServerStartError, managed_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import assets
 
 
 def show(event: ChatEvent) -> None:

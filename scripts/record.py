@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import assets  # beside this script, so on sys.path when it runs
 import httpx
 import trio
 
@@ -26,8 +27,6 @@ from loopd.infer import BUDGET_MESSAGE
 from loopd.server_proc import LaunchSpec, free_port, managed_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import assets  # noqa: E402
 
 RECORDINGS = ROOT / "recordings"
 TEMPLATES = ROOT / "tests" / "templates"

@@ -34,6 +34,7 @@ __all__ = ["StartupError", "launch_spec", "serve"]
 
 log = logging.getLogger(__name__)
 
+SLOT_FILE_TIMEOUT = 30.0
 RESTART_BASE = 1.0
 RESTART_CAP = 60.0
 
@@ -154,6 +155,7 @@ async def serve(config: Config, socket_path: Path, *, new_session: bool = False)
 async def _serve(
     config: Config, store: Store, session: Session, listener: trio.SocketListener
 ) -> None:
+    slots: _SlotFiles | None = None
     async with trio.open_nursery() as nursery:
         if config.server.url:
             llama = _Llama(config.server.url, await _probe(config.server.url))
@@ -162,6 +164,8 @@ async def _serve(
             log_path = config.store.directory.parent / "llama-server.log"
             await nursery.start(_keep_running, spec, log_path)
             llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
+            slots = _SlotFiles(llama.url, config.slots.main)
+            await slots.restore(session.id)
         s = config.server
         client = Client(
             llama.url,
@@ -170,10 +174,56 @@ async def _serve(
             ),
             retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         )
-        async with client, open_core(config, session, client) as core:
-            channel = ChannelServer(core, store, config, llama.url, llama.model)
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope, channel)
-            await channel.serve(listener)
+        with trio.CancelScope() as serving:
+            async with client, open_core(config, session, client) as core:
+                channel = ChannelServer(core, store, config, llama.url, llama.model)
+                nursery.start_soon(_stop_on_signal, serving, channel)
+                await channel.serve(listener)
+        # The core has stopped and its log is closed; the slot is idle, so it can be saved
+        # before loopd's own llama-server goes, and restored by the next start.
+        if slots is not None:
+            with trio.CancelScope(shield=True):
+                await slots.save(core.session.session.id)
+        nursery.cancel_scope.cancel()
+
+
+@dataclass
+class _SlotFiles:
+    """The slot's KV cache saved to a file at shutdown and restored at start, so a restart of
+    loopd (which restarts its own llama-server) keeps the conversation's cache."""
+
+    url: str
+    slot: int
+
+    async def _action(self, action: str, session_id: str) -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=SLOT_FILE_TIMEOUT) as http:
+                answer = await http.post(
+                    f"/slots/{self.slot}",
+                    params={"action": action},
+                    json={"filename": f"{session_id}.bin"},
+                )
+        except httpx.HTTPError as e:
+            log.warning("could not %s the slot: %s", action, e)
+            return False
+        if answer.status_code != 200:
+            if action == "save" or answer.status_code != 400:
+                log.warning(
+                    "could not %s the slot: HTTP %d %s",
+                    action,
+                    answer.status_code,
+                    answer.text[:200],
+                )
+            return False
+        return True
+
+    async def save(self, session_id: str) -> None:
+        if await self._action("save", session_id):
+            log.info("saved the slot's cache for the next start")
+
+    async def restore(self, session_id: str) -> None:
+        if await self._action("restore", session_id):
+            log.info("restored the slot's cache of session %s", session_id)
 
 
 async def _stop_on_signal(scope: trio.CancelScope, channel: ChannelServer) -> None:
