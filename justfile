@@ -88,9 +88,11 @@ model: setup
 record *NAMES: setup
     {{py}} scripts/record.py "$@"
 
-# Measure the figures that matter; writes bench/results.md and bench/results.json
-bench: setup
-    {{py}} bench/run.py
+# Measure the figures that matter; writes bench/results.md and bench/results.json (names: only those)
+bench *NAMES: setup
+    LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
+    LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" UV="{{uv}}" \
+    PYTHONPATH=tests:bench {{py}} bench/run.py "$@"
 
 # Write the generated docs (config reference, protocol schemas) from the code
 docs: setup

@@ -1,7 +1,13 @@
-"""`just bench`: measure the figures that matter and write bench/results.md and .json.
+"""`just bench [NAMES]`: measure the figures that matter; write bench/results.md and .json.
 
-Figures are medians over repeated runs, each beside a baseline measured in the same run, so
-the ratio means something on a noisy machine. Nothing here is a test: no figure can fail.
+Each figure stands beside a baseline measured in the same run, as a ratio, so it means
+something on a noisy machine. Nothing here is a test: no figure can fail.
+
+    cache     tokens processed per request against the minimum; loopd and pydantic-ai
+    overhead  time to first token and total through the socket and loopd, against direct
+    relay     events per second from a fast server to a socket client, against plain httpx
+    store     opening a 10,000-record session; one append with fsync
+    memory    the daemon's resident memory at rest and after 1,000 turns
 """
 
 from __future__ import annotations
@@ -10,10 +16,17 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import cache
+import memory
+import overhead
+import relay
 import store
+import trio
 
 HERE = Path(__file__).resolve().parent
 COMMAND = "just bench"
@@ -24,28 +37,103 @@ def machine() -> str:
     return f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}"
 
 
-def main() -> int:
-    started = datetime.now(UTC)
-    print(f"$ {COMMAND}   ({machine()})", file=sys.stderr)
-    figures = {"store": store.run()}
-    table = ["| figure | loopd | baseline (same run) | ratio |", "| --- | --- | --- | --- |"]
-    table += [f"| {' | '.join(row)} |" for row in store.rows(figures["store"])]
-    text = "\n".join(
-        [
-            "# Benchmark results",
+def _assets() -> tuple[Path, Path]:
+    return Path(os.environ["LOOPD_LLAMA_SERVER"]), Path(os.environ["LOOPD_MODEL"])
+
+
+FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
+    "cache": lambda: trio.run(cache.measure, *_assets()),
+    "overhead": lambda: trio.run(overhead.measure, *_assets()),
+    "relay": lambda: trio.run(relay.measure),
+    "store": store.run,
+    "memory": lambda: trio.run(memory.measure),
+}
+
+
+def _section(name: str, f: dict[str, Any]) -> list[str]:
+    if name == "cache":
+        return [
+            "## 1-2. Tokens processed per request against the minimum",
             "",
-            f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, by `{COMMAND}`.",
+            (
+                "Eight turns, restart after the fourth (loopd restarted; pydantic-ai's history "
+                "saved and loaded), SmolLM2-135M on the bundled llama-server. The minimum is the "
+                "tokens new since the previous request's prompt (the server's /apply-template and "
+                "/tokenize). The previous answer's tokens were generated in the slot, so a client "
+                "that sends them back unchanged processes fewer than the minimum: below 1.0 is the "
+                "best case, above it is waste."
+            ),
             "",
-            *table,
-            "",
+            *cache.table(f),
         ]
-    )
-    (HERE / "results.md").write_text(text)
-    record = {"date": started.isoformat(), "machine": machine(), "command": COMMAND, **figures}
-    (HERE / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    if name == "overhead":
+        return [
+            "## 3. Overhead of the socket and loopd",
+            "",
+            "| figure | through loopd | direct httpx | ratio (median of pairs) |",
+            "| --- | --- | --- | --- |",
+            (
+                f"| time to first token | {f['loopd_ttft_ms']:.0f} ms "
+                f"| {f['direct_ttft_ms']:.0f} ms | {f['ttft_ratio']:.2f}x |"
+            ),
+            f"| total | | | {f['total_ratio']:.2f}x |",
+        ]
+    if name == "relay":
+        return [
+            "## 4. Relay throughput",
+            "",
+            "| | events/s |",
+            "| --- | --- |",
+            f"| plain httpx SSE reader | {f['direct_events_per_s']:,.0f} |",
+            f"| through loopd to a socket client | {f['loopd_events_per_s']:,.0f} |",
+            f"| ratio | {f['ratio']:.2f}x |",
+        ]
+    if name == "store":
+        return [
+            "## 5. Store",
+            "",
+            "| figure | loopd | baseline (same run) | ratio |",
+            "| --- | --- | --- | --- |",
+            *(f"| {' | '.join(row)} |" for row in store.rows(f)),
+        ]
+    return [
+        "## 6. Memory",
+        "",
+        "| | resident MiB |",
+        "| --- | --- |",
+        f"| a bare Python importing loopd's packages (floor) | {f['python_floor_mib']:.0f} |",
+        f"| loopd serve at rest | {f['at_rest_mib']:.0f} |",
+        f"| after {f['turns']:,} turns | {f['after_turns_mib']:.0f} |",
+    ]
+
+
+def main(names: list[str]) -> int:
+    unknown = set(names) - set(FIGURES)
+    if unknown:
+        print(f"bench: no such figure: {', '.join(sorted(unknown))}; of {', '.join(FIGURES)}")
+        return 2
+    started = datetime.now(UTC)
+    print(f"$ {COMMAND} {' '.join(names)}".rstrip() + f"   ({machine()})", file=sys.stderr)
+    figures = {}
+    for name in names or FIGURES:
+        print(f"measuring {name}…", file=sys.stderr)
+        figures[name] = FIGURES[name]()
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}, by `{COMMAND}`.",
+        "",
+    ]
+    for name, result in figures.items():
+        lines += [*_section(name, result), ""]
+    text = "\n".join(lines)
+    if not names:  # a partial run does not replace the table of a whole one
+        (HERE / "results.md").write_text(text)
+        record = {"date": started.isoformat(), "machine": machine(), "command": COMMAND, **figures}
+        (HERE / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

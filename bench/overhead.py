@@ -1,0 +1,94 @@
+"""Figure 3: one request through the socket and loopd against the same request sent to
+llama-server directly with httpx, in pairs, alternating which goes first.
+
+Each pair asks a new question on the same cached system prompt, so both requests process only
+the question: loopd's answer starts a new session each time. Time to first token is measured
+from sending to the first content piece; total to the end of the answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from loopd.baseline import make_baseline, messages
+from loopd.infer import ChatRequest, Client, Content
+from loopd.records import UserRecord
+from loopd.server_proc import LaunchSpec, managed_server
+from support.daemon import Daemon
+
+PAIRS = 9
+MAX_TOKENS = 24
+
+
+async def _through_loopd(client: Any, text: str) -> tuple[float, float]:
+    await client.send({"type": "new_session"})
+    await client.until("welcome")
+    start = time.perf_counter()
+    await client.send({"type": "send", "id": text, "content": text})
+    first = None
+    while (line := await client.receive()) is not None:
+        if first is None and line["type"] == "event" and line["event"]["kind"] == "content":
+            first = time.perf_counter()
+        if line["type"] == "turn_done":
+            break
+    end = time.perf_counter()
+    return (first or end) - start, end - start
+
+
+async def _direct(llama: Client, text: str) -> tuple[float, float]:
+    body = messages(make_baseline(), [UserRecord(content=text)])
+    request = ChatRequest(
+        body, tools=list(make_baseline().tools), max_tokens=MAX_TOKENS, sampling={"temperature": 0}
+    )
+    first: list[float] = []
+    start = time.perf_counter()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Content) and not first:
+            first.append(time.perf_counter())
+
+    await llama.chat(request, on_event)
+    end = time.perf_counter()
+    return (first[0] if first else end) - start, end - start
+
+
+async def measure(binary: Path, model: Path) -> dict[str, Any]:
+    spec = LaunchSpec(binary=binary, model=model, n_ctx=4096, threads=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        async with managed_server(spec, Path(tmp) / "llama.log") as server:
+            d = Daemon(Path(tmp) / "loopd", server.url)
+            d.config.write_text(
+                d.config.read_text() + f"[loop]\nmax_tokens = {MAX_TOKENS}\n"
+                "[server.sampling]\ntemperature = 0\n"
+            )
+            await d.start()
+            ratios_ttft, ratios_total, rows = [], [], []
+            try:
+                client = await d.connect()
+                async with Client(server.url) as llama:
+                    await _direct(llama, "warm up")  # the system prompt into the cache
+                    for n in range(PAIRS):
+                        question = f"Question {n}: name a number."
+                        if n % 2:
+                            direct = await _direct(llama, question)
+                            loopd = await _through_loopd(client, question + " ")
+                        else:
+                            loopd = await _through_loopd(client, question + " ")
+                            direct = await _direct(llama, question)
+                        rows.append({"loopd": loopd, "direct": direct})
+                        ratios_ttft.append(loopd[0] / direct[0])
+                        ratios_total.append(loopd[1] / direct[1])
+            finally:
+                await d.kill()
+                await d.close_clients()
+    return {
+        "pairs": rows,
+        "ttft_ratio": statistics.median(ratios_ttft),
+        "total_ratio": statistics.median(ratios_total),
+        "loopd_ttft_ms": statistics.median(r["loopd"][0] for r in rows) * 1000,
+        "direct_ttft_ms": statistics.median(r["direct"][0] for r in rows) * 1000,
+    }
