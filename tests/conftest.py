@@ -6,11 +6,14 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from loopd.server_proc import LaunchSpec, RunningServer, managed_server
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama
 from support.replay import Exchange, ReplayServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,3 +75,40 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             return await stack.enter_async_context(managed_server(spec, log))
 
         yield start
+
+
+StartDaemon = Callable[..., Awaitable[Daemon]]
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
+    """Start real `loopd serve` processes on a replay server; all are killed after the test.
+
+    The script is recording names and scripted `FakeLlama`s, served in order (a fake answers
+    every request that reaches it until its replies run out); `channel` and `loop` add lines to
+    those tables of the config; other keywords are replay options for the recordings.
+    """
+    started: list[Daemon] = []
+
+    async def start(
+        *script: str | FakeLlama, channel: str = "", loop: str = "", **replay: Any
+    ) -> Daemon:
+        exchanges: list[Any] = []
+        for step in script:
+            exchanges += ReplayServer.of(step).exchanges if isinstance(step, str) else [step] * 10
+        server = ReplayServer(exchanges)
+        for exchange in server.exchanges:
+            if isinstance(exchange, Exchange):
+                exchange.replay.update(replay)
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel)
+        if loop:
+            d.config.write_text(d.config.read_text() + f"[loop]\n{loop}")
+        await d.start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        await d.kill()
+        await d.close_clients()

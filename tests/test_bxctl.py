@@ -7,7 +7,6 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +15,13 @@ import trio
 from rich.console import Console
 
 from bxctl.view import TurnView, transcript
+from conftest import StartDaemon
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult
 from loopd.infer import Content, Progress, Reasoning, ThinkingCapped, Waiting
 from loopd.proto import Event, TurnDone, TurnFailed, Usage
 from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
-from support.replay import ReplayServer
-
-StartDaemon = Callable[..., Awaitable[Daemon]]
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
-    started: list[Daemon] = []
-
-    async def start(*script: str | FakeLlama, loop: str = "") -> Daemon:
-        exchanges: list[Any] = []
-        for step in script:
-            exchanges += ReplayServer.of(step).exchanges if isinstance(step, str) else [step] * 10
-        server = ReplayServer(exchanges)
-        await nursery.start(server.run)
-        d = Daemon(tmp_path / "loopd", server.url)
-        if loop:
-            d.config.write_text(d.config.read_text() + f"[loop]\n{loop}")
-        await d.start()
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        await d.kill()
-        await d.close_clients()
 
 
 async def bxctl(d: Daemon, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:

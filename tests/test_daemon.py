@@ -6,22 +6,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from conftest import StartLlama
+from conftest import StartDaemon, StartLlama
 from loopd.records import conversation_problems
 from loopd.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
-from support.replay import Exchange, ReplayServer
-
-StartDaemon = Callable[..., Awaitable[Daemon]]
 
 
 @dataclass
@@ -37,30 +32,6 @@ async def run(command: list[str]) -> Ran:
             command, capture_stdout=True, capture_stderr=True, check=False
         )
     return Ran(done.returncode, done.stdout.decode(), done.stderr.decode())
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
-    started: list[Daemon] = []
-
-    async def start(*script: str | FakeLlama, channel: str = "", **replay: Any) -> Daemon:
-        exchanges: list[Any] = []
-        for step in script:
-            exchanges += ReplayServer.of(step).exchanges if isinstance(step, str) else [step]
-        server = ReplayServer(exchanges)
-        for exchange in server.exchanges:
-            if isinstance(exchange, Exchange):
-                exchange.replay.update(replay)
-        await nursery.start(server.run)
-        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel)
-        await d.start()
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        await d.kill()
-        await d.close_clients()
 
 
 async def test_hello_send_events_and_turn_done(daemon: StartDaemon) -> None:

@@ -20,6 +20,7 @@ from bxctl.chat import interactive
 from bxctl.connection import Connection, Unreachable
 from bxctl.view import transcript
 from loopd import __version__
+from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
 from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
 from loopd.store import Store, StoreError
@@ -107,14 +108,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
-        return _exit_for(_single(e))
-
-
-def _single(error: BaseException) -> BaseException:
-    """The one error inside nested nurseries' exception groups, when there is one."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
+        return _exit_for(innermost(e))
 
 
 def _exit_for(error: BaseException) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from loopd import __version__
+from loopd._groups import innermost
 from loopd.baseline import messages
 from loopd.canonical import canonical
 from loopd.channel import DaemonRunning
@@ -146,19 +147,12 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     try:
         trio.run(partial(serve, new_session=args.new_session), config, socket_path)
     except BaseException as e:
-        error = _single(e)
+        error = innermost(e)
         if not isinstance(error, (DaemonRunning, StartupError, StoreError, OSError)):
             raise
         print(f"loopd: {error}", file=sys.stderr)
         return EXIT_RUNNING if isinstance(error, DaemonRunning) else EXIT_FAILED
     return EXIT_OK
-
-
-def _single(error: BaseException) -> BaseException:
-    """The one error inside nested nurseries' exception groups, when there is one."""
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
 
 
 def _sessions(config: Config) -> int:

@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
+from loopd._groups import innermost
 from loopd.config import McpServer, ToolsConfig
 
 from ._entry import ToolEntry
@@ -177,6 +178,5 @@ def _text_of(block: Any) -> str:
 
 
 def _short(error: BaseException) -> str:
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
+    error = innermost(error)
     return f"{type(error).__name__}: {error}"[:300]
