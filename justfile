@@ -18,10 +18,6 @@ setup:
     @{{uv}} sync --locked --quiet
     @UV="{{uv}}" {{py}} scripts/assets.py ensure
 
-# Stream an answer from the bundled model
-ask *PROMPT: setup
-    @{{py}} scripts/ask.py "$@"
-
 # Run the daemon on the bundled llama-server and model (arguments go to `loopd serve`)
 serve *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \

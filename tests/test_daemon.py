@@ -296,3 +296,15 @@ async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path
     finally:
         await d.kill()
         await d.close_clients()
+
+
+async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    other = Daemon(d.home.parent / "other", d.server_url)
+    other.config.write_text(
+        other.config.read_text().replace(str(other.home / "sessions"), str(d.home / "sessions"))
+    )
+    ran = await run(other.command("serve"))
+    assert ran.returncode == 1
+    assert "is open for writing by another process" in ran.stderr
+    assert not other.socket.exists()
