@@ -14,7 +14,7 @@ import trio
 from loopd.actors import Busy, Published, TurnDone, TurnFailed, inference_actor, open_core
 from loopd.baseline import make_baseline
 from loopd.config import Config
-from loopd.infer import ChatEvent, ChatRequest, Client, Content, Queued
+from loopd.infer import ChatEvent, ChatRequest, Client, Content, Queued, Timeouts
 from loopd.records import TurnEndRecord
 from loopd.store import Session, Store
 from support.fake_llama import FakeLlama, Reply
@@ -137,7 +137,9 @@ async def test_the_inference_actor_runs_one_request_at_a_time(served: Any) -> No
     first: list[ChatEvent] = []
     second: list[ChatEvent] = []
     streaming = trio.Event()
-    async with Client(server.url) as client, trio.open_nursery() as nursery:
+    # The client's own Queued (no headers yet) is turned off: this is about the actor's.
+    patient = Timeouts(queued_after=3600)
+    async with Client(server.url, timeouts=patient) as client, trio.open_nursery() as nursery:
         handle = await nursery.start(inference_actor, client)
         results: dict[str, str | None] = {}
 

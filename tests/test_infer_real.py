@@ -26,6 +26,7 @@ from loopd.infer import (
     RetryPolicy,
     StreamError,
     ThinkingCapped,
+    Timeouts,
     Waiting,
     cache_outcome,
     is_context_full,
@@ -59,7 +60,7 @@ def extend(request: ChatRequest, answer: Completion, user: str) -> ChatRequest:
 async def test_real_server_streams_progress_and_content_with_timings(llama: StartLlama) -> None:
     server = await llama()
     events: list[ChatEvent] = []
-    async with Client(server.url) as client:
+    async with Client(server.url, timeouts=Timeouts(queued_after=3600)) as client:
         done = await client.chat(ask("Say hello.", max_tokens=16), events.append)
     assert events[0] == Waiting()
     progress = [e for e in events if isinstance(e, Progress)]

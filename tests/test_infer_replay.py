@@ -37,6 +37,8 @@ from loopd.infer import (
 from loopd.server_proc import free_port
 
 FAST_RETRY = RetryPolicy(attempts=3, base=0.01, cap=0.02)
+# Never reports Queued: for tests about the order of events, on a machine however busy.
+PATIENT = Timeouts(queued_after=3600)
 REQUEST = ChatRequest([{"role": "user", "content": "hi"}], slot=3, max_tokens=16)
 
 
@@ -48,7 +50,7 @@ def collect() -> tuple[list[ChatEvent], EventSink]:
 async def test_plain_answer_streams_progress_then_content(replay: StartReplay) -> None:
     server = await replay("plain")
     events, sink = collect()
-    async with Client(server.url) as client:
+    async with Client(server.url, timeouts=PATIENT) as client:
         done = await client.chat(REQUEST, sink)
     assert events[0] == Waiting()
     assert any(isinstance(e, Progress) for e in events)

@@ -45,9 +45,6 @@ __all__ = ["Client", "EventSink", "RetryPolicy", "Timeouts"]
 
 EventSink = Callable[[ChatEvent], None]
 
-# llama-server sends no bytes at all while a request waits for a busy slot; a request without
-# headers after this long is reported as queued.
-QUEUED_AFTER = 0.25
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
 ERROR_BODY_LIMIT = 64 * 1024
 # Closing a stream is a socket close; if it takes longer, something is wrong and we move on.
@@ -65,6 +62,9 @@ class Timeouts:
     """Until llama-server starts on the request (it sends nothing while the slot is busy)."""
     read: float = 120.0
     """Longest silence once streaming began (the server pings every 30 s of silence)."""
+    queued_after: float = 0.25
+    """llama-server sends no bytes at all while a request waits for a busy slot: a request
+    without headers after this long is reported as `Queued`."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class Client:
         try:
             async with trio.open_nursery() as nursery:
                 notice = trio.CancelScope()
-                nursery.start_soon(_announce_queued, notice, on_event)
+                nursery.start_soon(_announce_queued, notice, self.timeouts.queued_after, on_event)
                 opened = await outcome.acapture(self._open, http_request)
                 notice.cancel()
         except BaseException:
@@ -237,9 +237,9 @@ async def _close(response: httpx.Response) -> None:
         await response.aclose()
 
 
-async def _announce_queued(scope: trio.CancelScope, on_event: EventSink) -> None:
+async def _announce_queued(scope: trio.CancelScope, after: float, on_event: EventSink) -> None:
     with scope:
-        await trio.sleep(QUEUED_AFTER)
+        await trio.sleep(after)
         on_event(Queued())
 
 
