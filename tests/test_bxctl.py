@@ -278,6 +278,12 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.keys("C-c")
         screen = await tmux.wait_for("Cancelled. The log keeps everything up to here.")
         assert "word399" not in screen
+        await d.stop()  # loopd restarts under bxctl's feet
+        await d.start()
+        await tmux.keys("are you back?", "Enter")
+        await tmux.wait_for("reconnected to loopd")
+        await tmux.keys("are you back now?", "Enter")
+        await tmux.wait_for("(the script ran out)")
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:

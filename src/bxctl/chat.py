@@ -84,6 +84,7 @@ async def interactive(path: Path, console: Console, show_reasoning: bool) -> Non
                 await live_turn(connection, f"t{next(turns)}", text, console, show_reasoning)
         except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
             connection = await _reconnect(path, console)
+            console.print("(that message got no answer; send it again)", style="yellow")
     await connection.aclose()
 
 
