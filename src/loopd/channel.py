@@ -133,6 +133,33 @@ class ChannelServer:
                 await trio.sleep(0.01)
 
 
+class _LineTooLong(Exception):
+    pass
+
+
+class _Lines:
+    """Bytes in, whole non-blank lines out; a line over the cap is refused as soon as it is
+    known to be one, before more of it is buffered."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.buffer += data
+        lines = []
+        while (newline := self.buffer.find(b"\n")) >= 0:
+            line = bytes(self.buffer[:newline])
+            del self.buffer[: newline + 1]
+            if len(line) > self.cap:
+                raise _LineTooLong
+            if line.strip():
+                lines.append(line)
+        if len(self.buffer) > self.cap:
+            raise _LineTooLong
+        return lines
+
+
 class _Connection:
     def __init__(self, server: ChannelServer, number: int, stream: trio.SocketStream) -> None:
         self.server, self.number, self.stream = server, number, stream
@@ -209,41 +236,25 @@ class _Connection:
 
     async def _read(self) -> None:
         cap = self.server.config.channel.max_line
-        buffer = bytearray()
+        lines = _Lines(cap)
         bad = 0
         try:
-            while True:
-                newline = buffer.find(b"\n")
-                if newline < 0:
-                    if len(buffer) > cap:
-                        self.close_with(
-                            proto.Error(
-                                code="line_too_long", message=f"a line may be at most {cap} bytes"
-                            )
-                        )
+            # An empty read: the client is done sending (half a line left over is dropped).
+            while data := await self.stream.receive_some(65536):
+                try:
+                    complete = lines.feed(data)
+                except _LineTooLong:
+                    message = f"a line may be at most {cap} bytes"
+                    self.close_with(proto.Error(code="line_too_long", message=message))
+                    return
+                for line in complete:
+                    error = await self._take(line)
+                    bad = bad + 1 if error else 0
+                    if error:
+                        self.say(error)
+                    if bad >= BAD_LINES:
+                        self.close_with(proto.Bye(reason=f"{BAD_LINES} bad lines in a row"))
                         return
-                    data = await self.stream.receive_some(65536)
-                    if not data:
-                        return  # the client is done sending; half a line is dropped
-                    buffer += data
-                    continue
-                line, buffer = bytes(buffer[:newline]), buffer[newline + 1 :]
-                if len(line) > cap:
-                    self.close_with(
-                        proto.Error(
-                            code="line_too_long", message=f"a line may be at most {cap} bytes"
-                        )
-                    )
-                    return
-                if not line.strip():
-                    continue
-                error = await self._take(line)
-                bad = bad + 1 if error else 0
-                if error:
-                    self.say(error)
-                if bad >= BAD_LINES:
-                    self.close_with(proto.Bye(reason=f"{BAD_LINES} bad lines in a row"))
-                    return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.done.set()
         finally:
@@ -317,9 +328,6 @@ class _Connection:
         self.say(proto.History(session=session.id, start=first, records=dumped))
 
     async def _on_new_session(self, _: proto.NewSession) -> proto.Error | None:
-        return await self._new_session()
-
-    async def _new_session(self) -> proto.Error | None:
         actor = self.server.core.session
         if actor.running or actor.queued:
             return proto.Error(
