@@ -13,7 +13,9 @@ import pytest
 import trio
 
 from conftest import StartDaemon, StartLlama
-from loopd.records import conversation_problems
+from loopd.baseline import make_baseline
+from loopd.infer import ToolCall
+from loopd.records import AssistantRecord, TurnEndRecord, UserRecord, conversation_problems
 from loopd.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
@@ -308,3 +310,16 @@ async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) ->
     assert ran.returncode == 1
     assert "is open for writing by another process" in ran.stderr
     assert not other.socket.exists()
+
+
+async def test_replay_fails_on_a_log_that_is_not_a_valid_conversation(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "loopd", "http://127.0.0.1:9")
+    with await Store(d.home / "sessions").create(make_baseline()) as session:
+        await session.append(UserRecord(content="hello"))
+        call = ToolCall(id="c1", name="find_tool", arguments="{}")
+        await session.append(AssistantRecord(content=None, tool_calls=(call,)))
+        await session.append(TurnEndRecord(reason="answer"))  # the call was never answered
+    ran = await run(d.command("replay", session.id))
+    assert ran.returncode == 1
+    assert "calls left without results: ['c1']" in ran.stderr
+    assert ran.stdout.startswith("user: hello\nassistant: \n  -> find_tool {}")
