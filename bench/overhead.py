@@ -1,8 +1,9 @@
 """Figure 3: one request through the socket and loopd against the same request sent to
 llama-server directly with httpx, in pairs, alternating which goes first.
 
-Each pair asks a new question on the same cached system prompt, so both requests process only
-the question: loopd's answer starts a new session each time. Time to first token is measured
+Each pair asks two new questions on the same cached system prompt, worded apart from their
+first word, so both requests process their whole question and nothing else: loopd starts a new
+session for each. PAIRS is odd and the order alternates. Time to first token is measured
 from sending to the first content piece; total to the end of the answer.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loopd.baseline import make_baseline, messages
+from loopd.config import LoopConfig
 from loopd.infer import ChatRequest, Client, Content
 from loopd.records import UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
@@ -22,6 +24,8 @@ from support.daemon import Daemon
 
 PAIRS = 9
 MAX_TOKENS = 24
+# Every answer runs to MAX_TOKENS, so total times compare like with like.
+SAMPLING = {"temperature": 0, "ignore_eos": True}
 
 
 async def _through_loopd(client: Any, text: str) -> tuple[float, float]:
@@ -41,8 +45,14 @@ async def _through_loopd(client: Any, text: str) -> tuple[float, float]:
 
 async def _direct(llama: Client, text: str) -> tuple[float, float]:
     body = messages(make_baseline(), [UserRecord(content=text)])
+    # The very request loopd sends: the same messages, tools, caps and sampling.
+    loop = LoopConfig()
     request = ChatRequest(
-        body, tools=list(make_baseline().tools), max_tokens=MAX_TOKENS, sampling={"temperature": 0}
+        body,
+        tools=list(make_baseline().tools),
+        max_tokens=MAX_TOKENS,
+        thinking_cap=loop.thinking_cap,
+        sampling=SAMPLING,
     )
     first: list[float] = []
     start = time.perf_counter()
@@ -63,7 +73,7 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
             d = Daemon(Path(tmp) / "loopd", server.url)
             d.config.write_text(
                 d.config.read_text() + f"[loop]\nmax_tokens = {MAX_TOKENS}\n"
-                "[server.sampling]\ntemperature = 0\n"
+                "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
             )
             await d.start()
             ratios_ttft, ratios_total, rows = [], [], []
@@ -72,13 +82,16 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
                 async with Client(server.url) as llama:
                     await _direct(llama, "warm up")  # the system prompt into the cache
                     for n in range(PAIRS):
-                        question = f"Question {n}: name a number."
+                        # Each differs from the other right after the cached system prompt, so
+                        # both process their whole question, whichever went first.
+                        via_loopd = f"Through loopd, question {n}: name a number."
+                        direct_question = f"Directly, question {n}: name a number."
                         if n % 2:
-                            direct = await _direct(llama, question)
-                            loopd = await _through_loopd(client, question + " ")
+                            direct = await _direct(llama, direct_question)
+                            loopd = await _through_loopd(client, via_loopd)
                         else:
-                            loopd = await _through_loopd(client, question + " ")
-                            direct = await _direct(llama, question)
+                            loopd = await _through_loopd(client, via_loopd)
+                            direct = await _direct(llama, direct_question)
                         rows.append({"loopd": loopd, "direct": direct})
                         ratios_ttft.append(loopd[0] / direct[0])
                         ratios_total.append(loopd[1] / direct[1])
