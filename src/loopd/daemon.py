@@ -164,7 +164,7 @@ async def _serve(
             log_path = config.store.directory.parent / "llama-server.log"
             await nursery.start(_keep_running, spec, log_path)
             llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
-            slots = _SlotFiles(llama.url, config.slots.main)
+            slots = _SlotFiles(llama.url, config.slots.main, spec.slot_save_path)
             await slots.restore(session.id)
         s = config.server
         client = Client(
@@ -194,6 +194,8 @@ class _SlotFiles:
 
     url: str
     slot: int
+    directory: Path | None
+    """llama-server's --slot-save-path, where the files are."""
 
     async def _action(self, action: str, session_id: str) -> bool:
         try:
@@ -222,6 +224,8 @@ class _SlotFiles:
             log.info("saved the slot's cache for the next start")
 
     async def restore(self, session_id: str) -> None:
+        if self.directory is None or not (self.directory / f"{session_id}.bin").is_file():
+            return  # nothing saved for this session: a new one, or an earlier crash
         if await self._action("restore", session_id):
             log.info("restored the slot's cache of session %s", session_id)
 
