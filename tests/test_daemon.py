@@ -15,7 +15,13 @@ import trio
 from conftest import StartDaemon, StartLlama
 from loopd.baseline import make_baseline
 from loopd.infer import ToolCall
-from loopd.records import AssistantRecord, TurnEndRecord, UserRecord, conversation_problems
+from loopd.records import (
+    AssistantRecord,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+    conversation_problems,
+)
 from loopd.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
@@ -323,3 +329,30 @@ async def test_replay_fails_on_a_log_that_is_not_a_valid_conversation(tmp_path: 
     assert ran.returncode == 1
     assert "calls left without results: ['c1']" in ran.stderr
     assert ran.stdout.startswith("user: hello\nassistant: \n  -> find_tool {}")
+
+
+@pytest.mark.llama
+async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Path) -> None:
+    """The embedded llama-server stops with loopd; the slot is saved and restored around it."""
+    d = Daemon(tmp_path / "loopd", "", "")
+    text = d.config.read_text().replace('url = ""\n', "")
+    d.config.write_text(text + "[loop]\nmax_tokens = 16\n[server.sampling]\ntemperature = 0\n")
+    await d.start()
+    try:
+        client = await d.connect()
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        assert await d.stop() == 0
+        await d.close_clients()
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert "restored the slot's cache" in d.log.read_text()
+    store = Store(d.home / "sessions")
+    _, records, _ = store.read(store.latest() or "")
+    usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) == 2
+    assert usages[1].cache_n >= usages[0].cache_n + usages[0].prompt_n
+    assert "cache_loss" not in [r.kind for r in records]
