@@ -14,12 +14,13 @@ import pytest
 import trio
 from rich.console import Console
 
-from bxctl.view import TurnView, transcript
+from bxctl.view import TurnView
 from conftest import StartDaemon
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult
 from loopd.infer import Content, Progress, Reasoning, ThinkingCapped, Waiting
 from loopd.proto import Event, TurnDone, TurnFailed, Usage
 from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
+from loopd.transcript import transcript
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 

@@ -247,7 +247,7 @@ async def test_sessions_and_replay_commands(daemon: StartDaemon) -> None:
     assert "1 turns" in listed.stdout
     replay = await run(d.command("replay", "latest"))
     assert replay.returncode == 0, replay.stderr
-    assert replay.stdout.startswith("user: hello\nassistant: ")
+    assert replay.stdout.startswith("you: hello\nmodel: ")
 
 
 @pytest.mark.llama
@@ -328,7 +328,7 @@ async def test_replay_fails_on_a_log_that_is_not_a_valid_conversation(tmp_path: 
     ran = await run(d.command("replay", session.id))
     assert ran.returncode == 1
     assert "calls left without results: ['c1']" in ran.stderr
-    assert ran.stdout.startswith("user: hello\nassistant: \n  -> find_tool {}")
+    assert ran.stdout.startswith("you: hello\n⚙ find_tool {}\n")
 
 
 @pytest.mark.llama

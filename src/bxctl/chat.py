@@ -21,9 +21,10 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import TurnView, transcript
+from bxctl.view import TurnView
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
+from loopd.transcript import transcript
 
 __all__ = ["interactive", "live_turn"]
 

@@ -18,12 +18,12 @@ from rich.console import Console
 
 from bxctl.chat import interactive
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import transcript
 from loopd import __version__
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
 from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
 from loopd.store import Store, StoreError
+from loopd.transcript import transcript
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -20,17 +20,9 @@ from rich.text import Text
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult
 from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
-from loopd.records import (
-    AssistantRecord,
-    CacheLossRecord,
-    Record,
-    ToolResultRecord,
-    TurnEndRecord,
-    UsageRecord,
-    UserRecord,
-)
+from loopd.transcript import flags
 
-__all__ = ["HINTS", "TurnView", "transcript", "usage_line"]
+__all__ = ["HINTS", "TurnView", "usage_line"]
 
 HINTS = {
     "turn_limit": "The turn stopped at a limit. Send another message to go on.",
@@ -126,12 +118,8 @@ class TurnView:
             self.tools.append(Text(f"⚙ {what} (call {event.call})", style="cyan"))
             self.state = f"running {event.tool or event.name}"
         elif isinstance(event, ToolResult):
-            flags = [event.data_class] + [
-                f
-                for f, on in (("untrusted", event.untrusted), ("truncated", event.truncated))
-                if on
-            ]
-            self.tools.append(Text(f"  ↳ {event.preview}  [{', '.join(flags)}]", style="dim cyan"))
+            what = flags(event.data_class, event.untrusted, event.truncated)
+            self.tools.append(Text(f"  ↳ {event.preview}  [{what}]", style="dim cyan"))
         elif isinstance(event, CacheLoss):
             self.notes.append(
                 Text(
@@ -170,12 +158,16 @@ class TurnView:
             lines.append(usage_line(usage))
         return lines
 
-    def live(self, height: int) -> RenderableType:
+    def _body(self) -> list[RenderableType]:
         parts: list[RenderableType] = [*self.tools]
         if (reasoning := self._reasoning()) is not None:
             parts.append(reasoning)
         if self.content:
             parts.append(Markdown(self.content))
+        return parts
+
+    def live(self, height: int) -> RenderableType:
+        parts = self._body()
         body = Tail(Group(*parts), max(3, height - 4))
         status: RenderableType = Spinner("dots", text=Text(self.state, style="dim"))
         request = self.requests[-1] if self.requests else None
@@ -189,12 +181,7 @@ class TurnView:
         return Group(body, *self.notes, status)
 
     def final(self) -> RenderableType:
-        parts: list[RenderableType] = [*self.tools]
-        if (reasoning := self._reasoning()) is not None:
-            parts.append(reasoning)
-        if self.content:
-            parts.append(Markdown(self.content))
-        parts += self.notes
+        parts = [*self._body(), *self.notes]
         outcome = self.outcome
         if isinstance(outcome, TurnFailed):
             parts.append(
@@ -215,44 +202,3 @@ def usage_line(usage: Usage) -> Text:
     if usage.thinking_capped:
         text += "; thinking capped"
     return Text(text, style="dim")
-
-
-def transcript(records: list[Record]) -> list[Text]:
-    """A readable transcript: messages, tool calls and results, each request's cache figures."""
-    lines: list[Text] = []
-    for record in records:
-        if isinstance(record, UserRecord):
-            lines.append(Text.assemble(("you: ", "bold green"), record.content))
-        elif isinstance(record, AssistantRecord):
-            if record.content:
-                lines.append(Text.assemble(("model: ", "bold blue"), record.content))
-            lines.extend(Text(f"⚙ {c.name} {c.arguments}", style="cyan") for c in record.tool_calls)
-        elif isinstance(record, ToolResultRecord):
-            flags = [record.data_class] + [
-                f
-                for f, on in (("untrusted", record.untrusted), ("truncated", record.truncated))
-                if on
-            ]
-            first = record.content.strip().split("\n", 1)[0][:160]
-            lines.append(
-                Text(f"  ↳ #{record.call} {first}  [{', '.join(flags)}]", style="dim cyan")
-            )
-        elif isinstance(record, UsageRecord) and record.timings:
-            t = record.timings
-            lines.append(
-                Text(
-                    f"  [prompt {t.cache_n + t.prompt_n} tokens: {t.cache_n} cached, "
-                    f"{t.prompt_n} processed; {t.predicted_n} generated]",
-                    style="dim",
-                )
-            )
-        elif isinstance(record, CacheLossRecord):
-            lines.append(
-                Text(
-                    f"  CACHE LOSS: {record.cached} cached of {record.expected} expected",
-                    style="bold white on red",
-                )
-            )
-        elif isinstance(record, TurnEndRecord) and record.reason != "answer":
-            lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
-    return lines

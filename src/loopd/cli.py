@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import trio
+from rich.console import Console
 
 from loopd import __version__
 from loopd._groups import innermost
@@ -18,16 +19,9 @@ from loopd.canonical import canonical
 from loopd.channel import DaemonRunning
 from loopd.config import Config, ConfigError, dump_toml, load_config
 from loopd.daemon import StartupError, serve
-from loopd.records import (
-    AssistantRecord,
-    CacheLossRecord,
-    ToolResultRecord,
-    TurnEndRecord,
-    UsageRecord,
-    UserRecord,
-    conversation_problems,
-)
+from loopd.records import conversation_problems
 from loopd.store import Store, StoreError
+from loopd.transcript import transcript
 
 # Exit statuses a script can test.
 EXIT_OK = 0
@@ -174,8 +168,9 @@ def _replay(config: Config, session_id: str) -> int:
     except StoreError as e:
         print(f"loopd: {e}", file=sys.stderr)
         return EXIT_FAILED
-    for record in records:
-        print(_line(record))
+    console = Console(soft_wrap=True)
+    for line in transcript(records):
+        console.print(line)
     problems = conversation_problems(records)
     if torn:
         problems.append(f"a torn last line of {torn} bytes (the next open cuts it off)")
@@ -185,27 +180,3 @@ def _replay(config: Config, session_id: str) -> int:
     for problem in problems:
         print(f"loopd: {problem}", file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
-
-
-def _line(record: object) -> str:  # noqa: PLR0911 - one line per kind of record
-    if isinstance(record, UserRecord):
-        return f"user: {record.content}"
-    if isinstance(record, AssistantRecord):
-        calls = "".join(f"\n  -> {c.name} {c.arguments}" for c in record.tool_calls)
-        return f"assistant: {record.content or ''}{calls}"
-    if isinstance(record, ToolResultRecord):
-        flags = "".join(
-            f" [{f}]"
-            for f, on in (("untrusted", record.untrusted), ("truncated", record.truncated))
-            if on
-        )
-        head = f"  <- {record.name} #{record.call} ({record.data_class}){flags}"
-        return f"{head}: {record.content[:200]}"
-    if isinstance(record, UsageRecord) and record.timings:
-        t = record.timings
-        return f"  [prompt {t.prompt_n} new, {t.cache_n} cached; {t.predicted_n} generated]"
-    if isinstance(record, CacheLossRecord):
-        return f"  [CACHE LOSS: {record.cached} cached of {record.expected} expected]"
-    if isinstance(record, TurnEndRecord):
-        return f"-- turn end: {record.reason}"
-    return f"  [{getattr(record, 'kind', '?')}]"

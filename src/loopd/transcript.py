@@ -1,0 +1,60 @@
+"""A session's records as a readable transcript: messages, tool calls and results, and the
+cache figures of each request. `loopd replay` prints it, and so do `bxctl log` and `bxctl chat`
+when it joins a session."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from loopd.records import (
+    AssistantRecord,
+    CacheLossRecord,
+    Record,
+    ToolResultRecord,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+)
+
+__all__ = ["flags", "transcript"]
+
+
+def flags(data_class: str, untrusted: bool, truncated: bool) -> str:
+    """`private, untrusted, truncated`: what a tool result is, in a few words."""
+    marks = [name for name, on in (("untrusted", untrusted), ("truncated", truncated)) if on]
+    return ", ".join([data_class, *marks])
+
+
+def transcript(records: list[Record]) -> list[Text]:
+    """A readable transcript: messages, tool calls and results, each request's cache figures."""
+    lines: list[Text] = []
+    for record in records:
+        if isinstance(record, UserRecord):
+            lines.append(Text.assemble(("you: ", "bold green"), record.content))
+        elif isinstance(record, AssistantRecord):
+            if record.content:
+                lines.append(Text.assemble(("model: ", "bold blue"), record.content))
+            lines.extend(Text(f"⚙ {c.name} {c.arguments}", style="cyan") for c in record.tool_calls)
+        elif isinstance(record, ToolResultRecord):
+            what = flags(record.data_class, record.untrusted, record.truncated)
+            first = record.content.strip().split("\n", 1)[0][:160]
+            lines.append(Text(f"  ↳ #{record.call} {first}  [{what}]", style="dim cyan"))
+        elif isinstance(record, UsageRecord) and record.timings:
+            t = record.timings
+            lines.append(
+                Text(
+                    f"  [prompt {t.cache_n + t.prompt_n} tokens: {t.cache_n} cached, "
+                    f"{t.prompt_n} processed; {t.predicted_n} generated]",
+                    style="dim",
+                )
+            )
+        elif isinstance(record, CacheLossRecord):
+            lines.append(
+                Text(
+                    f"  CACHE LOSS: {record.cached} cached of {record.expected} expected",
+                    style="bold white on red",
+                )
+            )
+        elif isinstance(record, TurnEndRecord) and record.reason != "answer":
+            lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
+    return lines
