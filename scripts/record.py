@@ -24,7 +24,7 @@ import trio
 
 from loopd import baseline
 from loopd.infer import BUDGET_MESSAGE
-from loopd.server_proc import LaunchSpec, free_port, managed_server, stop
+from loopd.server_proc import LaunchSpec, free_port, managed_server, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -282,10 +282,8 @@ async def record(name: str, scenario: Scenario, logs: Path) -> None:
 async def record_loading(logs: Path) -> None:
     """Ask before the model is loaded: llama-server listens first and answers 503 meanwhile."""
     port = free_port()
-    command = spec(2048, None).command(port)
     payload = body([SYSTEM, {"role": "user", "content": "Hi"}], max_tokens=4)
-    with (logs / "loading.log").open("wb") as log:
-        process = await trio.lowlevel.open_process(command, stdout=log, stderr=log)
+    process = (await start_server(spec(2048, None), port, logs / "loading.log")).process
     try:
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(2000):

@@ -356,3 +356,29 @@ async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Pa
     assert len(usages) == 2
     assert usages[1].cache_n >= usages[0].cache_n + usages[0].prompt_n
     assert "cache_loss" not in [r.kind for r in records]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().split()[2]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and "llama-server" in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.llama
+async def test_a_killed_loopd_leaves_no_llama_server_behind(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "loopd", "", "")
+    d.config.write_text(d.config.read_text().replace('url = ""\n', ""))
+    await d.start()
+    assert processes_mentioning(str(d.home))  # its llama-server runs
+    await d.kill()  # SIGKILL: loopd cannot clean up after itself
+    with trio.fail_after(20):
+        while processes_mentioning(str(d.home)):  # noqa: ASYNC110 - other processes
+            await trio.sleep(0.1)

@@ -100,7 +100,7 @@ async def test_a_server_killed_mid_stream_gives_a_typed_error(llama: StartLlama)
 
         def kill_on_first_token(event: ChatEvent) -> None:
             if isinstance(event, Content):
-                server.process.kill()
+                server.kill()
 
         with pytest.raises(StreamError):
             await client.chat_with_retry(

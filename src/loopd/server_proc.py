@@ -3,11 +3,22 @@
 The child gets one slot (the conversation owns it), no context shift (a full context is an
 error loopd reports, not a silent loss of the conversation's start) and a slot-save path. Its
 output goes to a log file, whose tail is shown when it fails to start.
+
+llama-server runs under a small watchdog, in a process group of its own: the watchdog passes
+signals on, and ends llama-server when its stdin (a pipe from loopd) reaches end of file,
+which happens however loopd ends, `kill -9` included. Without it, a killed loopd would leave
+its llama-server running, holding memory (or a GPU) and its port. Stopping signals the whole
+group, so nothing is left behind when the watchdog itself is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,12 +27,32 @@ from pathlib import Path
 import httpx
 import trio
 
-__all__ = ["LaunchSpec", "RunningServer", "ServerStartError", "free_port", "managed_server", "stop"]
+__all__ = [
+    "LaunchSpec",
+    "RunningServer",
+    "ServerStartError",
+    "free_port",
+    "managed_server",
+    "start_server",
+    "stop",
+]
 
 # A process that ignores SIGTERM this long gets SIGKILL.
 STOP_GRACE = 5.0
 # Binding a port we just found free can still lose a race; try a few.
 PORT_ATTEMPTS = 3
+
+_WATCHDOG = """
+import signal, subprocess, sys, threading
+child = subprocess.Popen(sys.argv[1:])
+for number in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(number, lambda n, _: child.send_signal(n))
+def orphaned():
+    sys.stdin.buffer.read()  # end of file: the process that started us is gone
+    child.terminate()
+threading.Thread(target=orphaned, daemon=True).start()
+sys.exit(child.wait())
+"""
 
 
 class ServerStartError(Exception):
@@ -76,6 +107,10 @@ class RunningServer:
     process: trio.Process
     log_path: Path
 
+    def kill(self) -> None:
+        """SIGKILL llama-server and its watchdog at once (for tests of a crashing server)."""
+        _signal_group(self.process, signal.SIGKILL)
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -96,7 +131,7 @@ async def managed_server(spec: LaunchSpec, log_path: Path) -> AsyncIterator[Runn
     """Start llama-server, wait until `/health` says ok, and stop it on the way out."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = spec.port or free_port(spec.host)
-        server = await _start(spec, port, log_path)
+        server = await start_server(spec, port, log_path)
         try:
             await _wait_healthy(server, spec.ready_timeout)
         except ServerStartError:
@@ -111,13 +146,18 @@ async def managed_server(spec: LaunchSpec, log_path: Path) -> AsyncIterator[Runn
         await stop(server.process)
 
 
-async def _start(spec: LaunchSpec, port: int, log_path: Path) -> RunningServer:
+async def start_server(spec: LaunchSpec, port: int, log_path: Path) -> RunningServer:
+    """Start llama-server under its watchdog; `stop` ends both."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if spec.slot_save_path is not None:
         spec.slot_save_path.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = await trio.lowlevel.open_process(
-            spec.command(port), stdin=None, stdout=log, stderr=log
+            [sys.executable, "-c", _WATCHDOG, *spec.command(port)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
     return RunningServer(f"http://{spec.host}:{port}", port, process, log_path)
 
@@ -140,12 +180,18 @@ async def _wait_healthy(server: RunningServer, timeout: float) -> None:
 
 
 async def stop(process: trio.Process) -> None:
-    """SIGTERM, then SIGKILL after a grace period; always reaps the child."""
+    """SIGTERM to the group, SIGKILL to whatever is left after a grace period; reaps the
+    watchdog and closes its pipe."""
     with trio.CancelScope(shield=True):
-        if process.poll() is None:
-            process.terminate()
-            with trio.move_on_after(STOP_GRACE):
-                await process.wait()
-        if process.poll() is None:
-            process.kill()
+        _signal_group(process, signal.SIGTERM)
+        with trio.move_on_after(STOP_GRACE):
             await process.wait()
+        _signal_group(process, signal.SIGKILL)
+        await process.wait()
+        if process.stdin is not None:
+            await process.stdin.aclose()
+
+
+def _signal_group(process: trio.Process, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, number)
