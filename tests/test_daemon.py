@@ -377,8 +377,14 @@ async def test_a_killed_loopd_leaves_no_llama_server_behind(tmp_path: Path) -> N
     d = Daemon(tmp_path / "loopd", "", "")
     d.config.write_text(d.config.read_text().replace('url = ""\n', ""))
     await d.start()
-    assert processes_mentioning(str(d.home))  # its llama-server runs
-    await d.kill()  # SIGKILL: loopd cannot clean up after itself
-    with trio.fail_after(20):
-        while processes_mentioning(str(d.home)):  # noqa: ASYNC110 - other processes
-            await trio.sleep(0.1)
+    try:
+        # The socket answers before llama-server is up; wait for it to run.
+        with trio.fail_after(60):
+            while not processes_mentioning(str(d.home)):  # noqa: ASYNC110 - other processes
+                await trio.sleep(0.1)
+        await d.kill()  # SIGKILL: loopd cannot clean up after itself
+        with trio.fail_after(20):
+            while processes_mentioning(str(d.home)):  # noqa: ASYNC110 - other processes
+                await trio.sleep(0.1)
+    finally:
+        await d.kill()
