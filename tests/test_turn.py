@@ -67,6 +67,8 @@ def call(tool: str, title: str = "groceries", call_id: str = "c1") -> tuple[str,
 
 
 Turn = Callable[..., Awaitable[TurnOutcome]]
+# The records of a turn with one tool call before its answer.
+ONE_TOOL_ROUND = ["user", "assistant", "usage", "tool_result", "assistant", "usage", "turn_end"]
 
 
 class Harness:
@@ -128,15 +130,7 @@ async def test_find_tool_then_an_answer(harness: Any) -> None:
         Reply(content="Use read_note."),
     )
     outcome = await h.turn()
-    assert h.kinds() == [
-        "user",
-        "assistant",
-        "usage",
-        "tool_result",
-        "assistant",
-        "usage",
-        "turn_end",
-    ]
+    assert h.kinds() == ONE_TOOL_ROUND
     assert h.results()[0].startswith("Tools for 'read a note', best first:\n1. read_note")
     assert outcome.content == "Use read_note."
     assert not any(isinstance(e, ToolCallDelta) for e in h.events)  # deltas are dropped
@@ -149,22 +143,14 @@ async def test_the_real_find_tool_recording_with_its_broken_arguments(harness: A
     h = await harness("find_tool", "plain")
     await h.turn()
     kinds = [k for k in h.kinds() if k != "cache_loss"]  # recordings of separate conversations
-    assert kinds == ["user", "assistant", "usage", "tool_result", "assistant", "usage", "turn_end"]
+    assert kinds == ONE_TOOL_ROUND
     assert "are not valid JSON" in h.results()[0]
 
 
 async def test_call_tool_then_an_answer(harness: Any) -> None:
     h = await harness(Reply(tool_calls=(call("read_note"),)), Reply(content="Eggs and milk."))
     await h.turn()
-    assert h.kinds() == [
-        "user",
-        "assistant",
-        "usage",
-        "tool_result",
-        "assistant",
-        "usage",
-        "turn_end",
-    ]
+    assert h.kinds() == ONE_TOOL_ROUND
     result = h.session.records[3]
     assert isinstance(result, ToolResultRecord)
     assert (result.call, result.tool_call_id, result.name) == (1, "c1", "call_tool")

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import TurnView
+from bxctl.view import TurnView, session_line
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
@@ -142,9 +142,7 @@ def _sessions(answer: object) -> Text:
         return Text("")
     return Text(
         "\n".join(
-            f"{'*' if s.id == answer.current else ' '} {s.id}  {s.turns:4d} turns  "
-            f"last {s.last_activity[:16]}"
-            for s in answer.sessions
+            session_line(s.id, s.turns, s.last_activity, answer.current) for s in answer.sessions
         )
     )
 

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from bxctl.chat import interactive
 from bxctl.connection import Connection, Unreachable
+from bxctl.view import session_line
 from loopd import __version__
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
@@ -211,8 +212,7 @@ async def _sessions(path: Path, store: Store) -> int:
         listed = [(s.id, s.turns, s.last_activity) for s in answer.sessions]
         current = answer.current
     for session_id, turns, last in listed:
-        mark = "*" if session_id == current else " "
-        print(f"{mark} {session_id}  {turns:4d} turns  last {last[:16].replace('T', ' ')}")
+        print(session_line(session_id, turns, last, current))
     if not listed:
         print(f"no sessions in {store.directory}")
     return EXIT_OK

@@ -22,7 +22,7 @@ from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, Thinking
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
 from loopd.transcript import flags
 
-__all__ = ["HINTS", "TurnView", "usage_line"]
+__all__ = ["HINTS", "TurnView", "session_line", "usage_line"]
 
 HINTS = {
     "turn_limit": "The turn stopped at a limit. Send another message to go on.",
@@ -202,3 +202,9 @@ def usage_line(usage: Usage) -> Text:
     if usage.thinking_capped:
         text += "; thinking capped"
     return Text(text, style="dim")
+
+
+def session_line(session_id: str, turns: int, last_activity: str, current: str | None) -> str:
+    """One session in a list; the one loopd serves is starred."""
+    mark = "*" if session_id == current else " "
+    return f"{mark} {session_id}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
