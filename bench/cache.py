@@ -3,8 +3,9 @@
 One real llama-server (the bundled one, one slot) holds the scripted conversation of
 conversation.py twice: through loopd (restarted after turn 4), then, on a fresh server, through
 pydantic-ai (its history saved and loaded after turn 4). For every request, the minimum is the
-tokens new since the previous request's prompt, from the server's own /apply-template and
-/tokenize; processed is the server's `prompt_n`. The limit of processed / minimum is 1.0.
+tokens of its prompt that the slot did not hold (the previous prompt and the tokens generated
+then, less the last), from the server's own figures; processed is the server's `prompt_n`. The
+limit of processed / minimum is 1.0.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 from conversation import MAX_TOKENS, RESTART_AFTER, SYSTEM, TURNS
 
 from loopd.baseline import messages
+from loopd.infer import Timings, slot_tokens
 from loopd.records import AssistantRecord, UsageRecord
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.store import Store
@@ -32,10 +33,10 @@ PEER = "pydantic-ai-slim[openai]==2.68.0"
 
 
 async def _loopd_run(url: str, home: Path) -> list[dict[str, Any]]:
-    d = Daemon(home, url)
+    d = Daemon(home, url, history="exact", session=f'system_prompt = "{SYSTEM}"\n')
     d.config.write_text(
         d.config.read_text() + f"[loop]\nmax_tokens = {MAX_TOKENS}\n"
-        f'[session]\nsystem_prompt = "{SYSTEM}"\n[server.sampling]\ntemperature = 0\n'
+        "[server.sampling]\ntemperature = 0\n"
     )
     await d.start()
     try:
@@ -78,28 +79,16 @@ def _peer_run(url: str, out: Path) -> list[dict[str, Any]]:
     return exchanges
 
 
-async def _minima(url: str, exchanges: list[dict[str, Any]]) -> list[int]:
-    """Tokens new in each request since the previous one's prompt, by the server's tokenizer."""
+def _minima(exchanges: list[dict[str, Any]]) -> list[int]:
+    """Tokens of each request that the slot did not already hold: its whole prompt less the
+    previous prompt and the tokens generated then (less the last, never evaluated)."""
     minima, previous = [], None
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        for exchange in exchanges:
-            body = {k: v for k, v in exchange["body"].items() if k in ("messages", "tools")}
-            prompt = (await http.post("/apply-template", json=body)).json()["prompt"]
-            tokens = (
-                await http.post(
-                    "/tokenize",
-                    json={"content": prompt, "add_special": True, "parse_special": True},
-                )
-            ).json()["tokens"]
-            shared = 0
-            if previous is not None:
-                while (
-                    shared < min(len(previous), len(tokens)) and previous[shared] == tokens[shared]
-                ):
-                    shared += 1
-            # The server always evaluates at least one token again.
-            minima.append(max(1, len(tokens) - shared))
-            previous = tokens
+    for exchange in exchanges:
+        t = Timings.model_validate(exchange["timings"])
+        total = t.cache_n + t.prompt_n
+        # The server always evaluates at least one token again.
+        minima.append(max(1, total - (slot_tokens(previous) if previous else 0)))
+        previous = t
     return minima
 
 
@@ -123,13 +112,11 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         async with managed_server(spec, Path(tmp) / "llama-1.log") as server:
             loopd = await _loopd_run(server.url, Path(tmp) / "loopd")
-            loopd_minima = await _minima(server.url, loopd)
         async with managed_server(spec, Path(tmp) / "llama-2.log") as server:
             peer = await trio.to_thread.run_sync(_peer_run, server.url, Path(tmp) / "peer.json")
-            peer_minima = await _minima(server.url, peer)
     result = {}
-    for name, exchanges, minima in (("loopd", loopd, loopd_minima), ("peer", peer, peer_minima)):
-        rows = _rows(exchanges, minima)
+    for name, exchanges in (("loopd", loopd), ("peer", peer)):
+        rows = _rows(exchanges, _minima(exchanges))
         processed, minimum = sum(r["processed"] for r in rows), sum(r["minimum"] for r in rows)
         result[name] = {
             "requests": rows,

@@ -70,7 +70,7 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
     spec = LaunchSpec(binary=binary, model=model, n_ctx=4096, threads=2)
     with tempfile.TemporaryDirectory() as tmp:
         async with managed_server(spec, Path(tmp) / "llama.log") as server:
-            d = Daemon(Path(tmp) / "loopd", server.url)
+            d = Daemon(Path(tmp) / "loopd", server.url, history="exact")
             d.config.write_text(
                 d.config.read_text() + f"[loop]\nmax_tokens = {MAX_TOKENS}\n"
                 "[server.sampling]\ntemperature = 0\nignore_eos = true\n"

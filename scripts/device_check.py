@@ -4,7 +4,8 @@ Part 1: a four-turn conversation through `loopd serve` and `bxctl chat -m`, with
 stopped and started again between the second and the third turn. Against
 $LOOPD_SERVER_URL when set (a GPU llama-server), else loopd's embedded default (the bundled
 llama-server and model on the CPU). Fails on any `cache_loss` record, or any request whose
-`cache_n` is below the whole previous prompt.
+`cache_n` is below what the slot held: the whole previous prompt and the tokens generated,
+less the last.
 
 Part 2 (embedded default only): llama-server itself is killed between two turns; loopd starts
 it again, and the lost cache must be detected and recorded, not hidden.
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import assets  # beside this script, so on sys.path when it runs
 
+from loopd.infer import slot_tokens
 from loopd.records import CacheLossRecord, ToolResultRecord, UsageRecord, UserRecord
 from loopd.store import Store
 
@@ -128,7 +130,7 @@ def table(records: list[object]) -> tuple[int, int]:
             losses += 1
         elif isinstance(record, UsageRecord) and record.timings:
             t = record.timings
-            expected = previous.cache_n + previous.prompt_n if previous else 0
+            expected = slot_tokens(previous) if previous else 0
             outcome = "hit" if t.cache_n >= expected else f"LOSS ({expected - t.cache_n} lost)"
             below += t.cache_n < expected
             rate = t.predicted_n / t.predicted_ms * 1000 if t.predicted_ms else 0

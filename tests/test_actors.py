@@ -36,8 +36,14 @@ async def session(tmp_path: Path) -> AsyncIterator[Session]:
 
 
 def config(tmp_path: Path, **loop: Any) -> Config:
+    """The scripted server answers the chat endpoint only: history goes as messages."""
     return Config.model_validate(
-        {"loop": loop, "tools": {"roots": [str(tmp_path)]}, "channel": {"queue_limit": 2}}
+        {
+            "loop": loop,
+            "tools": {"roots": [str(tmp_path)]},
+            "channel": {"queue_limit": 2},
+            "session": {"history": "template"},
+        }
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 import trio
 from rich.console import Console
 
+from bxctl.chat import _think
 from bxctl.view import TurnView
 from conftest import StartDaemon
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult
@@ -289,3 +290,12 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
         await tmux.run("kill-session", "-t", tmux.name)
+
+
+def test_think_sets_thinking_for_the_turns_that_follow() -> None:
+    console = Console(record=True, width=100)
+    assert _think("/think off", console, None) is False
+    assert _think("/think  on", console, False) is True
+    assert _think("/think", console, True) is None
+    assert _think("/think maybe", console, False) is False  # unchanged, and said why
+    assert "/think on, /think off" in console.export_text()

@@ -14,7 +14,7 @@ import trio
 
 from conftest import StartDaemon, StartLlama
 from loopd.baseline import make_baseline
-from loopd.infer import ToolCall
+from loopd.infer import ToolCall, slot_tokens
 from loopd.records import (
     AssistantRecord,
     TurnEndRecord,
@@ -255,7 +255,7 @@ async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
     llama: StartLlama, tmp_path: Path
 ) -> None:
     server = await llama()
-    d = Daemon(tmp_path / "loopd", server.url, "")
+    d = Daemon(tmp_path / "loopd", server.url, history="exact")
     (d.home / "loopd.toml").write_text(
         d.config.read_text() + "[loop]\nmax_tokens = 64\n[server.sampling]\ntemperature = 0\n"
     )
@@ -285,7 +285,7 @@ async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
 @pytest.mark.llama
 async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path) -> None:
     """No [server] url: loopd starts the bundled server, and starts it again when it dies."""
-    d = Daemon(tmp_path / "loopd", "", "")
+    d = Daemon(tmp_path / "loopd", "", history="exact")
     text = d.config.read_text().replace('url = ""\n', "")
     d.config.write_text(text + "[loop]\nmax_tokens = 16\n")
     await d.start()
@@ -334,7 +334,7 @@ async def test_replay_fails_on_a_log_that_is_not_a_valid_conversation(tmp_path: 
 @pytest.mark.llama
 async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Path) -> None:
     """The embedded llama-server stops with loopd; the slot is saved and restored around it."""
-    d = Daemon(tmp_path / "loopd", "", "")
+    d = Daemon(tmp_path / "loopd", "", history="exact")
     text = d.config.read_text().replace('url = ""\n', "")
     d.config.write_text(text + "[loop]\nmax_tokens = 16\n[server.sampling]\ntemperature = 0\n")
     await d.start()
@@ -354,7 +354,7 @@ async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Pa
     _, records, _ = store.read(store.latest() or "")
     usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
     assert len(usages) == 2
-    assert usages[1].cache_n >= usages[0].cache_n + usages[0].prompt_n
+    assert usages[1].cache_n == slot_tokens(usages[0])
     assert "cache_loss" not in [r.kind for r in records]
 
 
@@ -374,7 +374,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 @pytest.mark.llama
 async def test_a_killed_loopd_leaves_no_llama_server_behind(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "loopd", "", "")
+    d = Daemon(tmp_path / "loopd", "", history="exact")
     d.config.write_text(d.config.read_text().replace('url = ""\n', ""))
     await d.start()
     try:

@@ -30,6 +30,7 @@ from loopd.infer import (
     Waiting,
     cache_outcome,
     is_context_full,
+    slot_tokens,
 )
 from loopd.server_proc import free_port
 
@@ -181,7 +182,7 @@ async def test_a_template_that_drops_reasoning_shows_a_cache_loss(llama: StartLl
     assert second.timings is not None
     outcome = cache_outcome(first.timings, second.timings)
     assert isinstance(outcome, Loss)
-    assert outcome.expected == first.timings.cache_n + first.timings.prompt_n
+    assert outcome.expected == slot_tokens(first.timings)
 
 
 async def test_a_template_that_keeps_everything_shows_no_loss(llama: StartLlama) -> None:

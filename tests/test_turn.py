@@ -76,14 +76,16 @@ class Harness:
         self.session, self.server, self.client = session, server, client
         self.events: list[TurnEvent] = []
 
-    async def turn(self, content: str = "hello", **loop: Any) -> TurnOutcome:
+    async def turn(
+        self, content: str = "hello", *, think: bool | None = None, **loop: Any
+    ) -> TurnOutcome:
         rt = Runtime(
             loop=LoopConfig(**{"tool_result_cap": 1000, **loop}),
             inference=self.client,
             port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.3),
             registry=registry(),
         )
-        return await run_turn(self.session, rt, content, self.events.append)
+        return await run_turn(self.session, rt, content, self.events.append, thinking=think)
 
     def kinds(self) -> list[str]:
         return [r.kind for r in self.session.records]
@@ -181,6 +183,17 @@ async def test_an_untrusted_result_is_wrapped_and_marked(harness: Any) -> None:
     assert isinstance(result, ToolResultRecord)
     assert result.content == "<untrusted-data>\nnote groceries: eggs, milk\n</untrusted-data>"
     assert (result.untrusted, result.data_class) == (True, "private")
+
+
+async def test_thinking_by_config_and_for_one_turn(harness: Any) -> None:
+    h = await harness(Reply(content="a"), Reply(content="b"), Reply(content="c"))
+    await h.turn()
+    await h.turn(think=False)
+    await h.turn(thinking=False, think=True)
+    bodies = [r["body"] for r in h.server.requests]
+    asked = [b["chat_template_kwargs"]["enable_thinking"] for b in bodies]
+    assert asked == [True, False, True]
+    assert ["reasoning_budget_tokens" in b for b in bodies] == [True, False, True]
 
 
 async def test_a_failed_request_appends_nothing(harness: Any) -> None:

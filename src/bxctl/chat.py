@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
 
-__all__ = ["interactive", "live_turn"]
+__all__ = ["Settings", "interactive", "live_turn"]
 
 REFRESH = 1 / 12
 RECONNECT_CAP = 5.0
@@ -35,6 +36,8 @@ at the prompt, Ctrl-C or Ctrl-D quits.
   /new        start a fresh session (the old one stays on disk)
   /sessions   list the sessions
   /status     what loopd is doing
+  /think off  let the model answer without reasoning first (/think on: with; /think: as
+              loopd's config says)
   /help       this text
   /quit       leave"""
 
@@ -70,6 +73,7 @@ async def interactive(path: Path, console: Console, show_reasoning: bool) -> Non
     await _recent(connection, console)
     prompt = _prompt_session()
     turns = itertools.count(1)
+    settings = Settings(show_reasoning)
     while True:
         try:
             text = await trio.to_thread.run_sync(partial(prompt.prompt, "> "))
@@ -78,11 +82,14 @@ async def interactive(path: Path, console: Console, show_reasoning: bool) -> Non
         if not text.strip():
             continue
         try:
-            if text.startswith("/"):
+            if text.startswith("/think"):
+                settings.thinking = _think(text, console, settings.thinking)
+            elif text.startswith("/"):
                 if not await _command(text.strip(), connection, console):
                     break
             else:
-                await live_turn(connection, f"t{next(turns)}", text, console, show_reasoning)
+                turn = f"t{next(turns)}"
+                await live_turn(connection, turn, text, console, settings)
         except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
             connection = await _reconnect(path, console)
             console.print("(that message got no answer; send it again)", style="yellow")
@@ -132,6 +139,18 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
     return True
 
 
+def _think(text: str, console: Console, current: bool | None) -> bool | None:
+    """`/think on|off`: for the turns that follow; `/think` alone: as the daemon's config."""
+    choice = {"/think": None, "/think on": True, "/think off": False}
+    words = " ".join(text.split())
+    if words not in choice:
+        console.print("/think on, /think off, or /think alone (as loopd's config)", style="red")
+        return current
+    said = {None: "as loopd's config says", True: "on", False: "off"}
+    console.print(f"thinking: {said[choice[words]]}", style="dim")
+    return choice[words]
+
+
 def _new(answer: object) -> Text:
     session = answer.session if isinstance(answer, Welcome) else "?"
     return Text(f"new session {session}", style="green")
@@ -163,12 +182,25 @@ _COMMANDS = {
 }
 
 
+@dataclass
+class Settings:
+    """What the chat's commands and flags set for the turns that follow."""
+
+    show_reasoning: bool = True
+    thinking: bool | None = None
+    """None: as loopd's `[loop] thinking`."""
+
+
 async def live_turn(
-    connection: Connection, turn: str, text: str, console: Console, show_reasoning: bool
+    connection: Connection, turn: str, text: str, console: Console, settings: Settings
 ) -> None:
     """Send one message and show its turn live; print it whole when it ends."""
-    view = TurnView(show_reasoning=show_reasoning)
-    await connection.send({"type": "send", "id": turn, "content": text})
+    view = TurnView(show_reasoning=settings.show_reasoning)
+    thinking = settings.thinking
+    send: dict[str, object] = {"type": "send", "id": turn, "content": text}
+    if thinking is not None:
+        send["thinking"] = thinking
+    await connection.send(send)
     with Live(console=console, auto_refresh=False, transient=True) as live:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_refresh, live, view, console)

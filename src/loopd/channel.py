@@ -285,7 +285,7 @@ class _Connection:
         if key == actor.running or key in actor.queued:
             return proto.Error(code="duplicate_id", message="that id is in use", id=message.id)
         try:
-            position = actor.submit(key, message.content)
+            position = actor.submit(key, message.content, message.thinking)
         except Busy as e:
             return proto.Error(code="busy", message=str(e), id=message.id)
         self.say(proto.Accepted(id=message.id, position=position))

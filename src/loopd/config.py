@@ -116,6 +116,12 @@ class SlotsConfig(_Table):
 class SessionConfig(_Table):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """Written into each new session's baseline; existing sessions keep theirs."""
+    history: Literal["exact", "template"] = "exact"
+    """`exact`: each request is the previous one token for token, plus what is new, so the
+    server recomputes nothing it holds (docs/cache.md). `template`: history goes as messages
+    and the server's template renders it anew each time, dropping what the template drops
+    (past reasoning, for many); the losses are recorded. A template loopd cannot read for an
+    exact prompt (its tool calls not `name` + JSON arguments) is served as `template`."""
 
 
 class LoopConfig(_Table):
@@ -123,6 +129,9 @@ class LoopConfig(_Table):
     """Rounds of tool calls in one turn before it stops with `turn_limit`."""
     repeat_detection: bool = True
     """Refuse a call repeated with the same arguments in a turn; stop at the second repeat."""
+    thinking: bool = True
+    """Let the model reason before it answers, where its template can turn that on or off
+    (`enable_thinking`); a client can turn it off for one turn."""
     thinking_cap: PositiveInt = 4096
     """Reasoning tokens allowed per request."""
     max_tokens: PositiveInt = 8192

@@ -70,6 +70,8 @@ class Send(_Message):
     id: str = Field(min_length=1, max_length=200)
     """Chosen by the client; every line about this turn carries it."""
     content: str
+    thinking: bool | None = None
+    """Let the model reason in this turn; absent: the daemon's `[loop] thinking`."""
 
 
 class Cancel(_Message):

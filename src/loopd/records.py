@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
-from loopd.infer import Timings, ToolCall
+from loopd.infer import Completion, PromptPiece, Timings, ToolCall
 
 __all__ = [
     "FORMAT",
@@ -27,6 +27,7 @@ __all__ = [
     "Baseline",
     "CacheLossRecord",
     "DataClass",
+    "PromptRecord",
     "Record",
     "SessionHeader",
     "ToolResultRecord",
@@ -39,8 +40,9 @@ __all__ = [
     "now",
 ]
 
-FORMAT = 1
-"""The log format this loopd writes and the newest it reads."""
+FORMAT = 2
+"""The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
+tokens of an answer."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -93,6 +95,35 @@ class AssistantRecord(_Record):
     reasoning_content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     """Ids, names and the `arguments` strings as the model sent them."""
+    tokens: tuple[PromptPiece, ...] | None = None
+    """The tokens the model generated (token-exact history); what the next prompt holds."""
+    ended: bool = False
+    """The last token ended the message (it was not cut by a limit)."""
+
+    @classmethod
+    def of(cls, c: Completion) -> AssistantRecord:
+        return cls(
+            content=c.content,
+            reasoning_content=c.reasoning_content,
+            tool_calls=c.tool_calls,
+            tokens=c.tokens,
+            ended=c.ended,
+        )
+
+
+class PromptRecord(_Record):
+    """Text a token-exact request added to the prompt: the rendering of the messages since the
+    last answer and the generation prompt. Written with the answer, never for a failed request.
+    Produces no message: `loopd.exact` builds each prompt from these and the answers' tokens."""
+
+    kind: Literal["prompt"] = "prompt"
+    text: str
+    full: bool = False
+    """The whole history rendered anew: the prompt starts here (a session's first request, or
+    the first after history was sent any other way)."""
+    trim: int = 0
+    """Trailing tokens of the previous answer left out: an end token the template writes
+    differently (harmony's `<|return|>`), never in the slot anyway."""
 
 
 class UsageRecord(_Record):
@@ -141,7 +172,8 @@ Record = Annotated[
     | UsageRecord
     | CacheLossRecord
     | ToolResultRecord
-    | TurnEndRecord,
+    | TurnEndRecord
+    | PromptRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

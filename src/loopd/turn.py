@@ -13,20 +13,22 @@ gives the reason. Each record is on disk before the event that reports it is sen
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import trio
 
-from loopd.baseline import messages, untrusted_envelope
+from loopd.baseline import untrusted_envelope
 from loopd.closing import close_turn
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
+from loopd.exact import ExactHistory, RequestOptions, next_request
 from loopd.infer import (
+    AnyRequest,
     ChatEvent,
-    ChatRequest,
     Completion,
     EventSink,
     InferError,
@@ -40,6 +42,7 @@ from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
     DataClass,
+    Record,
     ToolResultRecord,
     TurnEndReason,
     UsageRecord,
@@ -61,6 +64,8 @@ __all__ = [
     "cap_result",
     "run_turn",
 ]
+
+log = logging.getLogger(__name__)
 
 REPEAT_TEXT = (
     "Not run: this call was already made with these arguments in this turn; its result is above."
@@ -91,7 +96,7 @@ class InferFailed(TurnError):
 class Inference(Protocol):
     """What a turn needs of the model: one completion, retried where that is safe."""
 
-    async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion: ...
+    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion: ...
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,12 @@ class Runtime:
     find_limit: int = 5
     sampling: dict[str, Any] = field(default_factory=dict)
     """Extra request fields such as `temperature` (`[server] sampling`)."""
+    exact: ExactHistory | None = None
+    """Token-exact prompts (`[session] history = "exact"`); None sends history as messages."""
+    prefill: Callable[[list[Record]], tuple[str, str]] | None = None
+    """For tests on a real server: the text an answer starts with and a GBNF grammar for the
+    rest, given the log so far (so a model too small to call tools on its own is made to, and
+    the tool path runs for real)."""
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,21 @@ class TurnOutcome:
 OnEvent = Callable[[TurnEvent], None]
 
 
-async def run_turn(session: Session, rt: Runtime, content: str, on_event: OnEvent) -> TurnOutcome:
+async def run_turn(
+    session: Session,
+    rt: Runtime,
+    content: str,
+    on_event: OnEvent,
+    *,
+    thinking: bool | None = None,
+) -> TurnOutcome:
+    """One turn; `thinking` overrides `[loop] thinking` for this turn only."""
     await session.append(UserRecord(content=content))
     reason: TurnEndReason = "error"
     try:
         with trio.move_on_after(rt.loop.turn_timeout):
-            outcome = await _Turn(session, rt, on_event).run()
+            think = rt.loop.thinking if thinking is None else thinking
+            outcome = await _Turn(session, rt, on_event, think).run()
             reason = "answer"
             return outcome
         reason = "turn_limit"
@@ -148,8 +168,9 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
 
 
 class _Turn:
-    def __init__(self, session: Session, rt: Runtime, on_event: OnEvent) -> None:
+    def __init__(self, session: Session, rt: Runtime, on_event: OnEvent, thinking: bool) -> None:
         self.session, self.rt, self.on_event = session, rt, on_event
+        self.thinking = thinking
         self.seen: Counter[tuple[str, str]] = Counter()
 
     async def run(self) -> TurnOutcome:
@@ -170,27 +191,27 @@ class _Turn:
     async def _request(self) -> tuple[Completion, UsageRecord]:
         session, rt = self.session, self.rt
         previous = session.last_usage()
-        request = ChatRequest(
-            messages(session.baseline, session.records),
-            tools=list(session.baseline.tools),
+        options = RequestOptions(
             slot=rt.slot,
-            thinking=True,
+            thinking=self.thinking,
             thinking_cap=rt.loop.thinking_cap,
             max_tokens=rt.loop.max_tokens,
             sampling=rt.sampling,
         )
+        if rt.prefill:
+            prefill, grammar = rt.prefill(list(session.records))
+            options = replace(options, prefill=prefill, grammar=grammar)
         try:
+            request, prompt = await next_request(rt.exact, session, options)
             completion = await rt.inference.chat_with_retry(request, self._pass_on)
         except InferError as e:
             if is_context_full(e):
                 raise SessionFull(str(e)) from e
             raise InferFailed(e) from e
         c = completion
-        await session.append(
-            AssistantRecord(
-                content=c.content, tool_calls=c.tool_calls, reasoning_content=c.reasoning_content
-            )
-        )
+        if prompt is not None:
+            await session.append(prompt)
+        await session.append(AssistantRecord.of(c))
         usage = UsageRecord(
             timings=c.timings,
             reasoning_tokens=c.reasoning_tokens,

@@ -20,6 +20,10 @@ class Daemon:
     server_url: str
     channel: str = ""
     """More lines of the [channel] table."""
+    history: str = "template"
+    """`[session] history`: recordings and scripted servers answer the chat endpoint only."""
+    session: str = ""
+    """More lines of the [session] table."""
     process: trio.Process | None = None
     log: Path = field(init=False)
     clients: list[LineClient] = field(default_factory=list)
@@ -30,6 +34,7 @@ class Daemon:
         (self.home / "loopd.toml").write_text(
             f'[server]\nurl = "{self.server_url}"\n[server.retry]\nattempts = 2\nbase = 0.05\n'
             f'[store]\ndirectory = "{self.home / "sessions"}"\n'
+            f'[session]\nhistory = "{self.history}"\n{self.session}'
             f'[channel]\nsocket = "{self.socket}"\n{self.channel}'
         )
 

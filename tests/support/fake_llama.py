@@ -1,11 +1,11 @@
 """A scripted llama-server: replies written in the test, streamed in the real chunk format.
 
 Each `Reply` becomes a response when its request arrives. The cache figures are computed the
-way llama-server's slot behaves: the prompt is the messages rendered one after the other, and
-the tokens found in the cache are the common prefix with the slot's previous prompt (bytes
-stand in for tokens). So a request that does not extend the previous one shows a real cache
-loss, and one that does shows none. The chunk layout copies recordings/plain.json; nothing
-here pretends to be a recording.
+way llama-server's slot behaves: the prompt is the messages rendered one after the other, the
+slot then holds it and the answer as generated, and the tokens found in the cache are the
+common prefix of the new prompt with the slot (bytes stand in for tokens). So a request that
+does not extend the previous one shows a real cache loss, and one that does shows none. The
+chunk layout copies recordings/plain.json; nothing here pretends to be a recording.
 """
 
 from __future__ import annotations
@@ -49,6 +49,18 @@ class Reply:
     """Seconds between streamed pieces."""
     kind: str = "answer"
     """`answer`, `context_full`, `server_error` (500), `stream_error` or `stall`."""
+
+    def as_message(self) -> dict[str, Any]:
+        """The answer as loopd sends it back (`loopd.baseline.messages`)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                for i, n, a in self.tool_calls
+            ]
+        return message
 
     def pieces(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -123,15 +135,18 @@ class FakeLlama:
             body += 'data: {"error":{"code":500,"message":"scripted","type":"server_error"}}\n\n'
             return Exchange({}, 200, SSE, body, {})
         finish = "tool_calls" if reply.tool_calls else "stop"
+        # The slot keeps what the model generated: the answer as it will come back, and an end
+        # token (sampled, never evaluated), so a faithful next request finds all of it cached.
+        generated = render([reply.as_message()])
         timings = {
             "cache_n": cached,
             "prompt_n": len(prompt) - cached,
             "prompt_ms": 1.0,
-            "predicted_n": len(pieces),
+            "predicted_n": len(generated) + 1,
             "predicted_ms": 1.0,
         }
         body += _chunk({}, finish)
         body += _chunk(None, usage={"completion_tokens": len(pieces)}, timings=timings)
         body += "data: [DONE]\n\n"
-        self.slot = prompt
+        self.slot = prompt + generated
         return Exchange({}, 200, SSE, body, {"event_delay": reply.delay})

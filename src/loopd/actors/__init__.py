@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import trio
 
 from loopd.config import Config
+from loopd.exact import ExactHistory
 from loopd.infer import Client
 from loopd.store import Session
 from loopd.tools import LocalToolPort, open_tool_port
@@ -57,6 +58,7 @@ async def open_core(config: Config, session: Session, client: Client) -> AsyncIt
             slot=config.slots.main,
             find_limit=config.tools.find_limit,
             sampling=dict(config.server.sampling),
+            exact=ExactHistory(client) if config.session.history == "exact" else None,
         )
         actor = SessionActor(session, runtime, config.channel.queue_limit)
         await nursery.start(actor.run)

@@ -71,6 +71,7 @@ class Busy(Exception):
 class _Message:
     turn: str
     content: str
+    thinking: bool | None = None
 
 
 class SessionActor:
@@ -91,14 +92,14 @@ class SessionActor:
     def queued(self) -> list[str]:
         return [m.turn for m in self._queue]
 
-    def submit(self, turn: str, content: str) -> int:
+    def submit(self, turn: str, content: str, thinking: bool | None = None) -> int:
         """Queue a user message; its position (0: runs next). Raises `Busy` when full."""
         # The head of the queue runs as soon as the actor takes it: it is not waiting.
         waiting = len(self._queue) if self._running else max(0, len(self._queue) - 1)
         if waiting >= self.queue_limit:
             raise Busy(f"{waiting} messages are already waiting for the running turn")
         position = len(self._queue) + (self._running is not None)
-        self._queue.append(_Message(turn, content))
+        self._queue.append(_Message(turn, content, thinking))
         self._wake.set()
         return position
 
@@ -156,7 +157,9 @@ class SessionActor:
             self._running = (message.turn, scope)
             try:
                 session = self.session
-                outcome = await run_turn(session, self.runtime, message.content, on_event)
+                outcome = await run_turn(
+                    session, self.runtime, message.content, on_event, thinking=message.thinking
+                )
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
                 kind = "infer" if isinstance(e, InferFailed) else e.reason

@@ -1,8 +1,8 @@
 """The llama-server client: streamed chat completions pinned to a slot, with typed events."""
 
 from ._assemble import THINKING_CAP_GRACE
-from ._cache import CacheOutcome, Hit, Loss, cache_outcome
-from ._client import Client, EventSink, RetryPolicy, Timeouts
+from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
+from ._client import AnyRequest, Client, EventSink, RetryPolicy, Timeouts
 from ._errors import (
     ConnectError,
     HttpError,
@@ -14,6 +14,7 @@ from ._errors import (
     is_context_full,
     is_retryable,
 )
+from ._format import ChatFormat, FormatError, ToolCallFormat, learn_format
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -21,6 +22,8 @@ from ._types import (
     Completion,
     Content,
     Progress,
+    PromptPiece,
+    PromptRequest,
     Queued,
     Reasoning,
     Retrying,
@@ -34,20 +37,25 @@ from ._types import (
 __all__ = [
     "BUDGET_MESSAGE",
     "THINKING_CAP_GRACE",
+    "AnyRequest",
     "CacheOutcome",
     "ChatEvent",
+    "ChatFormat",
     "ChatRequest",
     "Client",
     "Completion",
     "ConnectError",
     "Content",
     "EventSink",
+    "FormatError",
     "Hit",
     "HttpError",
     "InferError",
     "InferTimeout",
     "Loss",
     "Progress",
+    "PromptPiece",
+    "PromptRequest",
     "Queued",
     "Reasoning",
     "RetryPolicy",
@@ -60,8 +68,11 @@ __all__ = [
     "Timings",
     "ToolCall",
     "ToolCallDelta",
+    "ToolCallFormat",
     "Waiting",
     "cache_outcome",
     "is_context_full",
     "is_retryable",
+    "learn_format",
+    "slot_tokens",
 ]

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import outcome
 import trio
 from httpx_sse import EventSource, SSEError
+
+from loopd.canonical import canonical
 
 from ._assemble import Assembler
 from ._errors import (
@@ -29,11 +31,14 @@ from ._errors import (
     StreamBroken,
     is_retryable,
 )
+from ._parse import OutputParser
+from ._raw import RawAssembler
 from ._types import (
     ChatEvent,
     ChatRequest,
     Completion,
     Content,
+    PromptRequest,
     Queued,
     Reasoning,
     Retrying,
@@ -41,9 +46,10 @@ from ._types import (
     Waiting,
 )
 
-__all__ = ["Client", "EventSink", "RetryPolicy", "Timeouts"]
+__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Timeouts"]
 
 EventSink = Callable[[ChatEvent], None]
+AnyRequest = ChatRequest | PromptRequest
 
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
 ERROR_BODY_LIMIT = 64 * 1024
@@ -117,7 +123,64 @@ class Client:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
             await self._http.aclose()
 
-    async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion:
+    async def apply_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        thinking: bool = True,
+    ) -> str:
+        """The prompt the server's chat template makes of these messages (`/apply-template`)."""
+        body = {
+            "messages": messages,
+            "tools": tools,
+            "add_generation_prompt": add_generation_prompt,
+            "chat_template_kwargs": {"enable_thinking": thinking},
+        }
+        prompt = (await self._post_json("/apply-template", body)).get("prompt")
+        if not isinstance(prompt, str):
+            raise StreamBroken("llama-server's /apply-template answered without a prompt")
+        return prompt
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        text = (await self._post_json("/detokenize", {"tokens": tokens})).get("content")
+        if not isinstance(text, str):
+            raise StreamBroken("llama-server's /detokenize answered without content")
+        return text
+
+    async def chat_template(self) -> str:
+        """The chat template the server uses (`/props`)."""
+        with trio.move_on_after(self.timeouts.read):
+            try:
+                response = await self._http.get("/props")
+            except httpx.TransportError as e:
+                raise ConnectError(f"cannot reach llama-server at {self.base_url}: {e}") from e
+            if response.status_code != 200:
+                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
+            template = response.json().get("chat_template")
+            return template if isinstance(template, str) else ""
+        raise InferTimeout(f"llama-server did not answer /props in {self.timeouts.read} s")
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A small request that does not touch the slot, with the read deadline."""
+        with trio.move_on_after(self.timeouts.read):
+            try:
+                response = await self._http.post(path, content=canonical(body))
+            except httpx.TransportError as e:
+                raise ConnectError(f"cannot reach llama-server at {self.base_url}: {e}") from e
+            if response.status_code != 200:
+                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                raise StreamBroken(f"llama-server's {path} answered {answer!r:.200}")
+            return answer
+        raise InferTimeout(f"llama-server did not answer {path} in {self.timeouts.read} s")
+
+    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`chat`, retried on connect failures and 503 until output has been passed on."""
         passed_on = False
 
@@ -138,11 +201,12 @@ class Client:
                 await trio.sleep(delay)
                 attempt += 1
 
-    async def chat(self, request: ChatRequest, on_event: EventSink) -> Completion:
+    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """Stream one completion, passing each event on; raises an `InferError` on failure."""
+        path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         http_request = self._http.build_request(
             "POST",
-            "/v1/chat/completions",
+            path,
             content=request.body(),
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
@@ -193,10 +257,15 @@ class Client:
         return response
 
     async def _read(
-        self, response: httpx.Response, request: ChatRequest, on_event: EventSink
+        self, response: httpx.Response, request: AnyRequest, on_event: EventSink
     ) -> Completion:
         on_event(Waiting())
+        assembler: Assembler | RawAssembler
         assembler = Assembler(thinking_cap=request.thinking_cap if request.thinking else None)
+        if isinstance(request, PromptRequest):
+            assembler = RawAssembler(OutputParser(request.format), assembler)
+            for event in assembler.prime(request.prefill):
+                on_event(event)
         try:
             async with aclosing(EventSource(response).aiter_sse()) as events:
                 while True:
@@ -205,7 +274,8 @@ class Client:
                     if silent.cancelled_caught:
                         raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
                     if sse is None:
-                        raise StreamBroken("the stream ended without [DONE]")
+                        last = "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
+                        raise StreamBroken(f"the stream ended without {last}")
                     if (done := _take(assembler, sse.data, on_event)) is not None:
                         return done
                     # Many events can sit in one read; let the tasks that relay them to
@@ -217,13 +287,15 @@ class Client:
             raise StreamBroken(f"the stream broke: {e!r}") from e
 
 
-def _take(assembler: Assembler, data: str, on_event: EventSink) -> Completion | None:
+def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -> Completion | None:
     """Pass on what one `data:` line holds; the completion once the stream is done."""
-    if data == "[DONE]":
+    if data == "[DONE]" and isinstance(assembler, Assembler):
         events, done = assembler.finish(), assembler.completion()
     else:
         events, done = assembler.feed(data), None
-        if (last := assembler.past_cap()) is not None:
+        if isinstance(assembler, RawAssembler) and assembler.done:
+            done = assembler.completion()
+        elif (last := assembler.past_cap()) is not None:
             events, done = [*events, *last], assembler.completion(cut_by_client=True)
     for event in events:
         on_event(event)

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator
 
 from loopd.canonical import canonical
 
+from ._format import ChatFormat
+
 __all__ = [
     "BUDGET_MESSAGE",
     "ChatEvent",
@@ -21,6 +23,8 @@ __all__ = [
     "Completion",
     "Content",
     "Progress",
+    "PromptPiece",
+    "PromptRequest",
     "Queued",
     "Reasoning",
     "Retrying",
@@ -75,6 +79,57 @@ class ChatRequest:
         return canonical(payload)
 
 
+PromptPiece = int | str
+"""A token id, or text that llama-server tokenizes (special tokens included)."""
+
+# The fields of the last `/completion` chunk loopd reads: the server would otherwise send the
+# whole prompt back as text at the end of every request.
+_FINAL_FIELDS = ["content", "tokens", "stop", "stop_type", "tokens_predicted", "timings"]
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One streamed `/completion` of a token-exact prompt, pinned to a slot. The output is raw
+    text, told apart into reasoning, content and tool calls by `format`."""
+
+    prompt: list[PromptPiece]
+    format: ChatFormat
+    slot: int = 0
+    thinking: bool = True
+    thinking_cap: int | None = None
+    max_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prefill: str = ""
+    """Text the answer starts with, already at the end of `prompt`: parsed as the model's."""
+    grammar: str = ""
+    """A GBNF grammar the generated text must follow (tests make a small model finish a call)."""
+
+    def body(self) -> bytes:
+        fmt = self.format
+        payload: dict[str, Any] = {
+            **self.sampling,
+            "prompt": self.prompt,
+            "stream": True,
+            "id_slot": self.slot,
+            "cache_prompt": True,
+            "return_progress": True,
+            "return_tokens": True,
+            "response_fields": _FINAL_FIELDS,
+            # Special tokens that are delimiters come back as text, so the parser sees them.
+            "preserved_tokens": fmt.markers(),
+            "n_predict": -1 if self.max_tokens is None else self.max_tokens,
+        }
+        if self.grammar:
+            payload["grammar"] = self.grammar
+        if self.thinking and self.thinking_cap is not None and fmt.think:
+            payload["reasoning_budget_tokens"] = self.thinking_cap
+            payload["reasoning_budget_start_tag"] = fmt.think[0]
+            payload["reasoning_budget_end_tags"] = [fmt.think[1]]
+            payload["reasoning_budget_message"] = BUDGET_MESSAGE
+            payload["generation_prompt"] = fmt.generation_prompt
+        return canonical(payload)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -114,6 +169,11 @@ class Completion(_Model):
     reasoning_tokens: int = 0
     """Reasoning pieces received; llama-server streams one token per piece."""
     thinking_capped: bool = False
+    tokens: tuple[PromptPiece, ...] | None = None
+    """For a token-exact request: the tokens generated, exactly (text stands in for the rare
+    ones the stream does not name: the pieces of a character split over several tokens)."""
+    ended: bool = False
+    """The last token generated ended the message (end of generation, not a limit)."""
 
 
 class Queued(_Model):

@@ -1,0 +1,258 @@
+"""Token-exact prompts: each request is the previous one, token for token, plus what is new.
+
+After a request, llama-server's slot holds its prompt and the tokens the model generated (less
+the last, never evaluated). Sending history as messages makes the server render and tokenize
+it again, and that is not what the slot holds wherever a template drops or rewrites past
+reasoning or tool calls, or an answer's text tokenizes differently from how it was generated.
+So loopd sends `/completion` a prompt of pieces: the text of each `prompt` record, which the
+server tokenizes the same way every time, and the tokens of each answer, as generated.
+
+Only the messages since the last answer are rendered, with the server's own template: a small
+conversation of a marker user message, a stand-in for the last answer (its tool calls, marked
+content) and the new messages; the text after the stand-in is what the template writes
+between that answer and the next one. Its size does not grow with the history, nor does the
+work of building the next prompt.
+
+Everything needed to rebuild a prompt is in the log, so a restarted loopd sends the same
+request, and nothing is rendered twice: a template that writes today's date into the system
+prompt wrote it once, when the session's first request was made.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loopd.baseline import messages
+from loopd.infer import (
+    AnyRequest,
+    ChatFormat,
+    ChatRequest,
+    Client,
+    FormatError,
+    HttpError,
+    PromptPiece,
+    PromptRequest,
+    learn_format,
+)
+from loopd.records import AssistantRecord, Baseline, PromptRecord, Record
+
+if TYPE_CHECKING:
+    from loopd.store import Session
+
+__all__ = ["ExactHistory", "NextPrompt", "RequestOptions", "next_request", "transcript"]
+
+log = logging.getLogger(__name__)
+
+USER = "Uz7User"
+ANSWER = "Az7Answer"
+
+
+@dataclass(frozen=True)
+class NextPrompt:
+    pieces: list[PromptPiece]
+    """The whole prompt for `/completion`."""
+    record: PromptRecord
+    """What this request adds; appended with its answer."""
+    format: ChatFormat
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a request carries besides its prompt."""
+
+    slot: int = 0
+    thinking: bool = True
+    thinking_cap: int | None = None
+    max_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prefill: str = ""
+    """Text the answer starts with (the model continues it)."""
+    grammar: str = ""
+    """GBNF for the rest of the answer; token-exact requests only (the chat endpoint refuses a
+    grammar beside tools)."""
+
+
+async def next_request(
+    exact: ExactHistory | None, session: Session, o: RequestOptions
+) -> tuple[AnyRequest, PromptRecord | None]:
+    """The session's next request: token-exact when it can be, else its history as messages.
+    The `prompt` record, if any, is appended with the answer."""
+    baseline, records = session.baseline, list(session.records)
+    if exact is not None:
+        try:
+            nxt = await exact.next_prompt(baseline, records, thinking=o.thinking)
+        except FormatError:
+            pass  # said once, when the template was read
+        else:
+            record = nxt.record.model_copy(update={"text": nxt.record.text + o.prefill})
+            request = PromptRequest(
+                [*nxt.pieces[:-1], record.text],
+                nxt.format,
+                o.slot,
+                o.thinking,
+                o.thinking_cap,
+                o.max_tokens,
+                o.sampling,
+                o.prefill,
+                o.grammar,
+            )
+            return request, record
+    prefill = [{"role": "assistant", "content": o.prefill}] if o.prefill else []
+    chat = ChatRequest(
+        messages(baseline, records) + prefill,
+        list(baseline.tools),
+        o.slot,
+        o.thinking,
+        o.thinking_cap,
+        o.max_tokens,
+        o.sampling,
+    )
+    return chat, None
+
+
+def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
+    """The prompt up to the last answer, and that answer; None when there is no token-exact
+    prompt to extend (a new session, or history that went as messages since)."""
+    pieces: list[PromptPiece] | None = None
+    answer: AssistantRecord | None = None
+    for record in records:
+        if isinstance(record, PromptRecord):
+            if record.full:
+                pieces, answer = [], None
+            elif pieces is None or answer is None:
+                pieces = None  # a prompt whose answer never came (a crash between the two)
+                continue
+            else:
+                tokens = answer.tokens or ()
+                pieces += tokens[: len(tokens) - record.trim]
+            pieces.append(record.text)
+            answer = None
+        elif isinstance(record, AssistantRecord) and pieces is not None:
+            if record.tokens is None or answer is not None:
+                pieces = None  # history went as messages: render it anew
+            else:
+                answer = record
+    if pieces is None or answer is None:
+        return None
+    return pieces, answer
+
+
+class ExactHistory:
+    """Builds token-exact prompts with the server's own template (one per server)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._formats: dict[tuple[str, bool], ChatFormat | FormatError] = {}
+
+    async def format(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
+        """The template's delimiters; a `FormatError` says why a template cannot be read. The
+        answer, either way, holds for the life of this loopd."""
+        key = (baseline.system, thinking)
+        if key not in self._formats:
+            try:
+                self._formats[key] = await self._learn(baseline, thinking=thinking)
+            except FormatError as e:
+                log.warning(
+                    "history goes as messages: the chat template cannot be made exact: %s", e
+                )
+                self._formats[key] = e
+        known = self._formats[key]
+        if isinstance(known, FormatError):
+            raise known
+        return known
+
+    async def _learn(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
+        async def render(conversation: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+            try:
+                return await self._render(
+                    baseline, conversation, generation_prompt=generation_prompt, thinking=thinking
+                )
+            except HttpError as e:  # this conversation is one the template refuses
+                raise FormatError(str(e)) from e
+
+        try:
+            source = await self.client.chat_template()
+        except HttpError as e:
+            raise FormatError(f"the server does not tell its chat template ({e})") from e
+        return await learn_format(render, baseline.system, source)
+
+    async def next_prompt(
+        self, baseline: Baseline, records: list[Record], *, thinking: bool
+    ) -> NextPrompt:
+        fmt = await self.format(baseline, thinking=thinking)
+        built = transcript(records)
+        if built is None:
+            text = await self._render(
+                baseline, messages(baseline, records), generation_prompt=True, thinking=thinking
+            )
+            return NextPrompt([text], PromptRecord(text=text, full=True), fmt)
+        pieces, answer = built
+        at = max(i for i, r in enumerate(records) if r is answer)
+        stand_in: dict[str, Any] = {"role": "assistant", "content": ANSWER}
+        if answer.tool_calls:
+            stand_in["tool_calls"] = messages(baseline, [answer])[1]["tool_calls"]
+        conversation = [
+            {"role": "system", "content": baseline.system},
+            {"role": "user", "content": USER},
+            stand_in,
+            *messages(baseline, records[at + 1 :])[1:],
+        ]
+        rendered = await self._render(
+            baseline, conversation, generation_prompt=True, thinking=thinking
+        )
+        text = rendered[_end_of_answer(rendered, answer, fmt) :]
+        tokens = list(answer.tokens or ())
+        trim = 0
+        if answer.ended and tokens and isinstance(tokens[-1], int):
+            end = await self.client.detokenize([tokens[-1]])
+            if end and text.startswith(end):
+                text = text[len(end) :]
+            else:  # the template ends an answer its own way; that token is not in the slot
+                trim = 1
+        record = PromptRecord(text=text, trim=trim)
+        return NextPrompt([*pieces, *tokens[: len(tokens) - trim], text], record, fmt)
+
+    async def _render(
+        self,
+        baseline: Baseline,
+        msgs: list[dict[str, Any]],
+        *,
+        generation_prompt: bool,
+        thinking: bool,
+    ) -> str:
+        return await self.client.apply_template(
+            msgs, list(baseline.tools), add_generation_prompt=generation_prompt, thinking=thinking
+        )
+
+
+def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> int:
+    """Where the stand-in for the answer ends in `rendered`: after its content, its tool calls
+    and their closing delimiter, before the template's end of the message."""
+    at = rendered.find(USER)
+    if at < 0:
+        raise FormatError("the template left out the user message")
+    at += len(USER)
+    content = rendered.find(ANSWER, at)
+    if content >= 0:
+        at = content + len(ANSWER)
+    decoder = json.JSONDecoder()
+    for call in answer.tool_calls:
+        name = rendered.find(call.name, at)
+        start = rendered.find("{", name)
+        if name < 0 or start < 0:
+            raise FormatError(f"the template left out the call of {call.name}")
+        try:
+            _, at = decoder.raw_decode(rendered, start)
+        except json.JSONDecodeError as e:
+            raise FormatError(f"the template wrote the arguments of {call.name} oddly") from e
+        if fmt.tool_call and fmt.tool_call.close.strip():
+            close = re.compile(r"\s*".join(map(re.escape, fmt.tool_call.close.split())))
+            spaced = re.compile(r"\s*").match(rendered, at)
+            skip = spaced.end() if spaced else at
+            if matched := close.match(rendered, skip):
+                at = matched.end()
+    return at

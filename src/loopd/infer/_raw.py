@@ -1,0 +1,120 @@
+"""Turning `/completion`'s stream into the same events and completion as the chat endpoint's,
+without any I/O: the raw text goes through `OutputParser`, the token ids are kept exactly.
+
+Each chunk names the tokens generated so far (`tokens_predicted`) and carries the id of the
+newest. llama-server sends no chunk for a token that ends in the middle of a UTF-8 character,
+so when the count jumps, the chunk's text stands in for the tokens it did not name: the next
+request tokenizes that text again, which costs a few tokens of cache at that point, recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from ._assemble import Assembler, _Delta, _Function, _Loose, _PromptProgress, _ToolCallPiece
+from ._errors import StreamBroken, StreamErrorEvent
+from ._parse import OutputParser, Piece
+from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings
+
+__all__ = ["RawAssembler"]
+
+
+class _RawChunk(_Loose):
+    content: str = ""
+    tokens: list[int] = Field(default_factory=list)
+    stop: bool = False
+    stop_type: str | None = None
+    tokens_predicted: int = 0
+    timings: Timings | None = None
+    prompt_progress: _PromptProgress | None = None
+    error: object | None = None
+
+
+_CHUNK = TypeAdapter(_RawChunk)
+
+
+@dataclass
+class RawAssembler:
+    parser: OutputParser
+    inner: Assembler
+    tokens: list[PromptPiece] = field(default_factory=list)
+    done: bool = False
+    _held: str = ""
+    """The newest token's text, parsed once the next chunk shows it did not end the message."""
+    _counted: int = 0
+    """Tokens generated so far, as the server counts them."""
+    _calls: int = 0
+    _ended: bool = False
+
+    def prime(self, prefill: str) -> list[ChatEvent]:
+        """The answer's start that the prompt itself wrote (a prefill)."""
+        return self._relay(self.parser.feed(prefill)) if prefill else []
+
+    def feed(self, data: str) -> list[ChatEvent]:
+        try:
+            chunk = _CHUNK.validate_json(data)
+        except ValidationError as e:
+            raise StreamBroken(
+                f"llama-server sent a chunk loopd cannot read: {data[:200]!r}"
+            ) from e
+        if chunk.error is not None:
+            raise StreamErrorEvent(chunk.error)
+        events: list[ChatEvent] = []
+        if (p := chunk.prompt_progress) is not None:
+            events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))
+            return events
+        if chunk.stop:
+            return events + self._stop(chunk)
+        new = chunk.tokens_predicted - self._counted
+        if new <= 0:
+            return events
+        if new > len(chunk.tokens):
+            self.tokens.append(chunk.content)  # ids not sent: the text stands in for them
+        else:
+            self.tokens += chunk.tokens
+        self._counted = chunk.tokens_predicted
+        pieces, self._held = self.parser.feed(self._held), chunk.content
+        return events + self._relay(pieces)
+
+    def _stop(self, chunk: _RawChunk) -> list[ChatEvent]:
+        self.done = True
+        self._ended = chunk.stop_type == "eos"
+        # The text of an end-of-generation token is not part of the answer.
+        held = "" if self._ended else self._held
+        pieces = self.parser.feed(held) + self.parser.finish()
+        events = self._relay(pieces)
+        self.inner._timings = chunk.timings  # noqa: SLF001 - the two assemblers are one unit
+        if self._calls:
+            reason = "tool_calls"
+        else:
+            reason = "stop" if chunk.stop_type in ("eos", "word") else "length"
+        self.inner._finish_reason = reason  # noqa: SLF001
+        return events + self.inner.finish()
+
+    def _relay(self, pieces: list[Piece]) -> list[ChatEvent]:
+        events: list[ChatEvent] = []
+        for piece in pieces:
+            if piece.kind == "reasoning":
+                delta = _Delta(reasoning_content=piece.text)
+            elif piece.kind == "content":
+                delta = _Delta(content=piece.text)
+            else:
+                self._calls += 1
+                call = _ToolCallPiece(
+                    index=self._calls - 1,
+                    # Nine characters: the length Mistral's templates insist on.
+                    id=f"call{self._calls:05d}",
+                    function=_Function(name=piece.name, arguments=piece.text),
+                )
+                delta = _Delta(tool_calls=[call])
+            self.inner._feed_delta(delta, events)  # noqa: SLF001
+        return events
+
+    def past_cap(self) -> list[ChatEvent] | None:
+        return self.inner.past_cap()
+
+    def completion(self, *, cut_by_client: bool = False) -> Completion:
+        done = self.inner.completion(cut_by_client=cut_by_client)
+        return done.model_copy(update={"tokens": tuple(self.tokens), "ended": self._ended})

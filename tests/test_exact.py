@@ -1,0 +1,63 @@
+"""The token-exact transcript read back from a log: what each request extends."""
+
+from __future__ import annotations
+
+from loopd.exact import transcript
+from loopd.infer import ToolCall
+from loopd.records import AssistantRecord, PromptRecord, Record, ToolResultRecord, UserRecord
+
+
+def answer(*tokens: int | str, ended: bool = True) -> AssistantRecord:
+    return AssistantRecord(content="x", tokens=tokens, ended=ended)
+
+
+def test_no_prompt_yet_means_nothing_to_extend() -> None:
+    assert transcript([UserRecord(content="hi")]) is None
+
+
+def test_prompts_and_answers_alternate_into_one_prompt() -> None:
+    first, second = answer(1, 2, 3), answer(4, "é", 5)  # text stands in for unnamed ids
+    records: list[Record] = [
+        UserRecord(content="hi"),
+        PromptRecord(text="<s>hi", full=True),
+        first,
+        UserRecord(content="more"),
+        PromptRecord(text="more", trim=1),
+        second,
+    ]
+    assert transcript(records) == (["<s>hi", 1, 2, "more"], second)
+
+
+def test_a_full_prompt_starts_over() -> None:
+    last = answer(9)
+    records: list[Record] = [
+        PromptRecord(text="a", full=True),
+        answer(1),
+        PromptRecord(text="everything again", full=True),
+        last,
+    ]
+    assert transcript(records) == (["everything again"], last)
+
+
+def test_an_answer_that_went_as_a_message_needs_a_full_prompt() -> None:
+    """History sent as messages in between (`history = "template"`): no tokens to extend."""
+    call = ToolCall(id="c", name="find_tool", arguments="{}")
+    records: list[Record] = [
+        PromptRecord(text="a", full=True),
+        answer(1),
+        AssistantRecord(content=None, tool_calls=(call,)),
+        ToolResultRecord(call=1, tool_call_id="c", name="find_tool", content="r"),
+    ]
+    assert transcript(records) is None
+
+
+def test_a_prompt_without_its_answer_needs_a_full_prompt() -> None:
+    """A crash between writing a prompt and its answer: the next prompt renders it all."""
+    records: list[Record] = [
+        PromptRecord(text="a", full=True),
+        answer(1),
+        PromptRecord(text="b"),
+        PromptRecord(text="c"),
+        answer(2),
+    ]
+    assert transcript(records) is None

@@ -1,0 +1,174 @@
+"""Token-exact history on a real llama-server (SmolLM2-135M on the CPU) under real models' chat
+templates: every request finds in the cache all that the slot held, tool calls and a restart
+included; the same conversation with history as messages records the template's losses.
+
+SmolLM2 does not call tools on its own, so the first two requests of a turn start the answer
+with the opening of a call in the template's own format (`Runtime.prefill`); the model writes
+the arguments, loopd parses them, the tools run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from conftest import QWQ_TEMPLATE, TEMPLATES, StartLlama
+from loopd.baseline import make_baseline
+from loopd.config import LoopConfig, ToolsConfig
+from loopd.exact import ExactHistory
+from loopd.infer import ChatFormat, Client, slot_tokens
+from loopd.records import (
+    AssistantRecord,
+    CacheLossRecord,
+    PromptRecord,
+    Record,
+    ToolResultRecord,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+    conversation_problems,
+)
+from loopd.store import Store
+from loopd.tools import open_tool_port
+from loopd.turn import InferFailed, Runtime, run_turn
+
+pytestmark = pytest.mark.llama
+
+TEMPLATE_FILES = [
+    QWQ_TEMPLATE,
+    TEMPLATES / "Qwen-Qwen3-0.6B.jinja",
+    TEMPLATES / "openai-gpt-oss-120b.jinja",
+    TEMPLATES / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+]
+SYSTEM = "You are a helpful assistant. Be brief."
+
+
+QUOTE_BRACE = '"}'
+
+
+def gbnf(text: str) -> str:
+    """A GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
+    """After the user's message, the opening of a find_tool call; after its result, of a
+    call_tool call; each with a grammar that lets the model write the arguments and close the
+    call as the template does. The text after the second result is the model's own."""
+    assert fmt.tool_call is not None
+    call = fmt.tool_call
+    close_thinking = f"{fmt.think[1]}\n\n" if fmt.think and fmt.thinking_open else ""
+
+    def prefill(records: list[Record]) -> tuple[str, str]:
+        last = records[-1]
+        results = sum(isinstance(r, ToolResultRecord) for r in records)
+        if isinstance(last, UserRecord) and results == 0:
+            text = close_thinking + call.open + "find_tool" + call.mid + '{"query": "'
+            words = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
+            return text, f"root ::= {words} {gbnf(QUOTE_BRACE + call.close)}"
+        if isinstance(last, ToolResultRecord) and results == 1:
+            text = close_thinking + call.open + "call_tool" + call.mid + '{"name": "read_file", '
+            paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
+            start, end = gbnf('"arguments": {"path": "'), gbnf('"}}' + call.close)
+            return text, f"root ::= {start} {paths} {end}"
+        return "", ""
+
+    return prefill
+
+
+async def conversation(
+    url: str, home: Path, history: Literal["exact", "template"], *, prefill: bool = True
+) -> list[Record]:
+    """Two turns, a tool chain in the first; the session reopened by a new client between."""
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "today.md").write_text("buy milk\n")
+    store = Store(home / "sessions")
+    session = None
+    for user in ("What do my notes say?", "Thanks. Anything else?"):
+        async with (
+            Client(url) as client,
+            open_tool_port(ToolsConfig(roots=[home / "notes"])) as port,
+        ):
+            exact = ExactHistory(client)
+            fmt = await exact.format(make_baseline(SYSTEM), thinking=True)
+            rt = Runtime(
+                loop=LoopConfig(max_tokens=40),
+                inference=client,
+                port=port,
+                registry=port.registry,
+                sampling={"temperature": 0, "seed": 1},
+                exact=exact if history == "exact" else None,
+                prefill=prefills(fmt) if prefill else None,
+            )
+            if session is None:
+                session = await store.create(make_baseline(SYSTEM))
+            else:
+                session = await store.open(session.id)  # a restart: everything from the log
+            await run_turn(session, rt, user, lambda _: None)
+            session.close()
+    assert session is not None
+    return list(store.read(session.id)[1])
+
+
+@pytest.mark.parametrize("template", TEMPLATE_FILES, ids=lambda p: p.stem)
+async def test_exact_history_recomputes_nothing_the_slot_holds(
+    llama: StartLlama, tmp_path: Path, template: Path
+) -> None:
+    server = await llama(n_ctx=4096, template=template)
+    records = await conversation(server.url, tmp_path, "exact")
+    calls = [c.name for r in records if isinstance(r, AssistantRecord) for c in r.tool_calls]
+    assert calls[:2] == ["find_tool", "call_tool"]
+    results = [r for r in records if isinstance(r, ToolResultRecord)]
+    assert "buy milk" in results[1].content
+    usages = [r.timings for r in records if isinstance(r, UsageRecord)]
+    assert len(usages) >= 4
+    for previous, new in itertools.pairwise(usages):
+        assert previous is not None
+        assert new is not None
+        assert new.cache_n == slot_tokens(previous)
+    assert not [r for r in records if isinstance(r, CacheLossRecord)]
+    prompts = [r for r in records if isinstance(r, PromptRecord)]
+    assert [p.full for p in prompts] == [True] + [False] * (len(prompts) - 1)
+
+
+async def test_history_as_messages_records_what_the_template_drops(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """QwQ's template drops past reasoning: with `history = "template"` each new user turn
+    recomputes it, and the log says how much, exactly."""
+    server = await llama(n_ctx=4096, template=QWQ_TEMPLATE)
+    records = await conversation(server.url, tmp_path, "template", prefill=False)
+    losses, usages = 0, []
+    for record in records:
+        if isinstance(record, UsageRecord):
+            assert record.timings is not None
+            usages.append(record.timings)
+        elif isinstance(record, CacheLossRecord):
+            losses += 1
+            assert record.expected == slot_tokens(usages[-2])
+            assert record.cached == usages[-1].cache_n < record.expected
+    assert losses
+
+
+async def test_a_call_the_server_cannot_parse_fails_the_turn_and_leaves_a_valid_log(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """History as messages: llama-server parses tool calls, and answers HTTP 500 mid-stream
+    when the model's arguments are not JSON (here the model rambles inside the string). The
+    turn ends as an error with the server's words; nothing of the failed answer is logged."""
+    server = await llama(n_ctx=4096, template=QWQ_TEMPLATE)
+    with pytest.raises(BaseExceptionGroup) as failed:  # from the tool port's nursery
+        await conversation(server.url, tmp_path, "template")
+    assert failed.group_contains(InferFailed, match="Failed to parse tool call arguments")
+    store = Store(tmp_path / "sessions")
+    _, records, _ = store.read(store.latest() or "")
+    assert isinstance(records[-1], TurnEndRecord)
+    assert records[-1].reason == "error"
+    assert conversation_problems(records) == []
+    assert not any(
+        "best tools" in (r.content or "") for r in records if isinstance(r, AssistantRecord)
+    )

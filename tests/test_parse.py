@@ -1,0 +1,114 @@
+"""The raw-output parser: reasoning, content and tool calls told apart by a template's tags."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loopd.infer._format import ChatFormat, ToolCallFormat
+from loopd.infer._parse import OutputParser, Piece
+
+QWEN = ChatFormat(
+    generation_prompt="<|im_start|>assistant\n",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='<tool_call>\n{"name": "', mid='", "arguments": ', close="}\n</tool_call>"
+    ),
+)
+QWQ = ChatFormat(
+    generation_prompt="<|im_start|>assistant\n<think>\n",
+    think=("<think>", "</think>"),
+    thinking_open=True,
+    content_prefixes=(),
+    tool_call=QWEN.tool_call,
+)
+LLAMA = ChatFormat(
+    generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(open='{"name": "', mid='", "parameters": ', close="}"),
+)
+
+
+def parse(fmt: ChatFormat, pieces: list[str]) -> list[Piece]:
+    parser = OutputParser(fmt)
+    out = [p for text in pieces for p in parser.feed(text)] + parser.finish()
+    merged: list[Piece] = []
+    for p in out:
+        if merged and p.kind != "call" and merged[-1].kind == p.kind:
+            merged[-1] = Piece(p.kind, merged[-1].text + p.text)
+        else:
+            merged.append(p)
+    return merged
+
+
+def test_reasoning_then_content() -> None:
+    out = parse(QWEN, ["<think>", "\nhm", "m\n</th", "ink>\n\nParis", "."])
+    assert out == [Piece("reasoning", "\nhmm\n"), Piece("content", "Paris.")]
+
+
+def test_a_generation_prompt_that_opens_thinking() -> None:
+    out = parse(QWQ, ["Let me", " think.", "</think>", "\n\nBlue."])
+    assert out == [Piece("reasoning", "Let me think."), Piece("content", "Blue.")]
+
+
+def test_a_tool_call_after_content() -> None:
+    raw = (
+        'Looking.\n<tool_call>\n{"name": "find_tool", "arguments": {"query": "a}b"}}\n</tool_call>'
+    )
+    out = parse(QWEN, [raw[i : i + 3] for i in range(0, len(raw), 3)])
+    assert out == [
+        Piece("content", "Looking.\n"),
+        Piece("call", '{"query": "a}b"}', "find_tool"),
+    ]
+
+
+def test_spacing_of_a_call_may_differ_from_the_template() -> None:
+    raw = '<tool_call>{"name":"call_tool","arguments":{"name":"x","arguments":{}}}</tool_call>'
+    assert parse(QWEN, [raw]) == [
+        Piece("call", '{"name":"x","arguments":{}}', "call_tool"),
+    ]
+
+
+def test_two_calls() -> None:
+    one = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'
+    out = parse(QWEN, [one, "\n", one.replace('"a"', '"b"')])
+    assert out == [Piece("call", "{}", "a"), Piece("call", "{}", "b")]
+
+
+def test_a_call_without_its_closing_tag_at_the_end_still_counts() -> None:
+    out = parse(QWEN, ['<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n'])
+    assert out == [Piece("call", '{"x": 1}', "a")]
+
+
+def test_arguments_that_are_not_json_stay_content() -> None:
+    raw = '<tool_call>\n{"name": "a", "arguments": {oops}\n</tool_call>'
+    assert parse(QWEN, [raw]) == [Piece("content", raw)]
+
+
+def test_a_format_without_an_opening_tag() -> None:
+    out = parse(LLAMA, ['{"name": "find_tool", "parameters": {"query": "files"}}'])
+    assert out == [Piece("call", '{"query": "files"}', "find_tool")]
+
+
+def test_text_that_looks_like_a_tag_but_is_not_is_content() -> None:
+    assert parse(QWEN, ["a <b> and <tool", "s> c"]) == [Piece("content", "a <b> and <tools> c")]
+
+
+@given(st.text(alphabet='ab <>/\n{}"think_ol', max_size=60), st.integers(1, 7))
+def test_splitting_never_changes_the_result(text: str, size: int) -> None:
+    whole = parse(QWEN, [text])
+    split = parse(QWEN, [text[i : i + size] for i in range(0, len(text), size)])
+    assert split == whole
+
+
+@pytest.mark.parametrize("fmt", [QWEN, QWQ, LLAMA])
+def test_plain_text_is_content(fmt: ChatFormat) -> None:
+    expected: Literal["reasoning", "content"] = "reasoning" if fmt.thinking_open else "content"
+    assert parse(fmt, ["Just ", "words", "\n\nmore"]) == [Piece(expected, "Just words\n\nmore")]
