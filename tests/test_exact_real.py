@@ -10,13 +10,15 @@ the arguments, loopd parses them, the tools run.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import pytest
 
-from conftest import QWQ_TEMPLATE, TEMPLATES, StartLlama
+from conftest import QWEN_TEMPLATE, QWQ_TEMPLATE, TEMPLATES, StartLlama
 from loopd.baseline import make_baseline
 from loopd.config import LoopConfig, ToolsConfig
 from loopd.exact import ExactHistory
@@ -33,7 +35,7 @@ from loopd.records import (
     conversation_problems,
 )
 from loopd.store import Store
-from loopd.tools import open_tool_port
+from loopd.tools import LocalToolPort, Registry, open_tool_port
 from loopd.turn import InferFailed, Runtime, run_turn
 
 pytestmark = pytest.mark.llama
@@ -172,3 +174,87 @@ async def test_a_call_the_server_cannot_parse_fails_the_turn_and_leaves_a_valid_
     assert not any(
         "best tools" in (r.content or "") for r in records if isinstance(r, AssistantRecord)
     )
+
+
+async def sampled_turns(
+    url: str, home: Path, history: Literal["exact", "template"]
+) -> tuple[list[Record], list[bool]]:
+    """Three turns sampled hot, so answers hold token sequences the tokenizer would not
+    write (" Par" "is" for " Paris"); and, for each answer, whether its tokens are canonical."""
+    async with Client(url) as client, httpx.AsyncClient(base_url=url) as http:
+        registry = Registry()
+        rt = Runtime(
+            loop=LoopConfig(max_tokens=30),
+            inference=client,
+            port=LocalToolPort(registry, {}, timeout=5),
+            registry=registry,
+            sampling={"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 3},
+            exact=ExactHistory(client) if history == "exact" else None,
+        )
+        with await Store(home).create(make_baseline("Be brief.")) as session:
+            for user in ("Name a colour.", "Another one?", "A fruit?"):
+                await run_turn(session, rt, user, lambda _: None)
+            records = list(session.records)
+        canonical = []
+        for answer in (r for r in records if isinstance(r, AssistantRecord) and r.tokens):
+            ids = [t for t in answer.tokens or () if isinstance(t, int)]
+            text = (await http.post("/detokenize", json={"tokens": ids})).json()["content"]
+            again = await http.post("/tokenize", json={"content": text, "parse_special": True})
+            canonical.append(again.json()["tokens"] == ids)
+    return records, canonical
+
+
+async def test_an_answer_that_does_not_tokenize_back_costs_nothing(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """The GPU case, on the CPU: what the model generated is not what its text tokenizes to.
+    Sent back as text it is recomputed from there; sent back as tokens, nothing is."""
+    server = await llama(n_ctx=4096, template=QWEN_TEMPLATE)
+    records, canonical = await sampled_turns(server.url, tmp_path / "exact", "exact")
+    assert False in canonical  # the case is really there
+    usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) == 3
+    for previous, new in itertools.pairwise(usages):
+        assert new.cache_n == slot_tokens(previous)
+
+    records, _ = await sampled_turns(server.url, tmp_path / "template", "template")
+    assert [r for r in records if isinstance(r, CacheLossRecord)]
+
+
+async def test_a_date_in_the_template_is_the_one_the_session_started_with(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """Llama 3.1's template writes today's date into the system prompt. The prompt is rebuilt
+    from the log, never rendered again: a session begun on another day keeps that day, and
+    every request after the first one on it extends the one before."""
+    server = await llama(n_ctx=4096, template=TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja")
+    store = Store(tmp_path)
+    async with Client(server.url) as client:
+        registry = Registry()
+        rt = Runtime(
+            loop=LoopConfig(max_tokens=16),
+            inference=client,
+            port=LocalToolPort(registry, {}, timeout=5),
+            registry=registry,
+            sampling={"temperature": 0, "seed": 1},
+            exact=ExactHistory(client),
+        )
+        with await store.create(make_baseline("Be brief.")) as session:
+            await run_turn(session, rt, "Name a colour.", lambda _: None)
+        first = next(r for r in session.records if isinstance(r, PromptRecord))
+        today = re.search(r"Today Date: (\d\d \w\w\w \d{4})", first.text)
+        assert today is not None
+        # The same log, as if its first request had been made on another day.
+        path = store.path_of(session.id)
+        path.write_text(path.read_text().replace(today.group(1), "01 Jan 2020"))
+        with await store.open(session.id) as session:
+            for user in ("Another one?", "And a fruit?"):
+                await run_turn(session, rt, user, lambda _: None)
+            records = list(session.records)
+    prompts = [r for r in records if isinstance(r, PromptRecord)]
+    assert [p.full for p in prompts] == [True, False, False]
+    assert "Today Date: 01 Jan 2020" in prompts[0].text
+    usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
+    # The slot held today's date, the log says 2020: the second request starts over from
+    # there; the third extends the second exactly.
+    assert usages[2].cache_n == slot_tokens(usages[1])
