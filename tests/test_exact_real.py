@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +21,7 @@ from conftest import QWEN_TEMPLATE, QWQ_TEMPLATE, TEMPLATES, StartLlama
 from loopd.baseline import make_baseline
 from loopd.config import LoopConfig, ToolsConfig
 from loopd.exact import ExactHistory
-from loopd.infer import ChatFormat, Client, slot_tokens
+from loopd.infer import Client, slot_tokens
 from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
@@ -31,12 +30,12 @@ from loopd.records import (
     ToolResultRecord,
     TurnEndRecord,
     UsageRecord,
-    UserRecord,
     conversation_problems,
 )
 from loopd.store import Store
 from loopd.tools import LocalToolPort, Registry, open_tool_port
 from loopd.turn import InferFailed, Runtime, run_turn
+from support.prefill import prefills
 
 pytestmark = pytest.mark.llama
 
@@ -47,39 +46,6 @@ TEMPLATE_FILES = [
     TEMPLATES / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
 ]
 SYSTEM = "You are a helpful assistant. Be brief."
-
-
-QUOTE_BRACE = '"}'
-
-
-def gbnf(text: str) -> str:
-    """A GBNF string literal."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
-    """After the user's message, the opening of a find_tool call; after its result, of a
-    call_tool call; each with a grammar that lets the model write the arguments and close the
-    call as the template does. The text after the second result is the model's own."""
-    assert fmt.tool_call is not None
-    call = fmt.tool_call
-    close_thinking = f"{fmt.think[1]}\n\n" if fmt.think and fmt.thinking_open else ""
-
-    def prefill(records: list[Record]) -> tuple[str, str]:
-        last = records[-1]
-        results = sum(isinstance(r, ToolResultRecord) for r in records)
-        if isinstance(last, UserRecord) and results == 0:
-            text = close_thinking + call.open + "find_tool" + call.mid + '{"query": "'
-            words = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
-            return text, f"root ::= {words} {gbnf(QUOTE_BRACE + call.close)}"
-        if isinstance(last, ToolResultRecord) and results == 1:
-            text = close_thinking + call.open + "call_tool" + call.mid + '{"name": "read_file", '
-            paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
-            start, end = gbnf('"arguments": {"path": "'), gbnf('"}}' + call.close)
-            return text, f"root ::= {start} {paths} {end}"
-        return "", ""
-
-    return prefill
 
 
 async def conversation(

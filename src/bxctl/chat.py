@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import TurnView, session_line
+from bxctl.view import TurnView, context_line, session_line
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
@@ -169,10 +169,13 @@ def _sessions(answer: object) -> Text:
 def _status(answer: object) -> Text:
     if not isinstance(answer, Status):
         return Text("")
-    return Text(
+    text = (
         f"session {answer.session} ({answer.turns} turns), {answer.server}, "
         f"model {answer.model}, slot {answer.slot}"
     )
+    if answer.context is not None:
+        text += f"\ncontext: {context_line(answer.context, answer.past_reasoning)}"
+    return Text(text)
 
 
 _COMMANDS = {

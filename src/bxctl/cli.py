@@ -18,7 +18,7 @@ from rich.console import Console
 
 from bxctl.chat import interactive
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import session_line
+from bxctl.view import context_line, session_line
 from loopd import __version__
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
@@ -195,6 +195,8 @@ async def _status(path: Path) -> int:
             f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
             f"{u.predicted_n} generated"
         )
+    if status.context is not None:
+        console.print(f"context  {context_line(status.context, status.past_reasoning)}")
     return EXIT_OK
 
 

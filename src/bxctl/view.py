@@ -22,7 +22,7 @@ from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, Thinking
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
 from loopd.transcript import flags
 
-__all__ = ["HINTS", "TurnView", "session_line", "usage_line"]
+__all__ = ["HINTS", "TurnView", "context_line", "session_line", "usage_line"]
 
 HINTS = {
     "turn_limit": "The turn stopped at a limit. Send another message to go on.",
@@ -208,3 +208,12 @@ def session_line(session_id: str, turns: int, last_activity: str, current: str |
     """One session in a list; the one loopd serves is starred."""
     mark = "*" if session_id == current else " "
     return f"{mark} {session_id}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
+
+
+def context_line(context: int, past_reasoning: int | None) -> str:
+    """How full the slot is, and how much of it is past reasoning (a cost a user can cut with
+    `/think off` or `[loop] thinking = false`)."""
+    if past_reasoning is None:
+        return f"{context} tokens in the slot (history sent as messages)"
+    share = past_reasoning / context if context else 0.0
+    return f"{context} tokens in the slot, {past_reasoning} of them past reasoning ({share:.0%})"

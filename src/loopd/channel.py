@@ -26,6 +26,8 @@ from loopd import __version__, proto
 from loopd.actors import Busy, Core, Published, Subscription, TurnDone, TurnFailed
 from loopd.baseline import make_baseline
 from loopd.config import Config
+from loopd.exact import past_reasoning
+from loopd.infer import slot_tokens
 from loopd.store import Store
 
 __all__ = ["ChannelServer", "DaemonRunning", "UnixSocket", "open_socket"]
@@ -349,6 +351,7 @@ class _Connection:
 
     def status(self) -> proto.Status:
         server, actor = self.server, self.server.core.session
+        usage = actor.session.last_usage()
         return proto.Status(
             session=actor.session.id,
             server=server.server_url,
@@ -357,7 +360,9 @@ class _Connection:
             busy=actor.running is not None,
             queue=len(actor.queued),
             turns=actor.session.turns,
-            last_usage=proto.Usage.of(actor.session.last_usage()),
+            last_usage=proto.Usage.of(usage),
+            context=slot_tokens(usage.timings) if usage and usage.timings else None,
+            past_reasoning=past_reasoning(actor.session.records),
         )
 
 

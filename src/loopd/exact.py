@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +39,19 @@ from loopd.infer import (
     PromptRequest,
     learn_format,
 )
-from loopd.records import AssistantRecord, Baseline, PromptRecord, Record
+from loopd.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
 
 if TYPE_CHECKING:
     from loopd.store import Session
 
-__all__ = ["ExactHistory", "NextPrompt", "RequestOptions", "next_request", "transcript"]
+__all__ = [
+    "ExactHistory",
+    "NextPrompt",
+    "RequestOptions",
+    "next_request",
+    "past_reasoning",
+    "transcript",
+]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +147,20 @@ def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecor
     if pieces is None or answer is None:
         return None
     return pieces, answer
+
+
+def past_reasoning(records: Iterable[Record]) -> int | None:
+    """Reasoning tokens the token-exact prompt holds (every answer's, as generated, since the
+    last full prompt); None when the history went as messages."""
+    kept: int | None = None
+    for record in records:
+        if isinstance(record, PromptRecord) and record.full:
+            kept = 0
+        elif isinstance(record, AssistantRecord) and record.tokens is None:
+            kept = None
+        elif isinstance(record, UsageRecord) and kept is not None:
+            kept += record.reasoning_tokens
+    return kept
 
 
 class ExactHistory:

@@ -205,6 +205,11 @@ class Status(_Message):
     """Messages waiting behind it."""
     turns: int
     last_usage: Usage | None
+    context: int | None = None
+    """Tokens the slot holds for this session after its last request."""
+    past_reasoning: int | None = None
+    """Of those, reasoning of earlier answers, sent back as generated (token-exact history);
+    None when history went as messages, where the chat template decides what stays."""
 
 
 class SessionInfo(_Message):
