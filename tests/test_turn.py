@@ -196,6 +196,15 @@ async def test_thinking_by_config_and_for_one_turn(harness: Any) -> None:
     assert ["reasoning_budget_tokens" in b for b in bodies] == [True, False, True]
 
 
+async def test_templates_that_read_the_date_get_the_sessions_first_day(harness: Any) -> None:
+    """Llama 3.x templates write `date_string` into the system prompt: pinned, history as
+    messages does not change at midnight."""
+    h = await harness(Reply(content="a"))
+    await h.turn()
+    kwargs = h.server.requests[0]["body"]["chat_template_kwargs"]
+    assert kwargs["date_string"] == h.session.header.created.strftime("%d %b %Y")
+
+
 async def test_a_failed_request_appends_nothing(harness: Any) -> None:
     h = await harness(Reply(kind="server_error"))
     with pytest.raises(InferFailed, match="HTTP 500"):

@@ -90,9 +90,10 @@ async def next_request(
     """The session's next request: token-exact when it can be, else its history as messages.
     The `prompt` record, if any, is appended with the answer."""
     baseline, records = session.baseline, list(session.records)
+    date = session.header.created.strftime("%d %b %Y")
     if exact is not None:
         try:
-            nxt = await exact.next_prompt(baseline, records, thinking=o.thinking)
+            nxt = await exact.next_prompt(baseline, records, thinking=o.thinking, date=date)
         except FormatError:
             pass  # said once, when the template was read
         else:
@@ -118,6 +119,7 @@ async def next_request(
         o.thinking_cap,
         o.max_tokens,
         o.sampling,
+        date,
     )
     return chat, None
 
@@ -203,13 +205,17 @@ class ExactHistory:
         return await learn_format(render, baseline.system, source)
 
     async def next_prompt(
-        self, baseline: Baseline, records: list[Record], *, thinking: bool
+        self, baseline: Baseline, records: list[Record], *, thinking: bool, date: str | None = None
     ) -> NextPrompt:
         fmt = await self.format(baseline, thinking=thinking)
         built = transcript(records)
         if built is None:
             text = await self._render(
-                baseline, messages(baseline, records), generation_prompt=True, thinking=thinking
+                baseline,
+                messages(baseline, records),
+                generation_prompt=True,
+                thinking=thinking,
+                date=date,
             )
             return NextPrompt([text], PromptRecord(text=text, full=True), fmt)
         pieces, answer = built
@@ -245,9 +251,14 @@ class ExactHistory:
         *,
         generation_prompt: bool,
         thinking: bool,
+        date: str | None = None,
     ) -> str:
         return await self.client.apply_template(
-            msgs, list(baseline.tools), add_generation_prompt=generation_prompt, thinking=thinking
+            msgs,
+            list(baseline.tools),
+            add_generation_prompt=generation_prompt,
+            thinking=thinking,
+            date=date,
         )
 
 

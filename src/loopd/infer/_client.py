@@ -44,6 +44,7 @@ from ._types import (
     Retrying,
     ToolCallDelta,
     Waiting,
+    template_kwargs,
 )
 
 __all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Timeouts"]
@@ -130,13 +131,14 @@ class Client:
         *,
         add_generation_prompt: bool,
         thinking: bool = True,
+        date: str | None = None,
     ) -> str:
         """The prompt the server's chat template makes of these messages (`/apply-template`)."""
         body = {
             "messages": messages,
             "tools": tools,
             "add_generation_prompt": add_generation_prompt,
-            "chat_template_kwargs": {"enable_thinking": thinking},
+            "chat_template_kwargs": template_kwargs(thinking=thinking, date=date),
         }
         prompt = (await self._post_json("/apply-template", body)).get("prompt")
         if not isinstance(prompt, str):

@@ -33,6 +33,7 @@ __all__ = [
     "ToolCall",
     "ToolCallDelta",
     "Waiting",
+    "template_kwargs",
 ]
 
 
@@ -57,6 +58,9 @@ class ChatRequest:
     max_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     """Extra body fields such as `temperature` or `seed`; they cannot override the fields above."""
+    date: str | None = None
+    """The date templates that read `date_string` write (Llama 3.x): the session's first day,
+    so the prompt does not change at midnight."""
 
     def body(self) -> bytes:
         payload: dict[str, Any] = {
@@ -67,7 +71,7 @@ class ChatRequest:
             "cache_prompt": True,
             "return_progress": True,
             "stream_options": {"include_usage": True},
-            "chat_template_kwargs": {"enable_thinking": self.thinking},
+            "chat_template_kwargs": template_kwargs(thinking=self.thinking, date=self.date),
         }
         if self.tools:
             payload["tools"] = self.tools
@@ -128,6 +132,14 @@ class PromptRequest:
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
             payload["generation_prompt"] = fmt.generation_prompt
         return canonical(payload)
+
+
+def template_kwargs(*, thinking: bool, date: str | None) -> dict[str, Any]:
+    """`chat_template_kwargs`: thinking on or off, and a pinned `date_string`."""
+    kwargs: dict[str, Any] = {"enable_thinking": thinking}
+    if date is not None:
+        kwargs["date_string"] = date
+    return kwargs
 
 
 class _Model(BaseModel):
