@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import cache
+import history
 import memory
 import overhead
 import relay
@@ -49,13 +50,14 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "relay": lambda: trio.run(relay.measure),
     "store": store.run,
     "memory": lambda: trio.run(memory.measure),
+    "history": lambda: trio.run(history.measure, *_assets()),
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
 }
 
 
-def _section(name: str, f: dict[str, Any]) -> list[str]:
+def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one per figure
     if name == "cache":
         return [
             "## 1-2. Tokens processed per request against the minimum",
@@ -91,6 +93,20 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:
             f"| plain httpx SSE reader | {f['direct_events_per_s']:,.0f} |",
             f"| through loopd to a socket client | {f['loopd_events_per_s']:,.0f} |",
             f"| ratio | {f['ratio']:.2f}x |",
+        ]
+    if name == "history":
+        return [
+            "## 8. Time to first token against the length of the history",
+            "",
+            (
+                "Medians of 5 pairs per size, SmolLM2-135M on two cores (bench/history.py): a "
+                "question after a cached document, through loopd and the socket, and the same "
+                "token-exact request sent straight to `/completion`; the last column sends the "
+                "whole history as messages instead, which the server renders and tokenizes "
+                "again on every request."
+            ),
+            "",
+            *history.table(f),
         ]
     if name == "templates":
         return [

@@ -1,0 +1,157 @@
+"""`just bench history`: time to first token against the length of the history, through loopd
+and sent directly, and loopd's own share of it.
+
+For each size, one llama-server (SmolLM2-135M; a context beyond its training length is fine
+for timing) holds a session whose first message is a document of that many tokens. Then, in
+pairs, alternating which goes first: a question through `loopd serve` and the socket (its time
+to the first content event), and the same kind of request sent straight to `/completion` with
+httpx (the session's token-exact prompt read from its log, and the question), and, for
+reference, the whole history sent as messages to the chat endpoint, which renders and
+tokenizes it all again. Each request processes only its question: the history is cached.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loopd.baseline import make_baseline, messages
+from loopd.exact import transcript
+from loopd.server_proc import LaunchSpec, managed_server
+from loopd.store import Store
+from support.daemon import Daemon
+
+SIZES = (1_000, 10_000, 50_000)
+PAIRS = 5
+MAX_TOKENS = 8
+SAMPLING = {"temperature": 0, "ignore_eos": True}
+# About one token per word of this text for SmolLM2's tokenizer.
+WORDS = "the quick brown fox jumps over a lazy dog while seven birds sing".split()  # noqa: SIM905
+
+
+def _document(tokens: int) -> str:
+    words = [WORDS[i % len(WORDS)] for i in range(tokens)]
+    return "Read this and wait for my questions.\n" + " ".join(words)
+
+
+async def _first_content(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    async with http.stream("POST", path, json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("content") or any(
+                (c.get("delta") or {}).get("content") for c in chunk.get("choices", [])
+            ):
+                return time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+async def _through_loopd(client: Any, turn: str) -> float:
+    start = time.perf_counter()
+    await client.send({"type": "send", "id": turn, "content": f"Question {turn}: and now?"})
+    first = None
+    while (line := await client.receive()) is not None:
+        if first is None and line["type"] == "event" and line["event"]["kind"] == "content":
+            first = time.perf_counter()
+        if line["type"] in ("turn_done", "turn_failed"):
+            break
+    return (first or time.perf_counter()) - start
+
+
+async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, Any]:
+    spec = LaunchSpec(binary=binary, model=model, n_ctx=tokens + 4096, threads=2)
+    async with managed_server(spec, tmp / f"llama-{tokens}.log") as server:
+        d = Daemon(tmp / f"loopd-{tokens}", server.url, history="exact")
+        # The document's first request takes minutes on two cores.
+        config = d.config.read_text().replace(
+            "[server]\n", "[server]\nread_timeout = 3600\nqueue_timeout = 3600\n", 1
+        )
+        d.config.write_text(
+            config + f"[loop]\nmax_tokens = {MAX_TOKENS}\nturn_timeout = 3600\n"
+            "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
+        )
+        await d.start()
+        loopd_ms, direct_ms, chat_ms = [], [], []
+        try:
+            client = await d.connect()
+            await client.send({"type": "send", "id": "doc", "content": _document(tokens)})
+            await client.until("turn_done", timeout=3600)  # the history, processed once
+            store = Store(d.home / "sessions")
+            async with httpx.AsyncClient(base_url=server.url, timeout=3600) as http:
+                for pair in range(PAIRS):
+                    header, records, _ = store.read(store.latest() or "")
+                    built = transcript(records)
+                    if built is None:
+                        raise RuntimeError("loopd did not keep a token-exact history")
+                    pieces, answer = built
+                    ids = [t for t in answer.tokens or () if isinstance(t, int)]
+                    question = f"\nQuestion d{pair}: and now?"
+                    same = {
+                        "prompt": [*pieces, *ids, question],
+                        "stream": True,
+                        "id_slot": 0,
+                        "cache_prompt": True,
+                        "n_predict": MAX_TOKENS,
+                        **SAMPLING,
+                    }
+                    chat = {
+                        "messages": [
+                            *messages(header.baseline, records),
+                            {"role": "user", "content": question},
+                        ],
+                        "tools": list(make_baseline().tools),
+                        "stream": True,
+                        "id_slot": 0,
+                        "cache_prompt": True,
+                        "max_tokens": MAX_TOKENS,
+                        **SAMPLING,
+                    }
+                    order = ("loopd", "direct") if pair % 2 == 0 else ("direct", "loopd")
+                    for who in order:
+                        if who == "loopd":
+                            loopd_ms.append(1000 * await _through_loopd(client, f"q{pair}"))
+                        else:
+                            direct_ms.append(1000 * await _first_content(http, "/completion", same))
+                    chat_ms.append(1000 * await _first_content(http, "/v1/chat/completions", chat))
+        finally:
+            await d.kill()
+            await d.close_clients()
+    loopd, direct = statistics.median(loopd_ms), statistics.median(direct_ms)
+    return {
+        "tokens": tokens,
+        "loopd_ms": loopd,
+        "direct_ms": direct,
+        "share_ms": loopd - direct,
+        "messages_ms": statistics.median(chat_ms),
+        "ratio": loopd / direct,
+    }
+
+
+async def measure(binary: Path, model: Path) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [await _size(binary, model, tokens, Path(tmp)) for tokens in SIZES]
+    return {"rows": rows}
+
+
+def table(f: dict[str, Any]) -> list[str]:
+    head = (
+        "| history (tokens) | through loopd | direct `/completion` | loopd's share | ratio "
+        "| history as messages (chat endpoint) |"
+    )
+    return [
+        head,
+        "| --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {r['tokens']:,} | {r['loopd_ms']:.0f} ms | {r['direct_ms']:.0f} ms "
+            f"| {r['share_ms']:.0f} ms | {r['ratio']:.2f}x | {r['messages_ms']:.0f} ms |"
+            for r in f["rows"]
+        ),
+    ]
