@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.infer._format import ChatFormat, ToolCallFormat
+from loopd.infer._format import CALL_ID, ChatFormat, ToolCallFormat
 from loopd.infer._parse import OutputParser, Piece
 
 QWEN = ChatFormat(
@@ -95,6 +95,22 @@ def test_arguments_that_are_not_json_stay_content() -> None:
 def test_a_format_without_an_opening_tag() -> None:
     out = parse(LLAMA, ['{"name": "find_tool", "parameters": {"query": "files"}}'])
     assert out == [Piece("call", '{"query": "files"}', "find_tool")]
+
+
+MISTRAL = ChatFormat(
+    generation_prompt="",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='[TOOL_CALLS][{"name": "', mid='", "arguments": ', close=f', "id": "{CALL_ID}"}}'
+    ),
+)
+
+
+def test_a_call_id_the_model_writes_matches_any_id() -> None:
+    raw = '[TOOL_CALLS][{"name": "find_tool", "arguments": {"query": "x"}, "id": "Ab3dE6gH9"}]'
+    assert parse(MISTRAL, [raw])[0] == Piece("call", '{"query": "x"}', "find_tool")
 
 
 def test_text_that_looks_like_a_tag_but_is_not_is_content() -> None:

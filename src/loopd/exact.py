@@ -37,6 +37,7 @@ from loopd.infer import (
     HttpError,
     PromptPiece,
     PromptRequest,
+    delimiter_pattern,
     learn_format,
 )
 from loopd.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
@@ -283,7 +284,7 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
         except json.JSONDecodeError as e:
             raise FormatError(f"the template wrote the arguments of {call.name} oddly") from e
         if fmt.tool_call and fmt.tool_call.close.strip():
-            close = re.compile(r"\s*".join(map(re.escape, fmt.tool_call.close.split())))
+            close = delimiter_pattern(fmt.tool_call.close)
             spaced = re.compile(r"\s*").match(rendered, at)
             skip = spaced.end() if spaced else at
             if matched := close.match(rendered, skip):

@@ -14,7 +14,14 @@ from ._errors import (
     is_context_full,
     is_retryable,
 )
-from ._format import ChatFormat, FormatError, ToolCallFormat, learn_format
+from ._format import (
+    CALL_ID,
+    ChatFormat,
+    FormatError,
+    ToolCallFormat,
+    delimiter_pattern,
+    learn_format,
+)
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -36,6 +43,7 @@ from ._types import (
 
 __all__ = [
     "BUDGET_MESSAGE",
+    "CALL_ID",
     "THINKING_CAP_GRACE",
     "AnyRequest",
     "CacheOutcome",
@@ -71,6 +79,7 @@ __all__ = [
     "ToolCallFormat",
     "Waiting",
     "cache_outcome",
+    "delimiter_pattern",
     "is_context_full",
     "is_retryable",
     "learn_format",

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
+    "CALL_ID",
     "ChatFormat",
     "FormatError",
     "Render",
     "ToolCallFormat",
+    "delimiter_pattern",
     "learn_format",
     "special_markers",
 ]
@@ -60,6 +62,20 @@ KNOWN_THINK_TAGS = (
 _SPECIAL = re.compile(
     r"<[|\uff5c][^<>]{1,60}?[|\uff5c]>|</?[A-Za-z_:][\w:.\-]{0,40}>|\[/?[A-Z_]{2,30}\]"
 )
+
+
+CALL_ID = "\x00id\x00"
+"""Stands in a delimiter for a call id the model writes itself (Mistral's `"id": "..."`)."""
+
+
+def delimiter_pattern(delimiter: str) -> re.Pattern[str]:
+    """A delimiter in which any run of whitespace matches any other (models vary spacing), and
+    a call id matches any id."""
+    parts = []
+    for word in delimiter.split():
+        pieces = [re.escape(p) for p in word.split(CALL_ID)]
+        parts.append(r"[^\s\"]*".join(pieces))
+    return re.compile(r"\s*".join(parts))
 
 
 class FormatError(Exception):
@@ -165,9 +181,21 @@ async def _assistant(
     calls = message.get("tool_calls", [])
     after = _results(calls) if calls else [{"role": "user", "content": "Next."}]
     full = await render([*base, {"role": "assistant", **message}, *after], generation_prompt=False)
-    if not full.startswith(without) or (not calls and CONTENT not in full[len(without) :]):
+    start = len(without) if full.startswith(without) else _after_user(full, without)
+    if start is None or (not calls and CONTENT not in full[start:]):
         raise FormatError("the template does not render an assistant message after the history")
-    return full[len(without) :]
+    return full[start:]
+
+
+def _after_user(full: str, without: str) -> int | None:
+    """Where the assistant starts when the template rewrote what came before (Mistral moves the
+    tools to the last user message): right after the user message and its end marker."""
+    user = "Hello."
+    if user not in without or user not in full:
+        return None
+    end_of_user = without[without.rindex(user) + len(user) :]
+    start = full.index(user) + len(user)
+    return start + len(end_of_user) if full.startswith(end_of_user, start) else None
 
 
 async def _think_tags(
@@ -218,7 +246,13 @@ async def _tool_call_format(
     open_ = open_[open_.find(CONTENT) + len(CONTENT) :] if CONTENT in open_ else open_
     if not open_.strip():
         raise FormatError("nothing in its tool calls tells them from content")
-    return ToolCallFormat(open=open_.lstrip(), mid=one[name_at + len(NAME) : args_at], close=close)
+    mid = one[name_at + len(NAME) : args_at]
+    first_id = _call(NAME, 1)["id"]
+    return ToolCallFormat(
+        open=open_.lstrip().replace(first_id, CALL_ID),
+        mid=mid.replace(first_id, CALL_ID),
+        close=close.replace(first_id, CALL_ID),
+    )
 
 
 async def _tool_calls_text(

@@ -10,11 +10,10 @@ the user sees what it wrote.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ._format import ChatFormat
+from ._format import CALL_ID, ChatFormat, delimiter_pattern
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -29,12 +28,6 @@ class Piece:
     text: str
     """Reasoning or content text; for a call, its JSON arguments exactly as written."""
     name: str = ""
-
-
-def _loose(delimiter: str) -> re.Pattern[str]:
-    """A delimiter in which any run of whitespace matches any other (models vary spacing)."""
-    parts = [re.escape(p) for p in re.split(r"\s+", delimiter.strip())]
-    return re.compile(r"\s*".join(parts))
 
 
 def _held(text: str, delimiter: str) -> int:
@@ -54,12 +47,12 @@ class OutputParser:
         self._buffer = ""
         self._content_started = False
         call = fmt.tool_call
-        self._open = _loose(call.open) if call else None
-        self._open_head = call.open.split()[0] if call else ""
+        self._open = delimiter_pattern(call.open) if call else None
+        self._open_head = call.open.split()[0].split(CALL_ID)[0] if call else ""
         self._opened = ""
         self._wrote_content = False
-        self._mid = _loose(call.mid) if call and call.mid.strip() else None
-        self._close = _loose(call.close) if call and call.close.strip() else None
+        self._mid = delimiter_pattern(call.mid) if call and call.mid.strip() else None
+        self._close = delimiter_pattern(call.close) if call and call.close.strip() else None
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
