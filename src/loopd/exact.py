@@ -96,31 +96,31 @@ async def next_request(
         try:
             nxt = await exact.next_prompt(baseline, records, thinking=o.thinking, date=date)
         except FormatError:
-            pass  # said once, when the template was read
+            pass  # logged where it was found: this request goes as messages
         else:
             record = nxt.record.model_copy(update={"text": nxt.record.text + o.prefill})
             request = PromptRequest(
-                [*nxt.pieces[:-1], record.text],
-                nxt.format,
-                o.slot,
-                o.thinking,
-                o.thinking_cap,
-                o.max_tokens,
-                o.sampling,
-                o.prefill,
-                o.grammar,
+                prompt=[*nxt.pieces[:-1], record.text],
+                format=nxt.format,
+                slot=o.slot,
+                thinking=o.thinking,
+                thinking_cap=o.thinking_cap,
+                max_tokens=o.max_tokens,
+                sampling=o.sampling,
+                prefill=o.prefill,
+                grammar=o.grammar,
             )
             return request, record
     prefill = [{"role": "assistant", "content": o.prefill}] if o.prefill else []
     chat = ChatRequest(
-        messages(baseline, records) + prefill,
-        list(baseline.tools),
-        o.slot,
-        o.thinking,
-        o.thinking_cap,
-        o.max_tokens,
-        o.sampling,
-        date,
+        messages=messages(baseline, records) + prefill,
+        tools=list(baseline.tools),
+        slot=o.slot,
+        thinking=o.thinking,
+        thinking_cap=o.thinking_cap,
+        max_tokens=o.max_tokens,
+        sampling=o.sampling,
+        date=date,
     )
     return chat, None
 
@@ -187,7 +187,7 @@ class ExactHistory:
                 self._formats[key] = e
         known = self._formats[key]
         if isinstance(known, FormatError):
-            raise known
+            raise FormatError(str(known))
         return known
 
     async def _learn(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
@@ -233,7 +233,11 @@ class ExactHistory:
         rendered = await self._render(
             baseline, conversation, generation_prompt=True, thinking=thinking
         )
-        text = rendered[_end_of_answer(rendered, answer, fmt) :]
+        try:
+            text = rendered[_end_of_answer(rendered, answer, fmt) :]
+        except FormatError as e:
+            log.warning("this request goes as messages: %s", e)
+            raise
         tokens = list(answer.tokens or ())
         trim = 0
         if answer.ended and tokens and isinstance(tokens[-1], int):
