@@ -44,6 +44,9 @@ TEMPLATE_FILES = [
     TEMPLATES / "Qwen-Qwen3-0.6B.jinja",
     TEMPLATES / "openai-gpt-oss-120b.jinja",
     TEMPLATES / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+    TEMPLATES / "Qwen3.5-4B.jinja",
+    TEMPLATES / "GLM-4.6.jinja",
+    TEMPLATES / "MiniMax-M2.jinja",
 ]
 SYSTEM = "You are a helpful assistant. Be brief."
 

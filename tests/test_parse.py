@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.infer._format import CALL_ID, ChatFormat, ToolCallFormat
+from loopd.infer._format import CALL_ID, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._parse import OutputParser, Piece
 
 QWEN = ChatFormat(
@@ -128,3 +128,49 @@ def test_splitting_never_changes_the_result(text: str, size: int) -> None:
 def test_plain_text_is_content(fmt: ChatFormat) -> None:
     expected: Literal["reasoning", "content"] = "reasoning" if fmt.thinking_open else "content"
     assert parse(fmt, ["Just ", "words", "\n\nmore"]) == [Piece(expected, "Just words\n\nmore")]
+
+
+QWEN_CODER = ChatFormat(
+    generation_prompt="<|im_start|>assistant\n",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<tool_call>\n<function=",
+        mid="",
+        close=">\n</function>\n</tool_call>",
+        params=ParamFormat(key_open=">\n<parameter=", key_end=">\n", value_end="\n</parameter"),
+    ),
+)
+MINIMAX = ChatFormat(
+    generation_prompt="]~b]ai\n",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='<minimax:tool_call>\n<invoke name="',
+        mid='"',
+        close=">\n</invoke>\n",
+        params=ParamFormat(key_open='>\n<parameter name="', key_end='">', value_end="</parameter"),
+        block_close="</minimax:tool_call>",
+        again='<invoke name="',
+    ),
+)
+
+
+def test_parameters_written_one_by_one() -> None:
+    raw = (
+        "<tool_call>\n<function=call_tool>\n<parameter=name>\nread_file\n</parameter>\n"
+        '<parameter=arguments>\n{"path": "a.md"}\n</parameter>\n</function>\n</tool_call>'
+    )
+    out = parse(QWEN_CODER, [raw[i : i + 5] for i in range(0, len(raw), 5)])
+    assert out == [
+        Piece("call", '{"name": "read_file", "arguments": {"path": "a.md"}}', "call_tool")
+    ]
+
+
+def test_several_calls_in_one_block() -> None:
+    call = '<invoke name="find_tool">\n<parameter name="query">files</parameter>\n</invoke>\n'
+    raw = f"<minimax:tool_call>\n{call}{call}</minimax:tool_call>"
+    out = parse(MINIMAX, [raw])
+    assert out == [Piece("call", '{"query": "files"}', "find_tool")] * 2

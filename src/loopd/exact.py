@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -269,7 +268,7 @@ class ExactHistory:
 
 def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> int:
     """Where the stand-in for the answer ends in `rendered`: after its content, its tool calls
-    and their closing delimiter, before the template's end of the message."""
+    and their closing delimiters, before the template's end of the message."""
     at = rendered.find(USER)
     if at < 0:
         raise FormatError("the template left out the user message")
@@ -277,20 +276,33 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
     content = rendered.find(ANSWER, at)
     if content >= 0:
         at = content + len(ANSWER)
-    decoder = json.JSONDecoder()
+    call_format = fmt.tool_call
+    if not answer.tool_calls or call_format is None:
+        return at
+    close = delimiter_pattern(call_format.close, spaced=True)
     for call in answer.tool_calls:
         name = rendered.find(call.name, at)
-        start = rendered.find("{", name)
-        if name < 0 or start < 0:
+        if name < 0:
             raise FormatError(f"the template left out the call of {call.name}")
-        try:
-            _, at = decoder.raw_decode(rendered, start)
-        except json.JSONDecodeError as e:
-            raise FormatError(f"the template wrote the arguments of {call.name} oddly") from e
-        if fmt.tool_call and fmt.tool_call.close.strip():
-            close = delimiter_pattern(fmt.tool_call.close)
-            spaced = re.compile(r"\s*").match(rendered, at)
-            skip = spaced.end() if spaced else at
-            if matched := close.match(rendered, skip):
-                at = matched.end()
+        at = name + len(call.name)
+        if call_format.params is None:  # JSON arguments: they may hold the closing text
+            at = _after_json(rendered, rendered.find("{", at), call.name)
+        if (
+            matched := close.search(rendered, at)
+            if call_format.params
+            else close.match(rendered, at)
+        ):
+            at = matched.end()
+    if block := call_format.block_close and delimiter_pattern(
+        call_format.block_close, spaced=True
+    ).match(rendered, at):
+        at = block.end()
     return at
+
+
+def _after_json(rendered: str, start: int, name: str) -> int:
+    """Where the JSON arguments that start at `start` end."""
+    try:
+        return json.JSONDecoder().raw_decode(rendered, max(start, 0))[1]
+    except json.JSONDecodeError as e:
+        raise FormatError(f"the template wrote the arguments of {name} oddly") from e

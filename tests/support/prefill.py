@@ -4,6 +4,7 @@ own format as a prefill, and a grammar that lets it write the arguments and clos
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from loopd.infer import ChatFormat
@@ -24,20 +25,35 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
     assert fmt.tool_call is not None
     call = fmt.tool_call
     close_thinking = f"{fmt.think[1]}\n\n" if fmt.think and fmt.thinking_open else ""
+    end = call.close + call.block_close
+    words = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
+    paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
+    p = call.params
 
     def prefill(records: list[Record]) -> tuple[str, str]:
         last = records[-1]
         results = sum(isinstance(r, ToolResultRecord) for r in records)
-        if isinstance(last, UserRecord) and results == 0:
-            text = close_thinking + call.open + "find_tool" + call.mid + '{"query": "'
-            words = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
-            return text, f"root ::= {words} {gbnf(QUOTE_BRACE + call.close)}"
-        if isinstance(last, ToolResultRecord) and results == 1:
-            text = close_thinking + call.open + "call_tool" + call.mid + '{"name": "read_file", '
-            paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
-            start, end = gbnf('"arguments": {"path": "'), gbnf('"}}' + call.close)
-            return text, f"root ::= {start} {paths} {end}"
-        return "", ""
+        find = isinstance(last, UserRecord) and results == 0
+        read = isinstance(last, ToolResultRecord) and results == 1
+        if not (find or read):
+            return "", ""
+        text = close_thinking + call.open + ("find_tool" if find else "call_tool") + call.mid
+        if p is None and find:
+            return text + '{"query": "', f"root ::= {words} {gbnf(QUOTE_BRACE + end)}"
+        if p is None:
+            text += '{"name": "read_file", "arguments": {"path": "'
+            return text, f"root ::= {paths} {gbnf(QUOTE_BRACE + '}' + end)}"
+        if find:
+            text += p.key_open + "query" + p.key_end
+            return text, f"root ::= {words} {gbnf(p.value_end + end)}"
+        text += p.key_open + "name" + p.key_end + "read_file" + p.value_end
+        text += p.key_open + "arguments" + p.key_end
+        one, other = (
+            gbnf(json.dumps({"path": "today.md"})),
+            gbnf(json.dumps({"path": "notes/today.md"})),
+        )
+        objects = f"( {one} | {other} )"
+        return text, f"root ::= {objects} {gbnf(p.value_end + end)}"
 
     return prefill
 
@@ -49,16 +65,31 @@ def whole_calls(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
     assert fmt.tool_call is not None
     call = fmt.tool_call
     close_thinking = f"{fmt.think[1]}\n\n" if fmt.think and fmt.thinking_open else ""
+    p = call.params
+
+    def write(name: str, arguments: dict[str, object]) -> str:
+        if p is None:
+            written = json.dumps(arguments)
+        else:
+            written = "".join(
+                p.key_open
+                + k
+                + p.key_end
+                + (v if isinstance(v, str) else json.dumps(v))
+                + p.value_end
+                for k, v in arguments.items()
+            )
+        return (
+            close_thinking + call.open + name + call.mid + written + call.close + call.block_close
+        )
 
     def prefill(records: list[Record]) -> tuple[str, str]:
         last = records[-1]
         results = sum(isinstance(r, ToolResultRecord) for r in records)
         if isinstance(last, UserRecord) and results == 0:
-            arguments = '{"query": "my notes"}'
-            return close_thinking + call.open + "find_tool" + call.mid + arguments + call.close, ""
+            return write("find_tool", {"query": "my notes"}), ""
         if isinstance(last, ToolResultRecord) and results == 1:
-            arguments = '{"name": "read_file", "arguments": {"path": "today.md"}}'
-            return close_thinking + call.open + "call_tool" + call.mid + arguments + call.close, ""
+            return write("call_tool", {"name": "read_file", "arguments": {"path": "today.md"}}), ""
         return "", ""
 
     return prefill

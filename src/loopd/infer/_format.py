@@ -22,6 +22,7 @@ __all__ = [
     "CALL_ID",
     "ChatFormat",
     "FormatError",
+    "ParamFormat",
     "Render",
     "ToolCallFormat",
     "delimiter_pattern",
@@ -45,6 +46,8 @@ NAME = "Nz7name"
 NAME_2 = "Nz7other"
 KEY = "Kz7key"
 VALUE = "Vz7value"
+KEY_2 = "Kz7other"
+VALUE_2 = "Vz7second"
 
 # Thinking tags of the families llama.cpp knows; a template that renders reasoning teaches its
 # own tags, these serve the templates that never render past reasoning (QwQ, DeepSeek R1).
@@ -59,23 +62,21 @@ KNOWN_THINK_TAGS = (
 
 # Strings that look like one special token: <|x|> (also with DeepSeek's full-width bars), <x>,
 # </x>, [X], [/X].
-_SPECIAL = re.compile(
-    r"<[|\uff5c][^<>]{1,60}?[|\uff5c]>|</?[A-Za-z_:][\w:.\-]{0,40}>|\[/?[A-Z_]{2,30}\]"
-)
+_SPECIAL = re.compile(r"</?[|\uff5c][^<>]{1,60}?>|</?[A-Za-z_:][\w:.\-]{0,40}>|\[/?[A-Z_]{2,30}\]")
 
 
 CALL_ID = "\x00id\x00"
 """Stands in a delimiter for a call id the model writes itself (Mistral's `"id": "..."`)."""
 
 
-def delimiter_pattern(delimiter: str) -> re.Pattern[str]:
+def delimiter_pattern(delimiter: str, *, spaced: bool = False) -> re.Pattern[str]:
     """A delimiter in which any run of whitespace matches any other (models vary spacing), and
-    a call id matches any id."""
+    a call id matches any id; `spaced`: whitespace before it too."""
     parts = []
     for word in delimiter.split():
         pieces = [re.escape(p) for p in word.split(CALL_ID)]
         parts.append(r"[^\s\"]*".join(pieces))
-    return re.compile(r"\s*".join(parts))
+    return re.compile((r"\s*" if spaced else "") + r"\s*".join(parts))
 
 
 class FormatError(Exception):
@@ -83,12 +84,29 @@ class FormatError(Exception):
 
 
 @dataclass(frozen=True)
+class ParamFormat:
+    """Arguments written one by one: `key_open + key + key_end + value + value_end`, each
+    value as text (GLM's `<arg_key>`, Qwen3-Coder's `<parameter=...>`, MiniMax's)."""
+
+    key_open: str
+    key_end: str
+    value_end: str
+
+
+@dataclass(frozen=True)
 class ToolCallFormat:
-    """A tool call as `open + name + mid + arguments (a JSON object) + close`."""
+    """A tool call as `open + name + mid + arguments + close`: a JSON object, or, with
+    `params`, parameters one by one."""
 
     open: str
     mid: str
     close: str
+    params: ParamFormat | None = None
+    block_close: str = ""
+    """What closes a block of several calls (`</minimax:tool_call>`), after the last one."""
+    again: str = ""
+    """What opens a call that follows another in the same block (`<invoke name="`), when that
+    is not `open`."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +166,7 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
     gen = with_prompt[len(without) :]
 
     plain = await _assistant(render, base, without, {"content": CONTENT})
-    header = _common_prefix([gen, plain])
+    header = _clean(_common_prefix([gen, plain]))
     prefix = plain[len(header) : plain.index(CONTENT)].strip()
     think = await _think_tags(render, base, without, gen, source)
     return ChatFormat(
@@ -160,12 +178,11 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
     )
 
 
-def _call(name: str, index: int) -> dict[str, Any]:
-    arguments = json.dumps({KEY: VALUE})
+def _call(name: str, index: int, arguments: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "id": f"c0000000{index}",
         "type": "function",
-        "function": {"name": name, "arguments": arguments},
+        "function": {"name": name, "arguments": json.dumps(arguments or {KEY: VALUE})},
     }
 
 
@@ -231,13 +248,17 @@ async def _tool_call_format(
         return None  # the template has no tool calls: nobody can parse one
     located = _locate(one, NAME)
     if not located:
-        raise FormatError("its tool calls are not a name and JSON arguments")
+        return await _param_format(render, base, without, header)
     name_at, args_at, args_end = located
     after = one[args_end:]
     two = await _tool_calls_text(render, base, without, [_call(NAME, 1), _call(NAME_2, 2)])
     second = two and NAME_2 in two and _locate(two, NAME)
+    block_close = again = ""
     if two and second:
-        close = _common_prefix([after, two[second[2] :]])
+        shared = _common_prefix([after, two[second[2] :]])
+        close = _clean(shared)
+        block_close = _block_close(after[len(close) :], cut=shared != close)
+        again = two[second[2] + len(close) : two.index(NAME_2)].strip()
     else:  # one call per message: the close runs up to the next special token
         marker = _SPECIAL.search(after)
         close = after[: marker.start()] if marker else after
@@ -252,7 +273,79 @@ async def _tool_call_format(
         open=open_.lstrip().replace(first_id, CALL_ID),
         mid=mid.replace(first_id, CALL_ID),
         close=close.replace(first_id, CALL_ID),
+        block_close=block_close,
+        again=again if block_close else "",
     )
+
+
+async def _param_format(
+    render: Render, base: list[dict[str, Any]], without: str, header: str
+) -> ToolCallFormat:
+    """Tool calls whose arguments are written one by one, learned from a call with two."""
+    arguments = {KEY: VALUE, KEY_2: VALUE_2}
+    one = await _tool_calls_text(render, base, without, [_call(NAME, 1, arguments)])
+    two = await _tool_calls_text(
+        render, base, without, [_call(NAME, 1, arguments), _call(NAME_2, 2, arguments)]
+    )
+    marks = [NAME, KEY, VALUE, KEY_2, VALUE_2]
+    at = _positions(one or "", marks)
+    if one is None or at is None:
+        raise FormatError("its tool calls are neither JSON arguments nor parameters")
+    between = [one[at[i] + len(marks[i]) : at[i + 1]] for i in range(len(marks) - 1)]
+    name_to_key, key_end, value_to_key, key_end_2 = between
+    key_open = _common_suffix([name_to_key, value_to_key])
+    if not key_open.strip() or key_end != key_end_2:
+        raise FormatError("its tool calls' parameters follow no pattern loopd can read")
+    value_end = value_to_key[: len(value_to_key) - len(key_open)]
+    after = one[at[-1] + len(VALUE_2) :]
+    second = _positions(two or "", [NAME, KEY, VALUE, KEY_2, VALUE_2, NAME_2])
+    if not two or second is None or not after.startswith(value_end):
+        raise FormatError("its tool calls' ends cannot be told apart")
+    shared = _common_prefix([after, two[second[4] + len(VALUE_2) :]])
+    close = _clean(shared)[len(value_end) :]
+    block_close = _block_close(after[len(value_end) + len(close) :], cut=shared != _clean(shared))
+    again = two[second[4] + len(VALUE_2) + len(value_end) + len(close) : second[5]].strip()
+    start = len(header) if one.startswith(header) else 0
+    open_ = one[start : at[0]]
+    open_ = open_[open_.find(CONTENT) + len(CONTENT) :] if CONTENT in open_ else open_
+    if not open_.strip() or not close.strip():
+        raise FormatError("nothing in its tool calls tells them from content")
+    return ToolCallFormat(
+        open=open_.lstrip(),
+        mid=name_to_key[: len(name_to_key) - len(key_open)],
+        close=close,
+        params=ParamFormat(key_open=key_open, key_end=key_end, value_end=value_end),
+        block_close=block_close,
+        again=again if block_close else "",
+    )
+
+
+def _clean(text: str) -> str:
+    """`text` without a tag it ends in the middle of (`...\n<` from `<invoke` against `</x>`)."""
+    opened = text.rfind("<")
+    return text[:opened] if opened > text.rfind(">") else text
+
+
+def _block_close(rest: str, *, cut: bool) -> str:
+    """After the last call of a block: the tag that closes the block, when calls share one."""
+    marker = _SPECIAL.match(rest.lstrip())
+    return marker.group(0) if cut and marker else ""
+
+
+def _positions(text: str, marks: list[str]) -> list[int] | None:
+    """Where each mark is, in order; None if one is missing."""
+    found, at = [], 0
+    for mark in marks:
+        at = text.find(mark, at)
+        if at < 0:
+            return None
+        found.append(at)
+        at += len(mark)
+    return found
+
+
+def _common_suffix(texts: list[str]) -> str:
+    return _common_prefix([t[::-1] for t in texts])[::-1]
 
 
 async def _tool_calls_text(

@@ -10,10 +10,11 @@ the user sees what it wrote.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ._format import CALL_ID, ChatFormat, delimiter_pattern
+from ._format import CALL_ID, ChatFormat, ToolCallFormat, delimiter_pattern
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -28,6 +29,34 @@ class Piece:
     text: str
     """Reasoning or content text; for a call, its JSON arguments exactly as written."""
     name: str = ""
+
+
+def _spaced_pattern(delimiter: str) -> re.Pattern[str]:
+    return delimiter_pattern(delimiter, spaced=True)
+
+
+class _ParamPatterns:
+    """The delimiters of arguments written one by one, each allowing whitespace before it."""
+
+    def __init__(self, call: ToolCallFormat) -> None:
+        params = call.params
+        assert params is not None  # noqa: S101 - built only for such formats
+        self.first_key = _spaced_pattern(call.mid + params.key_open)
+        self.key_open = _spaced_pattern(params.key_open)
+        self.key_end = _spaced_pattern(params.key_end)
+        self.value_end = _spaced_pattern(params.value_end)
+        self.close = _spaced_pattern(call.close)
+
+
+def _value(text: str) -> object:
+    """An argument written as text: an object or a list when it is one in JSON (a tool's
+    `arguments`), else the text itself."""
+    text = text.strip("\n")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict | list) else text
 
 
 def _held(text: str, delimiter: str) -> int:
@@ -51,6 +80,8 @@ class OutputParser:
         self._open_head = call.open.split()[0].split(CALL_ID)[0] if call else ""
         self._opened = ""
         self._wrote_content = False
+        self._params = _ParamPatterns(call) if call and call.params else None
+        self._in_block = False
         self._mid = delimiter_pattern(call.mid) if call and call.mid.strip() else None
         self._close = delimiter_pattern(call.close) if call and call.close.strip() else None
 
@@ -101,18 +132,46 @@ class OutputParser:
             out.append(Piece("reasoning", self._buffer[: len(self._buffer) - keep]))
             self._buffer = self._buffer[len(self._buffer) - keep :]
 
+    def _content_begins(self, final: bool) -> bool:
+        """Content starts after whitespace and the template's content prefix (harmony's final
+        channel header); False while that is still to come."""
+        if self._content_started:
+            return True
+        head = self._buffer.lstrip()
+        for prefix in self.fmt.content_prefixes:
+            if head.startswith(prefix):
+                head = head[len(prefix) :].lstrip()
+            elif prefix.startswith(head) and not final:
+                return False
+        if not head and not final:
+            self._buffer = ""
+            return False
+        self._buffer, self._content_started = head, True
+        return True
+
+    def _block(self, final: bool) -> bool:
+        """After a call: another call of the same block, the block's end, or what follows.
+        False while the text could still be either."""
+        call, head = self.fmt.tool_call, self._buffer.lstrip()
+        if call is None or not (call.again or call.block_close):
+            self._in_block = False
+            return True
+        for marker, state in ((call.again, "call"), (call.block_close, "content")):
+            if marker and head.startswith(marker):
+                self._buffer, self._state = head[len(marker) :], state  # type: ignore[assignment]
+                self._opened = marker
+                self._in_block = state == "call"
+                return True
+            if marker and marker.startswith(head) and not final:
+                return False
+        self._in_block = False
+        return True
+
     def _content(self, out: list[Piece], final: bool) -> None:
-        if not self._content_started:
-            head = self._buffer.lstrip()
-            for prefix in self.fmt.content_prefixes:
-                if head.startswith(prefix):
-                    head = head[len(prefix) :].lstrip()
-                elif prefix.startswith(head) and not final:
-                    return
-            if not head and not final:
-                self._buffer = ""
-                return
-            self._buffer, self._content_started = head, True
+        if self._in_block and not self._block(final):
+            return
+        if self._state != "content" or not self._content_begins(final):
+            return
         at = self._buffer.find(self._open_head) if self._open else -1
         if at >= 0:
             opened = self._open.match(self._buffer, at)  # type: ignore[union-attr]
@@ -145,9 +204,38 @@ class OutputParser:
             return
         name, arguments, rest = parsed
         out.append(Piece("call", arguments, name))
-        self._buffer, self._state = rest.lstrip(), "content"
+        rest = rest.lstrip()
+        self._buffer, self._state, self._in_block = rest, "content", True
+
+    def _parse_params(self) -> tuple[str, str, str] | None:
+        """`name`, then `key_open key key_end value value_end` for each argument, then the
+        close; None while any of it is still to come."""
+        p, text = self._params, self._buffer
+        assert p is not None  # noqa: S101 - only called with parameters
+        first, closed = p.first_key.search(text), p.close.search(text)
+        if first is None or (closed is not None and closed.start() < first.start()):
+            if closed is None:
+                return None
+            return text[: closed.start()].strip().strip('"'), "{}", text[closed.end() :]
+        name, arguments, at = text[: first.start()].strip().strip('"'), {}, first.end()
+        while True:
+            key_end = p.key_end.search(text, at)
+            value_end = key_end and p.value_end.search(text, key_end.end())
+            if not key_end or not value_end:
+                return None
+            key = text[at : key_end.start()].strip().strip('"')
+            arguments[key] = _value(text[key_end.end() : value_end.start()])
+            at = value_end.end()
+            if more := p.key_open.match(text, at):
+                at = more.end()
+            elif closed := p.close.match(text, at):
+                return name, json.dumps(arguments), text[closed.end() :]
+            else:
+                return None
 
     def _parse_call(self, final: bool) -> tuple[str, str, str] | None:  # noqa: PLR0911 - one per way a call can be unfinished
+        if self._params is not None:
+            return self._parse_params()
         text = self._buffer
         if self._mid is None:
             return None
