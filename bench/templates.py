@@ -184,13 +184,13 @@ async def measure(binary: Path, model: Path, templates: Path) -> dict[str, Any]:
             print(f"  {template.stem}", file=sys.stderr)
             rows.append(await _one(binary, model, template, Path(tmp)))
     rendered = [r for r in rows if r["renders"]]
-    exact_zero = [r for r in rendered if r.get("exact", {}).get("recomputed") == 0]
-    not_worse = [
-        r for r in rendered if "exact" in r and r["exact"]["ratio"] <= r["messages"]["ratio"]
-    ]
+    ran = [r for r in rendered if r.get("exact", {}).get("requests")]
+    exact_zero = [r for r in ran if r["exact"]["recomputed"] == 0]
+    not_worse = [r for r in ran if r["exact"]["ratio"] <= r["messages"]["ratio"]]
     return {
         "templates": len(rows),
         "renders": len(rendered),
+        "ran": len(ran),
         "exact_with_nothing_recomputed": len(exact_zero),
         "exact_at_or_below_messages": len(not_worse),
         "rows": rows,
@@ -198,17 +198,18 @@ async def measure(binary: Path, model: Path, templates: Path) -> dict[str, Any]:
 
 
 def _cell(figures: dict[str, Any] | None) -> str:
-    if not figures:
-        return "-"
+    if not figures or not figures["requests"]:
+        return "did not run"
     return f"{figures['recomputed']} / {figures['processed']} / {figures['ratio']:.2f}"
 
 
 def table(f: dict[str, Any]) -> list[str]:
     lines = [
         (
-            f"{f['renders']} of {f['templates']} templates render with tools; token-exact "
-            f"history recomputed nothing on {f['exact_with_nothing_recomputed']} of them, and "
-            f"processed no more than history as messages on {f['exact_at_or_below_messages']}."
+            f"{f['renders']} of {f['templates']} templates render with tools, and the "
+            f"conversation ran on {f['ran']} of them; token-exact history recomputed nothing on "
+            f"{f['exact_with_nothing_recomputed']} of those, and processed no more than history "
+            f"as messages on {f['exact_at_or_below_messages']}."
         ),
         "",
         (

@@ -220,7 +220,9 @@ class ExactHistory:
             return NextPrompt([text], PromptRecord(text=text, full=True), fmt)
         pieces, answer = built
         at = max(i for i, r in enumerate(records) if r is answer)
-        stand_in: dict[str, Any] = {"role": "assistant", "content": ANSWER}
+        # Shaped like the answer: some templates write calls only when there is no content.
+        content = ANSWER if answer.content or not answer.tool_calls else None
+        stand_in: dict[str, Any] = {"role": "assistant", "content": content}
         if answer.tool_calls:
             stand_in["tool_calls"] = messages(baseline, [answer])[1]["tool_calls"]
         conversation = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from loopd.infer import ChatFormat
+from loopd.infer import CALL_ID, ChatFormat
 from loopd.records import Record, ToolResultRecord, UserRecord
 
 QUOTE_BRACE = '"}'
@@ -25,7 +25,7 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
     assert fmt.tool_call is not None
     call = fmt.tool_call
     close_thinking = f"{fmt.think[1]}\n\n" if fmt.think and fmt.thinking_open else ""
-    end = call.close + call.block_close
+    end = (call.close + call.block_close).replace(CALL_ID, "call00001")  # an id it may write
     words = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
     paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
     p = call.params
