@@ -1,13 +1,14 @@
 """`just bench history`: time to first token against the length of the history, through loopd
 and sent directly, and loopd's own share of it.
 
-For each size, one llama-server (SmolLM2-135M; a context beyond its training length is fine
-for timing) holds a session whose first message is a document of that many tokens. Then, in
-pairs, alternating which goes first: a question through `loopd serve` and the socket (its time
-to the first content event), and the same kind of request sent straight to `/completion` with
-httpx (the session's token-exact prompt read from its log, and the question), and, for
-reference, the whole history sent as messages to the chat endpoint, which renders and
-tokenizes it all again. Each request processes only its question: the history is cached.
+For each size, one llama-server (SmolLM2-135M, whose 8,192-token training context is the most
+llama-server gives a slot) holds a session whose first message is a document of that many
+tokens. Then, in pairs, alternating which goes first: a question through `loopd serve` and the
+socket (its time to the first content event), and the very request loopd would send for such a
+question, built beforehand from the session's log (`ExactHistory.next_prompt`) and sent
+straight to `/completion` with httpx; and, for reference, the whole history sent as messages to
+the chat endpoint, which renders and tokenizes it all again. Each request processes only its
+question: the history is cached.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from typing import Any
 import httpx
 
 from loopd.baseline import make_baseline, messages
-from loopd.exact import transcript
+from loopd.exact import ExactHistory
+from loopd.infer import Client
+from loopd.records import UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.store import Store
 from support.daemon import Daemon
 
-SIZES = (1_000, 10_000, 50_000)
+# llama-server caps a slot at the model's training context (8,192 for SmolLM2), so the
+# longest history that fits, with room for the questions, is about 7,000 tokens.
+SIZES = (1_000, 3_000, 7_000)
 PAIRS = 5
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
@@ -47,9 +52,12 @@ async def _first_content(http: httpx.AsyncClient, path: str, body: dict[str, Any
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("content") or any(
-                (c.get("delta") or {}).get("content") for c in chunk.get("choices", [])
-            ):
+            # Leading whitespace is not an answer yet (loopd's parser, like the server's, starts
+            # content at the first visible character): both sides measure the same moment.
+            text = chunk.get("content") or "".join(
+                (c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", [])
+            )
+            if text.strip():
                 return time.perf_counter() - start
     return time.perf_counter() - start
 
@@ -82,20 +90,25 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
         loopd_ms, direct_ms, chat_ms = [], [], []
         try:
             client = await d.connect()
-            await client.send({"type": "send", "id": "doc", "content": _document(tokens)})
-            await client.until("turn_done", timeout=3600)  # the history, processed once
+            # The history, processed once.
+            done = await client.turn("doc", _document(tokens), timeout=3600)
+            if done[-1]["type"] != "turn_done":
+                raise RuntimeError(f"the document's turn failed: {done[-1]}")
             store = Store(d.home / "sessions")
-            async with httpx.AsyncClient(base_url=server.url, timeout=3600) as http:
+            async with (
+                httpx.AsyncClient(base_url=server.url, timeout=3600) as http,
+                Client(server.url) as llama,
+            ):
+                exact = ExactHistory(llama)
+                chats: list[dict[str, Any]] = []
                 for pair in range(PAIRS):
                     header, records, _ = store.read(store.latest() or "")
-                    built = transcript(records)
-                    if built is None:
-                        raise RuntimeError("loopd did not keep a token-exact history")
-                    pieces, answer = built
-                    ids = [t for t in answer.tokens or () if isinstance(t, int)]
-                    question = f"\nQuestion d{pair}: and now?"
+                    # The very prompt loopd would send for this question, built beforehand.
+                    question = f"Question d{pair}: and now?"
+                    after = [*records, UserRecord(content=question)]
+                    built = await exact.next_prompt(header.baseline, after, thinking=True)
                     same = {
-                        "prompt": [*pieces, *ids, question],
+                        "prompt": built.pieces,
                         "stream": True,
                         "id_slot": 0,
                         "cache_prompt": True,
@@ -105,7 +118,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                     chat = {
                         "messages": [
                             *messages(header.baseline, records),
-                            {"role": "user", "content": question},
+                            {"role": "user", "content": f"Question m{pair}: and now?"},
                         ],
                         "tools": list(make_baseline().tools),
                         "stream": True,
@@ -120,7 +133,12 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                             loopd_ms.append(1000 * await _through_loopd(client, f"q{pair}"))
                         else:
                             direct_ms.append(1000 * await _first_content(http, "/completion", same))
-                    chat_ms.append(1000 * await _first_content(http, "/v1/chat/completions", chat))
+                    chats.append(chat)
+                # Afterwards, not in between: the chat endpoint's rendering of the history is
+                # not the slot's tokens, so a request after it would pay for what it changed.
+                for chat in chats:
+                    took = await _first_content(http, "/v1/chat/completions", chat)
+                    chat_ms.append(1000 * took)
         finally:
             await d.kill()
             await d.close_clients()

@@ -171,6 +171,9 @@ def _save(started: datetime, figures: dict[str, Any], *, whole: bool) -> None:
     saved = HERE / "results.json"
     record = {} if whole or not saved.exists() else json.loads(saved.read_text())
     dates = record.get("measured", {})
+    for name in FIGURES:  # sections saved before dates were kept per section
+        if name in record and name not in dates:
+            dates[name] = record["date"]
     for name in figures:
         dates[name] = started.isoformat()
     record.update({"date": started.isoformat(), "machine": machine(), "command": COMMAND})

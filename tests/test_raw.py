@@ -68,9 +68,15 @@ def test_the_text_of_an_end_token_is_not_content() -> None:
     """An end token that is also a delimiter comes back as text: it ends the message."""
     raw = assembler()
     raw.feed(chunk("Hi", [10], 1))
-    events = raw.feed(chunk("<|im_end|>", [2], 2)) + raw.feed(final("eos", 2))
+    events = raw.feed(chunk("<|im_start|>", [1], 2)) + raw.feed(final("eos", 2))
     assert raw.completion().content == "Hi"
-    assert not [e for e in events if isinstance(e, Content) and "im_end" in e.text]
+    assert not [e for e in events if isinstance(e, Content) and "im_start" in e.text]
+
+
+def test_text_goes_on_at_once() -> None:
+    """Only a delimiter's text waits for the next chunk; words are passed on as they come."""
+    raw = assembler()
+    assert [e for e in raw.feed(chunk("Hello", [10], 1)) if isinstance(e, Content)]
 
 
 def test_a_tool_call_becomes_deltas_and_a_call() -> None:

@@ -129,10 +129,10 @@ class LineClient:
                     return got
         raise AssertionError(f"closed before a {kind!r} line; got {got}")
 
-    async def turn(self, turn_id: str, content: str) -> list[dict[str, Any]]:
+    async def turn(self, turn_id: str, content: str, timeout: float = 60) -> list[dict[str, Any]]:
         await self.send({"type": "send", "id": turn_id, "content": content})
         got = []
-        with trio.fail_after(60):
+        with trio.fail_after(timeout):
             while (line := await self.receive()) is not None:
                 got.append(line)
                 if line["type"] in ("turn_done", "turn_failed") and line["id"] == turn_id:

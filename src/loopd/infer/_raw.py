@@ -42,11 +42,17 @@ class RawAssembler:
     tokens: list[PromptPiece] = field(default_factory=list)
     done: bool = False
     _held: str = ""
-    """The newest token's text, parsed once the next chunk shows it did not end the message."""
+    """The newest token's text when it is a delimiter (a special token whose text the server
+    sends), parsed once the next chunk shows it did not end the message. Other text goes on
+    at once: holding every token back would add a token's time to the first one."""
+    _markers: frozenset[str] = frozenset()
     _counted: int = 0
     """Tokens generated so far, as the server counts them."""
     _calls: int = 0
     _ended: bool = False
+
+    def __post_init__(self) -> None:
+        self._markers = frozenset(self.parser.fmt.markers())
 
     def prime(self, prefill: str) -> list[ChatEvent]:
         """The answer's start that the prompt itself wrote (a prefill)."""
@@ -75,7 +81,12 @@ class RawAssembler:
         else:
             self.tokens += chunk.tokens
         self._counted = chunk.tokens_predicted
-        pieces, self._held = self.parser.feed(self._held), chunk.content
+        pieces = self.parser.feed(self._held)
+        self._held = ""
+        if chunk.content in self._markers:
+            self._held = chunk.content
+        else:
+            pieces += self.parser.feed(chunk.content)
         return events + self._relay(pieces)
 
     def _stop(self, chunk: _RawChunk) -> list[ChatEvent]:
