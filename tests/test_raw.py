@@ -11,6 +11,7 @@ from loopd.infer import Content, Progress, StreamErrorEvent, ToolCallDelta
 from loopd.infer._assemble import Assembler
 from loopd.infer._parse import OutputParser
 from loopd.infer._raw import RawAssembler
+from loopd.infer._types import one_prompt
 from test_parse import QWEN
 
 
@@ -94,3 +95,11 @@ def test_a_tool_call_becomes_deltas_and_a_call() -> None:
 def test_an_error_in_the_stream_is_a_typed_error() -> None:
     with pytest.raises(StreamErrorEvent):
         assembler().feed(json.dumps({"error": {"code": 500, "message": "boom"}}))
+
+
+def test_a_prompt_of_text_only_is_one_prompt() -> None:
+    """llama-server reads a list of strings as several prompts: text pieces side by side are
+    joined, and text alone goes as one string."""
+    assert one_prompt(["a", "b"]) == "ab"
+    assert one_prompt(["a", 1, "b", "c", 2]) == ["a", 1, "bc", 2]
+    assert one_prompt(["only"]) == "only"

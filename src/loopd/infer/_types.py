@@ -112,7 +112,7 @@ class PromptRequest:
         fmt = self.format
         payload: dict[str, Any] = {
             **self.sampling,
-            "prompt": self.prompt,
+            "prompt": one_prompt(self.prompt),
             "stream": True,
             "id_slot": self.slot,
             "cache_prompt": True,
@@ -132,6 +132,21 @@ class PromptRequest:
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
             payload["generation_prompt"] = fmt.generation_prompt
         return canonical(payload)
+
+
+def one_prompt(pieces: list[PromptPiece]) -> str | list[PromptPiece]:
+    """The pieces as llama-server reads one prompt: it takes a list of strings alone for
+    several prompts, so adjacent strings are joined, and a prompt of text only is one string.
+    (Only an answer without any token id leaves two strings side by side.)"""
+    joined: list[PromptPiece] = []
+    for piece in pieces:
+        if isinstance(piece, str) and joined and isinstance(joined[-1], str):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    if len(joined) == 1 and isinstance(joined[0], str):
+        return joined[0]
+    return joined
 
 
 def template_kwargs(*, thinking: bool, date: str | None) -> dict[str, Any]:
