@@ -9,6 +9,7 @@ a garbled one fails with a clear message instead of a wrong answer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -76,6 +77,25 @@ class _Chunk(_Loose):
 _CHUNK = TypeAdapter(_Chunk)
 
 
+class _Failing(Protocol):
+    @property
+    def error(self) -> object | None: ...
+
+
+_C = TypeVar("_C", bound=_Failing)
+
+
+def read_chunk(adapter: TypeAdapter[_C], data: str) -> _C:
+    """One `data:` payload, read strictly; an error the server put in the stream raises."""
+    try:
+        chunk = adapter.validate_json(data)
+    except ValidationError as e:
+        raise StreamBroken(f"llama-server sent a chunk loopd cannot read: {data[:200]!r}") from e
+    if chunk.error is not None:
+        raise StreamErrorEvent(chunk.error)
+    return chunk
+
+
 @dataclass
 class _CallParts:
     id: str = ""
@@ -97,14 +117,7 @@ class Assembler:
     thinking_capped: bool = False
 
     def feed(self, data: str) -> list[ChatEvent]:
-        try:
-            chunk = _CHUNK.validate_json(data)
-        except ValidationError as e:
-            raise StreamBroken(
-                f"llama-server sent a chunk loopd cannot read: {data[:200]!r}"
-            ) from e
-        if chunk.error is not None:
-            raise StreamErrorEvent(chunk.error)
+        chunk = read_chunk(_CHUNK, data)
         events: list[ChatEvent] = []
         if (p := chunk.prompt_progress) is not None:
             events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter
 
-from ._assemble import Assembler, _Delta, _Function, _Loose, _PromptProgress, _ToolCallPiece
-from ._errors import StreamBroken, StreamErrorEvent
+from ._assemble import (
+    Assembler,
+    _Delta,
+    _Function,
+    _Loose,
+    _PromptProgress,
+    _ToolCallPiece,
+    read_chunk,
+)
 from ._parse import OutputParser, Piece
 from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings
 
@@ -59,14 +66,7 @@ class RawAssembler:
         return self._relay(self.parser.feed(prefill)) if prefill else []
 
     def feed(self, data: str) -> list[ChatEvent]:
-        try:
-            chunk = _CHUNK.validate_json(data)
-        except ValidationError as e:
-            raise StreamBroken(
-                f"llama-server sent a chunk loopd cannot read: {data[:200]!r}"
-            ) from e
-        if chunk.error is not None:
-            raise StreamErrorEvent(chunk.error)
+        chunk = read_chunk(_CHUNK, data)
         events: list[ChatEvent] = []
         if (p := chunk.prompt_progress) is not None:
             events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))
