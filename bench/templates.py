@@ -23,63 +23,20 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import trio
 
 from loopd.baseline import TOOLS, make_baseline, messages
-from loopd.config import LoopConfig, ToolsConfig
 from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, FormatError, InferError, Timings, slot_tokens
 from loopd.records import AssistantRecord, Record, UsageRecord
 from loopd.server_proc import LaunchSpec, managed_server
-from loopd.store import Store
-from loopd.tools import open_tool_port
-from loopd.turn import Runtime, TurnError, run_turn
-from support.prefill import prefills, whole_calls
+from support.conversation import SYSTEM, conversation
+from support.prefill import prefills
 
-SYSTEM = "You are a helpful assistant. Be brief."
 TURNS = ("What do my notes say?", "Thanks. Anything else?", "Say goodbye.")
-Mode = Literal["exact", "template"]
-
-
-async def _conversation(url: str, home: Path, mode: Mode = "exact") -> list[Record]:
-    (home / "notes").mkdir(parents=True)
-    (home / "notes" / "today.md").write_text("buy milk\n")
-    store = Store(home / "sessions")
-    session_id = None
-    for number, user in enumerate(TURNS, start=1):
-        tools = ToolsConfig(roots=[home / "notes"])
-        async with Client(url) as client, open_tool_port(tools) as port:
-            exact = ExactHistory(client)
-            try:
-                fmt = await exact.format(make_baseline(SYSTEM), thinking=True)
-            except FormatError:
-                fmt = None  # history goes as messages in both runs
-            calls = fmt if fmt and fmt.tool_call and number == 1 else None
-            make_prefill = prefills if mode == "exact" else whole_calls
-            rt = Runtime(
-                loop=LoopConfig(max_tokens=40),
-                inference=client,
-                port=port,
-                registry=port.registry,
-                sampling={"temperature": 0, "seed": 1},
-                exact=exact if mode == "exact" else None,
-                prefill=make_prefill(calls) if calls else None,
-            )
-            if session_id is None:
-                session = await store.create(make_baseline(SYSTEM))
-                session_id = session.id
-            else:
-                session = await store.open(session_id)  # a restart: everything from the log
-            try:
-                await run_turn(session, rt, user, lambda _: None)
-            except TurnError:
-                pass  # counted below: a turn that failed made fewer requests
-            finally:
-                session.close()
-    return list(store.read(session_id or "")[1])
 
 
 def _figures(timings: list[Timings]) -> dict[str, Any]:
@@ -166,7 +123,9 @@ async def _one(binary: Path, model: Path, template: Path, tmp: Path) -> dict[str
                 row["why"] = f"history goes as messages: {e}"
         row["renders"] = True
         try:
-            records = await _conversation(server.url, tmp / row["name"])
+            records = await conversation(
+                server.url, tmp / row["name"], "exact", TURNS, tolerate=True
+            )
         except (FormatError, InferError) as e:
             return {**row, "failed": str(e)[:200]}
         row["exact"] = _figures(_used(records))

@@ -12,14 +12,14 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import pytest
 
 from conftest import QWEN_TEMPLATE, QWQ_TEMPLATE, TEMPLATES, StartLlama
 from loopd.baseline import make_baseline
-from loopd.config import LoopConfig, ToolsConfig
+from loopd.config import LoopConfig
 from loopd.exact import ExactHistory
 from loopd.infer import Client, Timings, slot_tokens
 from loopd.records import (
@@ -33,9 +33,9 @@ from loopd.records import (
     conversation_problems,
 )
 from loopd.store import Store
-from loopd.tools import LocalToolPort, Registry, open_tool_port
+from loopd.tools import LocalToolPort, Registry
 from loopd.turn import InferFailed, Runtime, run_turn
-from support.prefill import prefills
+from support.conversation import conversation
 
 pytestmark = pytest.mark.llama
 
@@ -48,41 +48,9 @@ TEMPLATE_FILES = [
     TEMPLATES / "GLM-4.6.jinja",
     TEMPLATES / "MiniMax-M2.jinja",
 ]
-SYSTEM = "You are a helpful assistant. Be brief."
 
 
-async def conversation(
-    url: str, home: Path, history: Literal["exact", "template"], *, prefill: bool = True
-) -> list[Record]:
-    """Two turns, a tool chain in the first; the session reopened by a new client between."""
-    (home / "notes").mkdir(parents=True)
-    (home / "notes" / "today.md").write_text("buy milk\n")
-    store = Store(home / "sessions")
-    session = None
-    for user in ("What do my notes say?", "Thanks. Anything else?"):
-        async with (
-            Client(url) as client,
-            open_tool_port(ToolsConfig(roots=[home / "notes"])) as port,
-        ):
-            exact = ExactHistory(client)
-            fmt = await exact.format(make_baseline(SYSTEM), thinking=True)
-            rt = Runtime(
-                loop=LoopConfig(max_tokens=40),
-                inference=client,
-                port=port,
-                registry=port.registry,
-                sampling={"temperature": 0, "seed": 1},
-                exact=exact if history == "exact" else None,
-                prefill=prefills(fmt) if prefill else None,
-            )
-            if session is None:
-                session = await store.create(make_baseline(SYSTEM))
-            else:
-                session = await store.open(session.id)  # a restart: everything from the log
-            await run_turn(session, rt, user, lambda _: None)
-            session.close()
-    assert session is not None
-    return list(store.read(session.id)[1])
+TURNS = ("What do my notes say?", "Thanks. Anything else?")
 
 
 @pytest.mark.parametrize("template", TEMPLATE_FILES, ids=lambda p: p.stem)
@@ -90,7 +58,7 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
     llama: StartLlama, tmp_path: Path, template: Path
 ) -> None:
     server = await llama(n_ctx=4096, template=template)
-    records = await conversation(server.url, tmp_path, "exact")
+    records = await conversation(server.url, tmp_path, "exact", TURNS)
     calls = [c.name for r in records if isinstance(r, AssistantRecord) for c in r.tool_calls]
     assert calls[:2] == ["find_tool", "call_tool"]
     results = [r for r in records if isinstance(r, ToolResultRecord)]
@@ -119,7 +87,7 @@ async def test_history_as_messages_records_every_loss_exactly(
     every request that finds less than the slot held is followed by a `cache_loss` saying
     exactly how much; no request loses silently."""
     server = await llama(n_ctx=4096, template=template)
-    records = await conversation(server.url, tmp_path, "template", prefill=False)
+    records = await conversation(server.url, tmp_path, "template", TURNS, make_prefill=None)
     usages: list[Timings] = []
     for at, record in enumerate(records):
         if not isinstance(record, UsageRecord):
@@ -145,7 +113,7 @@ async def test_a_call_the_server_cannot_parse_fails_the_turn_and_leaves_a_valid_
     turn ends as an error with the server's words; nothing of the failed answer is logged."""
     server = await llama(n_ctx=4096, template=QWQ_TEMPLATE)
     with pytest.raises(BaseExceptionGroup) as failed:  # from the tool port's nursery
-        await conversation(server.url, tmp_path, "template")
+        await conversation(server.url, tmp_path, "template", TURNS)
     assert failed.group_contains(InferFailed, match="Failed to parse tool call arguments")
     store = Store(tmp_path / "sessions")
     _, records, _ = store.read(store.latest() or "")
@@ -157,21 +125,28 @@ async def test_a_call_the_server_cannot_parse_fails_the_turn_and_leaves_a_valid_
     )
 
 
+def without_tools(
+    client: Client, max_tokens: int, sampling: dict[str, Any], exact: ExactHistory | None
+) -> Runtime:
+    registry = Registry()
+    return Runtime(
+        loop=LoopConfig(max_tokens=max_tokens),
+        inference=client,
+        port=LocalToolPort(registry, {}, timeout=5),
+        registry=registry,
+        sampling=sampling,
+        exact=exact,
+    )
+
+
 async def sampled_turns(
     url: str, home: Path, history: Literal["exact", "template"]
 ) -> tuple[list[Record], list[bool]]:
     """Three turns sampled hot, so answers hold token sequences the tokenizer would not
     write (" Par" "is" for " Paris"); and, for each answer, whether its tokens are canonical."""
     async with Client(url) as client, httpx.AsyncClient(base_url=url) as http:
-        registry = Registry()
-        rt = Runtime(
-            loop=LoopConfig(max_tokens=30),
-            inference=client,
-            port=LocalToolPort(registry, {}, timeout=5),
-            registry=registry,
-            sampling={"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 3},
-            exact=ExactHistory(client) if history == "exact" else None,
-        )
+        hot = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 3}
+        rt = without_tools(client, 30, hot, ExactHistory(client) if history == "exact" else None)
         with await Store(home).create(make_baseline("Be brief.")) as session:
             for user in ("Name a colour.", "Another one?", "A fruit?"):
                 await run_turn(session, rt, user, lambda _: None)
@@ -211,15 +186,7 @@ async def test_a_date_in_the_template_is_the_one_the_session_started_with(
     server = await llama(n_ctx=4096, template=TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja")
     store = Store(tmp_path)
     async with Client(server.url) as client:
-        registry = Registry()
-        rt = Runtime(
-            loop=LoopConfig(max_tokens=16),
-            inference=client,
-            port=LocalToolPort(registry, {}, timeout=5),
-            registry=registry,
-            sampling={"temperature": 0, "seed": 1},
-            exact=ExactHistory(client),
-        )
+        rt = without_tools(client, 16, {"temperature": 0, "seed": 1}, ExactHistory(client))
         with await store.create(make_baseline("Be brief.")) as session:
             await run_turn(session, rt, "Name a colour.", lambda _: None)
         first = next(r for r in session.records if isinstance(r, PromptRecord))
