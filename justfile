@@ -51,8 +51,8 @@ stop:
     fi
 
 # The cache property on a real llama-server: four turns with a loopd restart ($LOOPD_SERVER_URL, else the bundled one)
-device-check: setup
-    {{py}} scripts/device_check.py
+device-check *ARGS: setup
+    {{py}} scripts/device_check.py "$@"
 
 # Run the whole test suite (real llama-server tests included)
 test *ARGS: setup
