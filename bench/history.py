@@ -1,14 +1,14 @@
 """`just bench history`: time to first token against the length of the history, through loopd
-and sent directly, and loopd's own share of it.
+and sent directly, and what loopd adds to it.
 
 For each size, one llama-server (SmolLM2-135M, whose 8,192-token training context is the most
 llama-server gives a slot) holds a session whose first message is a document of that many
 tokens. Then, in pairs, alternating which goes first: a question through `loopd serve` and the
-socket (its time to the first content event), and the very request loopd would send for such a
-question, built beforehand from the session's log (`ExactHistory.next_prompt`) and sent
-straight to `/completion` with httpx; and, for reference, the whole history sent as messages to
-the chat endpoint, which renders and tokenizes it all again. Each request processes only its
-question: the history is cached.
+socket (its time to the first content event), and the very request body loopd sends for such
+a question, built beforehand from the session's log (`ExactHistory.next_prompt`,
+`PromptRequest`) and sent straight to `/completion` with httpx; and, for reference, the whole
+history sent as messages to the chat endpoint, which renders and tokenizes it all again. Each
+request processes only its question: the history is cached.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Any
 import httpx
 
 from loopd.baseline import make_baseline, messages
+from loopd.canonical import canonical
+from loopd.config import LoopConfig
 from loopd.exact import ExactHistory
-from loopd.infer import Client
+from loopd.infer import Client, PromptRequest
 from loopd.records import UsageRecord, UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.store import Store
@@ -33,7 +35,8 @@ from support.daemon import Daemon
 # llama-server caps a slot at the model's training context (8,192 for SmolLM2), so the
 # longest history that fits, with room for the questions, is about 7,000 tokens.
 SIZES = (1_000, 3_000, 7_000)
-PAIRS = 5
+# Even: each side goes first as often (the first leaves the slot to the second's advantage).
+PAIRS = 6
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 # About one token per word of this text for SmolLM2's tokenizer.
@@ -45,9 +48,22 @@ def _document(tokens: int) -> str:
     return "Read this and wait for my questions.\n" + " ".join(words)
 
 
-async def _first_content(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> float:
-    start = time.perf_counter()
-    async with http.stream("POST", path, json=body) as response:
+async def _first_content(http: httpx.AsyncClient, path: str, body: bytes) -> tuple[float, float]:
+    """Seconds to the first content; and the server's prompt time (ms), read to the end."""
+    try:
+        return await _first_content_once(http, path, body)
+    except httpx.RemoteProtocolError:
+        # llama-server closes a keep-alive connection after 5 idle seconds; while loopd's turn
+        # ran, this one may have gone. loopd's client retries such a request the same way.
+        return await _first_content_once(http, path, body)
+
+
+async def _first_content_once(
+    http: httpx.AsyncClient, path: str, body: bytes
+) -> tuple[float, float]:
+    start, first, prompt_ms = time.perf_counter(), None, 0.0
+    headers = {"Content-Type": "application/json"}  # as loopd sends it
+    async with http.stream("POST", path, content=body, headers=headers) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -57,9 +73,10 @@ async def _first_content(http: httpx.AsyncClient, path: str, body: dict[str, Any
             text = chunk.get("content") or "".join(
                 (c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", [])
             )
-            if text.strip():
-                return time.perf_counter() - start
-    return time.perf_counter() - start
+            if first is None and text.strip():
+                first = time.perf_counter() - start
+            prompt_ms = (chunk.get("timings") or {}).get("prompt_ms", prompt_ms)
+    return (first if first is not None else time.perf_counter() - start), prompt_ms
 
 
 async def _through_loopd(client: Any, turn: str) -> float:
@@ -87,7 +104,8 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
             "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
         )
         await d.start()
-        loopd_ms, direct_ms, chat_ms, server_ms = [], [], [], []
+        loopd_ms, direct_ms, chat_ms = [], [], []
+        server_ms, direct_server_ms = [], []
         try:
             client = await d.connect()
             # The history, processed once.
@@ -100,21 +118,21 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                 Client(server.url) as llama,
             ):
                 exact = ExactHistory(llama)
-                chats: list[dict[str, Any]] = []
+                chats: list[bytes] = []
                 for pair in range(PAIRS):
                     header, records, _ = store.read(store.latest() or "")
                     # The very prompt loopd would send for this question, built beforehand.
                     question = f"Question d{pair}: and now?"
                     after = [*records, UserRecord(content=question)]
                     built = await exact.next_prompt(header.baseline, after, thinking=True)
-                    same = {
-                        "prompt": built.pieces,
-                        "stream": True,
-                        "id_slot": 0,
-                        "cache_prompt": True,
-                        "n_predict": MAX_TOKENS,
-                        **SAMPLING,
-                    }
+                    same = PromptRequest(
+                        prompt=built.pieces,
+                        format=built.format,
+                        thinking=True,
+                        thinking_cap=LoopConfig().thinking_cap,
+                        max_tokens=MAX_TOKENS,
+                        sampling=SAMPLING,
+                    ).body()
                     chat = {
                         "messages": [
                             *messages(header.baseline, records),
@@ -132,15 +150,17 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                         if who == "loopd":
                             loopd_ms.append(1000 * await _through_loopd(client, f"q{pair}"))
                         else:
-                            direct_ms.append(1000 * await _first_content(http, "/completion", same))
-                    chats.append(chat)
+                            took, prompt_ms = await _first_content(http, "/completion", same)
+                            direct_ms.append(1000 * took)
+                            direct_server_ms.append(prompt_ms)
+                    chats.append(canonical(chat))
                 # Afterwards, not in between: the chat endpoint's rendering of the history is
                 # not the slot's tokens, so a request after it would pay for what it changed.
-                for chat in chats:
-                    took = await _first_content(http, "/v1/chat/completions", chat)
+                for body in chats:
+                    took, _ = await _first_content(http, "/v1/chat/completions", body)
                     chat_ms.append(1000 * took)
-            # The server's own time on each of loopd's prompts: what is left of loopd's time
-            # to the first token is loopd's (and the socket's) own share.
+            # The server's own prompt time on each of loopd's requests, beside the direct ones':
+            # the same request should cost the server the same.
             _, records, _ = store.read(store.latest() or "")
             timings = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
             server_ms = [t.prompt_ms for t in timings[1:]]  # the document's is not one of them
@@ -148,12 +168,21 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
             await d.kill()
             await d.close_clients()
     loopd, direct = statistics.median(loopd_ms), statistics.median(direct_ms)
-    share = statistics.median(t - s for t, s in zip(loopd_ms, server_ms, strict=True))
     return {
         "tokens": tokens,
         "loopd_ms": loopd,
         "direct_ms": direct,
-        "share_ms": share,
+        # What loopd adds: its time to the first token less the server's prompt time, against
+        # the same for the direct request, per pair. The two need not process the same number
+        # of tokens: each reuses the start of the other's question (the template's words).
+        "added_ms": statistics.median(
+            (a - a_server) - (b - b_server)
+            for a, a_server, b, b_server in zip(
+                loopd_ms, server_ms, direct_ms, direct_server_ms, strict=True
+            )
+        ),
+        "server_ms": statistics.median(server_ms),
+        "direct_server_ms": statistics.median(direct_server_ms),
         "messages_ms": statistics.median(chat_ms),
         "ratio": loopd / direct,
     }
@@ -167,16 +196,16 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
 
 def table(f: dict[str, Any]) -> list[str]:
     head = (
-        "| history (tokens) | through loopd | direct `/completion` | ratio | loopd's share "
-        "(its time to first token less the server's prompt time) | history as messages "
-        "(chat endpoint) |"
+        "| history (tokens) | through loopd (server's prompt time) | direct `/completion` "
+        "(server's prompt time) | loopd adds | history as messages (chat endpoint) |"
     )
     return [
         head,
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- |",
         *(
-            f"| {r['tokens']:,} | {r['loopd_ms']:.0f} ms | {r['direct_ms']:.0f} ms "
-            f"| {r['ratio']:.2f}x | {r['share_ms']:.0f} ms | {r['messages_ms']:.0f} ms |"
+            f"| {r['tokens']:,} | {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
+            f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.0f} ms "
+            f"| {r['messages_ms']:.0f} ms |"
             for r in f["rows"]
         ),
     ]

@@ -99,11 +99,14 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one 
             "## 8. Time to first token against the length of the history",
             "",
             (
-                "Medians of 5 pairs per size, SmolLM2-135M on two cores (bench/history.py): a "
-                "question after a cached document, through loopd and the socket, and the same "
-                "token-exact request sent straight to `/completion`; the last column sends the "
-                "whole history as messages instead, which the server renders and tokenizes "
-                "again on every request."
+                "Medians of 6 pairs per size, SmolLM2-135M (bench/history.py): time to the "
+                "first token of a question after a cached document, through loopd and the "
+                "socket, and with the very request body loopd sends for it, sent straight to "
+                "`/completion`. The two need not process the same tokens (each finds the start "
+                "of the other's question in the slot), so what loopd adds is each side's time "
+                "less the server's prompt time, compared pair by pair. The last column sends "
+                "the whole history as messages, which the server renders and tokenizes again "
+                "on every request."
             ),
             "",
             *history.table(f),

@@ -4,7 +4,8 @@ without any I/O: the raw text goes through `OutputParser`, the token ids are kep
 Each chunk names the tokens generated so far (`tokens_predicted`) and carries the id of the
 newest. llama-server sends no chunk for a token that ends in the middle of a UTF-8 character,
 so when the count jumps, the chunk's text stands in for the tokens it did not name: the next
-request tokenizes that text again, which costs a few tokens of cache at that point, recorded.
+request tokenizes that text again. Where the tokenizer splits the character otherwise than the
+model did, the rest of the answer is recomputed, recorded as a loss (docs/cache.md).
 """
 
 from __future__ import annotations
