@@ -34,7 +34,9 @@ chat *ARGS: setup
         state="${XDG_STATE_HOME:-$HOME/.local/state}/loopd"
         mkdir -p "$state"
         echo "starting loopd (log: $state/loopd.log; stop it with: just stop)" >&2
-        nohup .venv/bin/loopd serve >>"$state/loopd.log" 2>&1 &
+        # In a session of its own: the terminal's Ctrl-C and hang-up never reach it.
+        .venv/bin/python -c 'import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' \
+            .venv/bin/loopd serve >>"$state/loopd.log" 2>&1 </dev/null &
         echo $! >"$state/loopd.pid"
         for _ in $(seq 600); do .venv/bin/bxctl status >/dev/null 2>&1 && break; sleep 0.1; done
     fi

@@ -14,6 +14,7 @@ import trio
 from loopd.actors import Busy, Published, TurnDone, TurnFailed, inference_actor, open_core
 from loopd.baseline import make_baseline
 from loopd.config import Config
+from loopd.exact import next_request
 from loopd.infer import ChatEvent, ChatRequest, Client, Content, Queued, Timeouts
 from loopd.records import TurnEndRecord
 from loopd.store import Session, Store
@@ -178,3 +179,33 @@ async def test_an_error_from_the_server_reaches_the_caller_typed(served: Any) ->
         nursery.cancel_scope.cancel()
     assert type(caught.value).__name__ == "HttpError"
     assert json.loads(caught.value.body)["error"]["type"] == "exceed_context_size_error"  # type: ignore[attr-defined]
+
+
+async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
+    tmp_path: Path, served: Any, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, server = served
+    fake.replies = [Reply(content="still here")]
+    calls = 0
+
+    async def broken_once(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("a bug")
+        return await next_request(*args)
+
+    monkeypatch.setattr("loopd.turn.next_request", broken_once)
+    async with Client(server.url) as client, open_core(config(tmp_path), session, client) as core:
+        subscription = core.session.subscribe(100)
+        core.session.submit("t1", "first")
+        core.session.submit("t2", "second")
+        got = await collect(subscription, 2)
+    ends = [m.item for m in got if isinstance(m.item, TurnDone | TurnFailed)]
+    assert ends[0] == TurnFailed("error", "loopd failed: KeyError: 'a bug'")
+    assert isinstance(ends[1], TurnDone)
+    assert ends[1].outcome.content == "still here"
+    assert [r.reason for r in session.records if isinstance(r, TurnEndRecord)] == [
+        "error",
+        "answer",
+    ]

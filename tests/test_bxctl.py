@@ -4,8 +4,10 @@ on event streams without a terminal, and the live chat driven in tmux."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,22 @@ async def test_no_daemon_exits_5_with_one_line(tmp_path: Path) -> None:
     assert err.startswith("bxctl: loopd is not running at ")
     assert "loopd serve" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a socket away needs root")
+async def test_a_socket_of_another_user_is_not_connected_to(tmp_path: Path) -> None:
+    socket_path = tmp_path / "other.sock"
+    listener = trio.socket.socket(family=trio.socket.AF_UNIX)
+    await listener.bind(str(socket_path))
+    listener.listen(1)
+    os.chown(socket_path, 65534, 65534)  # someone else's daemon, or someone else's trap
+    try:
+        command = [sys.executable, "-m", "bxctl", "--socket", str(socket_path), "status"]
+        done = await trio.run_process(command, capture_stderr=True, check=False)
+    finally:
+        listener.close()
+    assert done.returncode == 5
+    assert "belongs to another user (uid 65534), not to you" in done.stderr.decode()
 
 
 async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
@@ -241,14 +259,15 @@ class Tmux:
     async def keys(self, *keys: str) -> None:
         await self.run("send-keys", "-t", self.name, *keys)
 
-    async def wait_for(self, text: str, timeout: float = 30) -> str:
+    async def wait_for(self, *texts: str, timeout: float = 30) -> str:
+        """The screen, once any of `texts` is on it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = await self.screen()
-            if text in screen:
+            if any(text in screen for text in texts):
                 return screen
-            await trio.sleep(0.1)
-        raise AssertionError(f"{text!r} never appeared; the screen:\n{await self.screen()}")
+            await trio.sleep(0.05)
+        raise AssertionError(f"{texts!r} never appeared; the screen:\n{await self.screen()}")
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
@@ -290,6 +309,57 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
         await tmux.run("kill-session", "-t", tmux.name)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.llama
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+@pytest.mark.skipif(shutil.which("just") is None, reason="needs just (`.ci/run` installs it)")
+async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path) -> None:
+    """`just chat` as a newcomer runs it: loopd in the background of the same terminal."""
+    home = Path(tempfile.mkdtemp(prefix="jc-"))  # short: a socket path has 108 bytes at most
+    env = {f"XDG_{k}": str(home / k.lower()) for k in ("STATE_HOME", "CONFIG_HOME", "RUNTIME_DIR")}
+    (home / "runtime_dir").mkdir(mode=0o700)
+    settings = " ".join(f"{k}={v}" for k, v in env.items())
+    tmux = Tmux(f"just-chat-{home.name}")
+    await tmux.run(
+        "new-session", "-d", "-s", tmux.name, "-x", "100", "-y", "30", "-c", str(ROOT),
+        f"env {settings} just chat; echo CHAT-EXIT-$?; sleep 60",
+    )  # fmt: skip
+    pid_file = home / "state_home" / "loopd" / "loopd.pid"
+    try:
+        await tmux.wait_for("/help for help", timeout=120)
+        pid = int(pid_file.read_text())
+        await tmux.keys("Write a long story about a cat and a dog.", "Enter")
+        await tmux.wait_for("reading the prompt", "answering", timeout=60)  # the turn runs
+        await tmux.keys("C-c")
+        await tmux.wait_for("Cancelled. The log keeps everything up to here.", timeout=60)
+        assert alive(pid)
+        await tmux.keys("Say hello.", "Enter")
+        await tmux.keys("/status", "Enter")
+        await tmux.wait_for("(2 turns)", timeout=120)  # once the second turn has ended
+    finally:
+        await tmux.run("kill-session", "-t", tmux.name)  # the terminal closes
+    await trio.sleep(1)
+    assert alive(pid)
+    done = await trio.run_process(
+        ["just", "stop"], cwd=ROOT, env={**os.environ, **env}, capture_stdout=True
+    )
+    assert done.stdout.decode().strip() == "loopd stopped"
+    with trio.fail_after(30):
+        while alive(pid):  # noqa: ASYNC110 - another process: nothing to wait on but its pid
+            await trio.sleep(0.1)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_think_sets_thinking_for_the_turns_that_follow() -> None:

@@ -3,9 +3,12 @@ kill -9, and a second daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import trio
 
 from conftest import StartDaemon, StartLlama
 from loopd.baseline import make_baseline
+from loopd.daemon import SLOT_FILE_TIMEOUT
 from loopd.infer import ToolCall, slot_tokens
 from loopd.records import (
     AssistantRecord,
@@ -22,8 +26,9 @@ from loopd.records import (
     UserRecord,
     conversation_problems,
 )
+from loopd.server_proc import STOP_GRACE
 from loopd.store import Store
-from support.daemon import Daemon
+from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 
 
@@ -306,6 +311,41 @@ async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path
         await d.close_clients()
 
 
+async def test_a_stop_signal_while_llama_server_starts_stops_loopd_cleanly(tmp_path: Path) -> None:
+    """SIGTERM is heard from the first moment, not only once loopd serves."""
+    never_ready = tmp_path / "slow-llama-server"
+    never_ready.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    never_ready.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    d = Daemon(tmp_path / "loopd", "")
+    d.config.write_text(
+        d.config.read_text().replace('url = ""\n', "")
+        + f'[server.managed]\nbinary = "{never_ready}"\nmodel = "{model}"\n'
+    )
+    with d.log.open("ab") as log:
+        d.process = await trio.lowlevel.open_process(d.command("serve"), stdout=log, stderr=log)
+    try:
+        with trio.fail_after(30):
+            while not (await run(["pgrep", "-f", str(never_ready)])).stdout:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        d.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            assert await d.process.wait() == 0
+        assert "SIGTERM: shutting down" in d.log.read_text()
+        assert not d.socket.exists()
+        assert not (await run(["pgrep", "-f", str(never_ready)])).stdout  # stopped with loopd
+    finally:
+        await d.kill()
+        await run(["pkill", "-f", str(never_ready)])
+
+
+def test_the_systemd_unit_waits_longer_than_a_stop_can_take() -> None:
+    unit = (Path(__file__).parent.parent / "docs" / "loopd.service").read_text()
+    (stop_seconds,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)
+    assert int(stop_seconds) > SLOT_FILE_TIMEOUT + STOP_GRACE
+
+
 async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
     d = await daemon("plain")
     other = Daemon(d.home.parent / "other", d.server_url)
@@ -388,3 +428,95 @@ async def test_a_killed_loopd_leaves_no_llama_server_behind(tmp_path: Path) -> N
                 await trio.sleep(0.1)
     finally:
         await d.kill()
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="giving a folder away needs root")
+
+
+@needs_root
+async def test_a_socket_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "loopd", "http://127.0.0.1:9")
+    d.socket.parent.mkdir(parents=True)
+    os.chown(d.socket.parent, NOBODY, NOBODY)  # made first by someone else, as in a shared /tmp
+    done = await run(d.command("serve"))
+    assert done.returncode == 1
+    assert f"loopd: {d.socket.parent} belongs to another user (uid {NOBODY})" in done.stderr
+    assert not d.socket.exists()
+
+
+async def test_a_socket_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "loopd", "http://127.0.0.1:9")
+    (tmp_path / "elsewhere").mkdir()
+    d.socket.parent.symlink_to(tmp_path / "elsewhere")
+    done = await run(d.command("serve"))
+    assert done.returncode == 1
+    assert "is a symbolic link" in done.stderr
+
+
+async def test_an_open_socket_folder_of_ours_is_made_private(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    assert stat.S_IMODE(d.socket.parent.stat().st_mode) == 0o700
+    await d.stop()
+    d.socket.parent.chmod(0o755)
+    await d.start()
+    assert stat.S_IMODE(d.socket.parent.stat().st_mode) == 0o700
+
+
+async def test_a_client_that_asks_and_never_reads_is_dropped_by_bytes(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon("plain", channel="outbox_bytes = 20000\n")
+    alice = await d.connect()
+    await alice.turn("t1", "hello")
+    lazy = await d.connect()
+    # Fewer lines than the outbox holds, far more bytes than it may: each is the whole history.
+    with contextlib.suppress(trio.BrokenResourceError):  # dropped while still asking
+        for _ in range(500):
+            await lazy.send({"type": "history"})
+    with trio.fail_after(10):
+        while "stopped reading; dropping it" not in d.log.read_text():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    await alice.send({"type": "status"})
+    assert (await alice.until("status"))[-1]["turns"] == 1
+
+
+async def served(d: Daemon) -> LineClient:
+    """A connection the daemon serves (one it refused a moment ago may be served now)."""
+    with trio.fail_after(10):
+        while True:
+            client = await d.connect()
+            with contextlib.suppress(trio.BrokenResourceError):
+                await client.send({"type": "status"})
+                if (await client.receive() or {}).get("type") == "status":
+                    return client
+            await trio.sleep(0.05)
+
+
+async def test_connections_beyond_the_cap_are_told_and_closed(daemon: StartDaemon) -> None:
+    d = await daemon("plain", channel="max_clients = 2\n")
+    first, _second = await served(d), await served(d)
+    third = await d.connect()
+    with trio.fail_after(5):
+        refused = await third.receive()
+    assert refused == {
+        "type": "error",
+        "code": "too_many_clients",
+        "message": "loopd serves at most 2 clients at once ([channel] max_clients)",
+        "id": None,
+    }
+    assert await third.receive() is None
+    await first.aclose()
+    await served(d)  # the first one's place is free again
+
+
+async def test_a_hello_in_another_protocol_is_answered_with_an_error(daemon: StartDaemon) -> None:
+    d = await daemon("plain")
+    client = await d.connect()
+    await client.send({"type": "hello", "protocol": 2, "client": "future"})
+    error = (await client.until("error"))[-1]
+    assert error["code"] == "protocol"
+    assert (
+        error["message"]
+        == "this loopd speaks protocol 1, the client 2: update the older of the two"
+    )

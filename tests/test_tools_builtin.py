@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from loopd.config import ToolsConfig
 from loopd.tools import Builtins, ToolFailure, builtin_entries
@@ -25,7 +27,7 @@ def root(tmp_path: Path) -> Path:
 
 
 def tools(*roots: Path) -> Builtins:
-    return Builtins(list(roots))
+    return Builtins(list(roots), timeout=30)
 
 
 def run(builtins: Builtins, name: str, **arguments: Any) -> str:
@@ -155,3 +157,28 @@ def test_several_roots_are_named_by_their_folder(root: Path, tmp_path: Path) -> 
 def test_no_roots_means_no_file_access(tmp_path: Path) -> None:
     with pytest.raises(ToolFailure, match="no folders are open to file tools"):
         run(tools(), "read_file", path="a.txt")
+
+
+async def test_a_catastrophic_regex_stops_at_the_deadline(root: Path) -> None:
+    (root / "notes" / "a.md").write_text("a" * 60 + "b\n")
+    with pytest.raises(ToolFailure, match="took too long"):
+        await trio.to_thread.run_sync(
+            lambda: Builtins([root], timeout=0.5).search_text(
+                {"pattern": "^(a|aa)+$", "regex": True}
+            )
+        )
+
+
+async def test_a_stuck_tool_takes_none_of_the_threads_the_store_uses(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builtins = tools(root)
+    release = threading.Event()
+    monkeypatch.setitem(builtins._run, "current_time", lambda _: str(release.wait()))
+    (entry,) = [e for e in builtin_entries(ToolsConfig()) if e.name == "current_time"]
+    with trio.move_on_after(0.2):
+        await builtins.run_tool(entry, {})  # abandoned; its thread still runs
+    try:
+        assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+    finally:
+        release.set()

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loopd.config import Policy
-from loopd.tools import Local, Port, Registry, ToolEntry, dispatch
+from loopd.tools import (
+    MAX_ARGUMENT_BYTES,
+    Local,
+    Port,
+    Registry,
+    Result,
+    ToolEntry,
+    ToolRequest,
+    answer_call,
+    call_key,
+    dispatch,
+)
 
 SCHEMA = {
     "type": "object",
@@ -91,3 +107,83 @@ def test_bad_calls_are_answered_locally_saying_what_was_wrong(
 
 def test_a_schema_failure_shows_the_schema() -> None:
     assert '"required":["path"]' in local_text("call_tool", '{"name": "read_file"}')
+
+
+def test_a_schema_with_a_reference_that_leads_nowhere_does_not_stop_the_call() -> None:
+    schema = {"type": "object", "properties": {"path": {"$ref": "#/$defs/missing"}}}
+    broken = Registry(
+        [ToolEntry("read_file", "Read a file.", "Read a file.", schema, "mcp:x", Policy())]
+    )
+    outcome = dispatch(broken, "call_tool", '{"name": "read_file", "arguments": {"path": "a"}}')
+    assert outcome == Port("read_file", {"path": "a"})  # the tool's own server will say
+
+
+@pytest.mark.parametrize(
+    ("arguments", "why"),
+    [
+        ("[" * 65 + "]" * 65, "nest objects or lists more than 64 deep"),
+        ("[" * 100_000 + "]" * 100_000, "nest objects or lists more than 64 deep"),
+        ('{"name": "read_file", "arguments": ' + "[" * 70 + "]" * 70 + "}", "more than 64 deep"),
+        (" " * (MAX_ARGUMENT_BYTES + 1), f"bytes; at most {MAX_ARGUMENT_BYTES} are read"),
+    ],
+)
+def test_arguments_too_deep_or_too_big_are_refused_unread(arguments: str, why: str) -> None:
+    assert why in local_text("call_tool", arguments)
+
+
+def test_nesting_up_to_the_limit_is_read() -> None:
+    nested = "[" * 62 + "]" * 62  # with the two objects around it: 64 deep
+    text = local_text("call_tool", '{"name": "read_file", "arguments": {"path": ' + nested + "}}")
+    assert "do not fit its schema" in text
+
+
+def test_calls_are_the_same_whatever_their_spacing_and_key_order() -> None:
+    a = call_key("call_tool", '{"name": "read_file", "arguments": {"path": "a", "start_line": 2}}')
+    b = call_key("call_tool", '{"arguments":{"start_line":2,"path":"a"},  "name":"read_file"}')
+    c = call_key(
+        "call_tool",
+        '{"name": "read_file", "arguments": "{\\"path\\": \\"a\\", \\"start_line\\": 2}"}',
+    )
+    assert a == b == c
+    assert call_key("call_tool", '{"name": "read_file", "arguments": {"path": "b"}}') != a
+    assert call_key("call_tool", "not json") == ("call_tool", "not json")
+
+
+# Schemas as an MCP server might send them: any keywords, broken references, bad patterns.
+schema_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    | st.sampled_from(["object", "string", "#/$defs/x", "#", "(", "[a-", "http://x/y.json"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(
+        st.sampled_from(
+            ["type", "properties", "items", "$ref", "$defs", "required", "pattern", "enum",
+             "minimum", "anyOf", "format", "$schema", "$id", "additionalProperties", "x"]
+        ),
+        inner,
+        max_size=4,
+    ),
+    max_leaves=12,
+)  # fmt: skip
+
+
+class Answers:
+    async def call(self, request: ToolRequest) -> Result:
+        return Result(f"ran {request.tool}", "public", False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    schema=st.dictionaries(st.text(max_size=5), schema_values) | schema_values,
+    arguments=st.text(max_size=30) | schema_values.map(json.dumps),
+)
+def test_any_schema_and_arguments_give_the_model_a_text(schema: object, arguments: str) -> None:
+    entry = ToolEntry("t", "T.", "T.", schema, "mcp:x", Policy())  # type: ignore[arg-type]
+    call = json.dumps({"name": "t", "arguments": "ARGS"}).replace('"ARGS"', arguments or "0")
+
+    async def answer() -> tuple[str, str, bool]:
+        return await answer_call(
+            Registry([entry]), Answers(), "call_tool", call, session="s", number=1, find_limit=5
+        )
+
+    text, _, _ = trio.run(answer)
+    assert text  # a result, or what was wrong: never an exception

@@ -271,6 +271,14 @@ async def test_limit_repeated_call(harness: Any) -> None:
     ]
 
 
+async def test_limit_repeated_call_sees_through_spacing_and_key_order(harness: Any) -> None:
+    one = ("c1", "call_tool", '{"name": "read_note", "arguments": {"title": "groceries"}}')
+    two = ("c2", "call_tool", '{ "arguments" : {"title":"groceries"}, "name":"read_note" }')
+    h = await harness(Reply(tool_calls=(one,)), Reply(tool_calls=(two,)), Reply(content="ok"))
+    await h.turn()
+    assert h.results() == ["note groceries: eggs, milk", REPEAT_TEXT]
+
+
 async def test_limit_repeated_call_off_runs_every_call(harness: Any) -> None:
     same = call("read_note")
     h = await harness(*[Reply(tool_calls=(same,))] * 3, Reply(content="done"))
@@ -280,11 +288,27 @@ async def test_limit_repeated_call_off_runs_every_call(harness: Any) -> None:
 
 async def test_limit_thinking_cap(harness: Any) -> None:
     h = await harness("reasoning_long")
-    await h.turn(thinking_cap=5)
+    with pytest.raises(TurnLimit, match="thinking_cap"):  # recorded: it thought on, unanswered
+        await h.turn(thinking_cap=5)
     usage = next(r for r in h.session.records if isinstance(r, UsageRecord))
     assert usage.thinking_capped
     assert ThinkingCapped(cap=5) in h.events
     assert json.loads(json.dumps(h.server.requests[0]["body"]))["reasoning_budget_tokens"] == 5
+
+
+async def test_limit_thinking_cap_cut_by_loopd_is_a_limit_not_an_empty_answer(
+    harness: Any,
+) -> None:
+    endless = " ".join(["hmm"] * 100)  # a server that ignores the reasoning budget
+    h = await harness(Reply(reasoning=endless, content="too late"))
+    with pytest.raises(TurnLimit, match=r"thought past 5 tokens without an answer"):
+        await h.turn(thinking_cap=5)
+    assert h.kinds() == ["user", "assistant", "usage", "turn_end"]
+    assistant = h.session.records[1]
+    assert isinstance(assistant, AssistantRecord)
+    assert assistant.reasoning_content  # what it thought is kept
+    assert not assistant.content
+    assert h.session.records[-1].reason == "turn_limit"
 
 
 async def test_limit_context_full(harness: Any) -> None:

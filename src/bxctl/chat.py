@@ -64,7 +64,8 @@ def _prompt_session() -> PromptSession[str]:
     )
 
 
-async def interactive(path: Path, console: Console, show_reasoning: bool) -> None:
+async def interactive(path: Path, console: Console, show_reasoning: bool) -> bool:
+    """The chat until the user leaves (True), or gives up on a daemon that went away (False)."""
     connection = await Connection.open(path)
     session = await connection.hello()
     console.print(
@@ -91,22 +92,30 @@ async def interactive(path: Path, console: Console, show_reasoning: bool) -> Non
                 turn = f"t{next(turns)}"
                 await live_turn(connection, turn, text, console, settings)
         except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
-            connection = await _reconnect(path, console)
+            back = await _reconnect(path, console)
+            if back is None:
+                return False
+            connection = back
             console.print("(that message got no answer; send it again)", style="yellow")
     await connection.aclose()
+    return True
 
 
-async def _reconnect(path: Path, console: Console) -> Connection:
+async def _reconnect(path: Path, console: Console) -> Connection | None:
+    """A new connection once loopd answers again; None when the user gives up (Ctrl-C)."""
     console.print("loopd went away; reconnecting (Ctrl-C to quit)…", style="yellow")
-    for attempt in itertools.count():
-        try:
-            connection = await Connection.open(path)
-            session = await connection.hello()
-        except Unreachable:
-            await trio.sleep(min(RECONNECT_CAP, 0.25 * 2**attempt))
-            continue
-        console.print(f"reconnected to loopd, session {session}", style="green")
-        return connection
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        for attempt in itertools.count():
+            try:
+                connection = await Connection.open(path)
+                session = await connection.hello()
+            except Unreachable:
+                with trio.move_on_after(min(RECONNECT_CAP, 0.25 * 2**attempt)):
+                    async for _ in interrupts:
+                        return None
+                continue
+            console.print(f"reconnected to loopd, session {session}", style="green")
+            return connection
     raise AssertionError  # unreachable: the loop only returns
 
 
@@ -204,6 +213,7 @@ async def live_turn(
     if thinking is not None:
         send["thinking"] = thinking
     await connection.send(send)
+    lost = False
     with Live(console=console, auto_refresh=False, transient=True) as live:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_refresh, live, view, console)
@@ -211,12 +221,15 @@ async def live_turn(
             while view.outcome is None:
                 message = await connection.receive()
                 if message is None:
-                    raise Lost
+                    lost = True  # raised outside the nursery: one error, not a group
+                    break
                 if isinstance(message, Error) and message.id == turn:
                     view.outcome = TurnFailed(id=turn, kind="error", message=message.message)
                 elif getattr(message, "id", None) == turn:
                     view.feed(message)
             nursery.cancel_scope.cancel()
+    if lost:
+        raise Lost
     console.print(view.final())
 
 
@@ -229,4 +242,7 @@ async def _refresh(live: Live, view: TurnView, console: Console) -> None:
 async def _cancel_on_interrupt(connection: Connection, turn: str) -> None:
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
         async for _ in interrupts:
-            await connection.send({"type": "cancel", "id": turn})
+            try:
+                await connection.send({"type": "cancel", "id": turn})
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # loopd went away: the turn's reader says so

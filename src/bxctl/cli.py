@@ -136,8 +136,10 @@ def _chat(args: argparse.Namespace, path: Path) -> int:
     if args.json:
         print("bxctl: --json needs -m TEXT or text on stdin", file=sys.stderr)
         return EXIT_USAGE
-    trio.run(interactive, path, Console(), args.show_reasoning)
-    return EXIT_OK
+    if trio.run(interactive, path, Console(), args.show_reasoning):
+        return EXIT_OK
+    print("bxctl: loopd is not running", file=sys.stderr)
+    return EXIT_UNREACHABLE
 
 
 async def _once(path: Path, text: str, as_json: bool) -> int:

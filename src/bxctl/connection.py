@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class Connection:
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
+        _check_owner(path)
         try:
             stream = await trio.open_unix_socket(str(path))
         except OSError as e:
@@ -81,3 +83,15 @@ class Connection:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def _check_owner(path: Path) -> None:
+    """Talk only to a socket of this user's: another user's could be anyone's daemon."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return  # nothing there: connecting says so
+    if info.st_uid != os.getuid():
+        raise Unreachable(
+            f"{path} belongs to another user (uid {info.st_uid}), not to you: not connecting"
+        )

@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import socket as stdsocket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from loopd.exact import past_reasoning
 from loopd.infer import slot_tokens
 from loopd.store import Store
 
-__all__ = ["ChannelServer", "DaemonRunning", "UnixSocket", "open_socket"]
+__all__ = ["ChannelServer", "DaemonRunning", "UnixSocket", "UnsafeSocket", "open_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,30 @@ HISTORY_PAGE = 500
 GOODBYE_GRACE = 1.0
 
 
+class UnsafeSocket(Exception):
+    """The socket's folder could let another user in; loopd will not listen there."""
+
+
 class DaemonRunning(Exception):
     """A live daemon already listens on the socket."""
 
 
 def _private_directory(path: Path) -> bool:
-    """Make the socket's directory 0700; whether a socket is already there."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.parent.stat().st_uid == os.getuid():
-        path.parent.chmod(0o700)
+    """Make the socket's directory 0700; whether a socket is already there. A directory that
+    is a link or another user's is refused: whoever owns it could put their own socket there
+    and read what clients send (a shared /tmp lets anyone create the folder first)."""
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeSocket(f"{directory} is a symbolic link; loopd's socket needs a real folder")
+    if info.st_uid != os.getuid():
+        raise UnsafeSocket(
+            f"{directory} belongs to another user (uid {info.st_uid}); set [channel] socket to "
+            "a path in a folder of your own"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        directory.chmod(0o700)
     return path.exists() or path.is_symlink()
 
 
@@ -117,6 +133,9 @@ class ChannelServer:
         await trio.serve_listeners(self._handle, [listener])
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        if len(self._connections) >= self.config.channel.max_clients:
+            await _refuse(stream, self.config.channel.max_clients)
+            return
         connection = _Connection(self, next(self._ids), stream)
         self._connections.add(connection)
         try:
@@ -133,6 +152,14 @@ class ChannelServer:
         with trio.move_on_after(GOODBYE_GRACE):
             while self._connections:  # noqa: ASYNC110 - connections end on their own
                 await trio.sleep(0.01)
+
+
+async def _refuse(stream: trio.SocketStream, cap: int) -> None:
+    message = f"loopd serves at most {cap} clients at once ([channel] max_clients)"
+    with trio.move_on_after(GOODBYE_GRACE):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(proto.dump(proto.Error(code="too_many_clients", message=message)))
+        await stream.aclose()
 
 
 class _LineTooLong(Exception):
@@ -168,6 +195,8 @@ class _Connection:
         # Lines waiting for the client: one that falls this far behind has stopped reading.
         buffer = server.config.channel.subscriber_buffer
         self.outbox, self._outgoing = trio.open_memory_channel[bytes](buffer)
+        self._waiting_bytes = 0
+        """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
         self.watch_all = False
         self.prefix = f"{number}/"
         self.subscription: Subscription | None = None
@@ -175,13 +204,19 @@ class _Connection:
 
     def say(self, message: proto.DaemonMessage) -> None:
         """Queue a line; a client that stopped reading is dropped."""
+        line = proto.dump(message)
         try:
-            self.outbox.send_nowait(proto.dump(message))
+            full = self._waiting_bytes + len(line) > self.server.config.channel.outbox_bytes
+            if not full:
+                self.outbox.send_nowait(line)
+                self._waiting_bytes += len(line)
         except trio.WouldBlock:
+            full = True
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return
+        if full:
             log.warning("connection %d stopped reading; dropping it", self.number)
             self.done.set()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
 
     def close_with(self, message: proto.DaemonMessage) -> None:
         self.say(message)
@@ -204,6 +239,7 @@ class _Connection:
         try:
             async with self._outgoing:
                 async for line in self._outgoing:
+                    self._waiting_bytes -= len(line)
                     await self.stream.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -279,8 +315,15 @@ class _Connection:
         error: proto.Error | None = await handler(message)
         return error
 
-    async def _on_hello(self, _: proto.Hello) -> None:
+    async def _on_hello(self, message: proto.Hello) -> proto.Error | None:
+        if message.protocol != proto.PROTOCOL:
+            return proto.Error(
+                code="protocol",
+                message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
+                f"{message.protocol}: update the older of the two",
+            )
         self.say(proto.Welcome(daemon=__version__, session=self.server.core.session.session.id))
+        return None
 
     async def _on_send(self, message: proto.Send) -> proto.Error | None:
         actor, key = self.server.core.session, self.prefix + message.id

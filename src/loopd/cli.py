@@ -16,7 +16,7 @@ from loopd import __version__
 from loopd._groups import innermost
 from loopd.baseline import messages
 from loopd.canonical import canonical
-from loopd.channel import DaemonRunning
+from loopd.channel import DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, dump_toml, load_config
 from loopd.daemon import StartupError, serve
 from loopd.records import conversation_problems
@@ -142,7 +142,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
         trio.run(partial(serve, new_session=args.new_session), config, socket_path)
     except BaseException as e:
         error = innermost(e)
-        if not isinstance(error, (DaemonRunning, StartupError, StoreError, OSError)):
+        if not isinstance(error, (DaemonRunning, StartupError, StoreError, UnsafeSocket, OSError)):
             raise
         print(f"loopd: {error}", file=sys.stderr)
         return EXIT_RUNNING if isinstance(error, DaemonRunning) else EXIT_FAILED

@@ -163,6 +163,11 @@ class ChannelConfig(_Table):
     """The longest line a client may send, in bytes."""
     subscriber_buffer: PositiveInt = 1024
     """Events buffered per client; a client further behind is dropped with `lagged`."""
+    outbox_bytes: PositiveInt = 16 << 20
+    """Bytes of answers waiting for one client; a client that lets more pile up (asks and
+    never reads) is dropped."""
+    max_clients: PositiveInt = 64
+    """Connections at once; one more is answered `too_many_clients` and closed."""
     queue_limit: PositiveInt = 8
     """Messages that may wait while a turn runs; more are refused with `busy`."""
 
@@ -174,7 +179,8 @@ class StoreConfig(_Table):
 
 class Policy(_Table):
     action: Literal["allow", "ask", "deny"] = "allow"
-    """`allow` runs the call, `ask` waits for the user's approval, `deny` refuses it."""
+    """`allow` runs the call, `deny` refuses it, `ask` does not run it and tells the model it
+    needs the user's approval (loopd cannot wait for one yet)."""
     data_class: DataClass = Field(default="public", alias="class")
     """What the results hold: `public`, `private` or `secret`."""
     untrusted: bool = False

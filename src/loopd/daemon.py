@@ -15,7 +15,8 @@ import logging
 import os
 import shutil
 import signal
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -138,22 +139,50 @@ async def _open_session(store: Store, config: Config, *, new: bool) -> Session:
     return session
 
 
+@dataclass
+class _Stop:
+    """What a stop signal ends: start-up, or, once loopd serves, the serving (so the slot is
+    still saved before loopd's own llama-server goes)."""
+
+    starting: trio.CancelScope = field(default_factory=trio.CancelScope)
+    serving: trio.CancelScope | None = None
+    channel: ChannelServer | None = None
+
+    async def stop(self) -> None:
+        if self.channel is not None:
+            await self.channel.goodbye("loopd is shutting down")
+        (self.serving or self.starting).cancel()
+
+
 async def serve(config: Config, socket_path: Path, *, new_session: bool = False) -> None:
-    """Serve until SIGINT or SIGTERM."""
+    """Serve until SIGINT or SIGTERM, heard from the first moment: a signal while the embedded
+    llama-server starts stops loopd as cleanly as one later."""
+    stop = _Stop()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, signals, stop)
+            with stop.starting:
+                await _open_and_serve(config, socket_path, stop, new_session=new_session)
+            nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+async def _open_and_serve(
+    config: Config, socket_path: Path, stop: _Stop, *, new_session: bool
+) -> None:
     store = Store(config.store.directory)
     unix = await open_socket(socket_path)
     log.info("listening on %s", socket_path)
     try:
         with await _open_session(store, config, new=new_session) as session:
-            await _serve(config, store, session, unix.listener)
+            await _serve(config, store, session, unix.listener, stop)
     finally:
         with trio.CancelScope(shield=True):
             await unix.aclose()
-    log.info("stopped")
 
 
 async def _serve(
-    config: Config, store: Store, session: Session, listener: trio.SocketListener
+    config: Config, store: Store, session: Session, listener: trio.SocketListener, stop: _Stop
 ) -> None:
     slots: _SlotFiles | None = None
     async with trio.open_nursery() as nursery:
@@ -174,11 +203,10 @@ async def _serve(
             ),
             retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         )
-        with trio.CancelScope() as serving:
+        with trio.CancelScope() as stop.serving:
             async with client, open_core(config, session, client) as core:
-                channel = ChannelServer(core, store, config, llama.url, llama.model)
-                nursery.start_soon(_stop_on_signal, serving, channel)
-                await channel.serve(listener)
+                stop.channel = ChannelServer(core, store, config, llama.url, llama.model)
+                await stop.channel.serve(listener)
         # The core has stopped and its log is closed; the slot is idle, so it can be saved
         # before loopd's own llama-server goes, and restored by the next start.
         if slots is not None:
@@ -230,18 +258,16 @@ class _SlotFiles:
             log.info("restored the slot's cache of session %s", session_id)
 
 
-async def _stop_on_signal(scope: trio.CancelScope, channel: ChannelServer) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for number in signals:
-            log.info("%s: shutting down (again to exit at once)", signal.Signals(number).name)
-            break
+async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:
+    async for number in signals:
+        log.info("%s: shutting down (again to exit at once)", signal.Signals(number).name)
+        break
 
-        async def exit_on_second() -> None:
-            async for _ in signals:
-                log.warning("second signal: exiting now")
-                os._exit(1)
+    async def exit_on_second() -> None:
+        async for _ in signals:
+            log.warning("second signal: exiting now")
+            os._exit(1)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(exit_on_second)
-            await channel.goodbye("loopd is shutting down")
-            scope.cancel()  # the running turn is cancelled and writes its closing records
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(exit_on_second)
+        await stop.stop()  # a running turn is cancelled and writes its closing records

@@ -249,6 +249,8 @@ class Error(_Message):
         "duplicate_id",
         "lagged",
         "session_busy",
+        "protocol",
+        "too_many_clients",
         "internal",
     ]
     message: str

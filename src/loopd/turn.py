@@ -49,8 +49,7 @@ from loopd.records import (
     UserRecord,
 )
 from loopd.store import Session
-from loopd.tools import Local, Registry, ToolPort, ToolRequest, for_the_model, requested_tool
-from loopd.tools import dispatch as dispatch_call
+from loopd.tools import Registry, ToolPort, answer_call, call_key, requested_tool
 
 __all__ = [
     "REPEAT_TEXT",
@@ -178,6 +177,11 @@ class _Turn:
         while True:
             completion, usage = await self._request()
             if not completion.tool_calls:
+                if completion.finish_reason == "thinking_cap" and not completion.content:
+                    raise TurnLimit(  # cut by loopd: the server ignored its reasoning budget
+                        f"the model thought past {self.rt.loop.thinking_cap} tokens without an "
+                        "answer ([loop] thinking_cap); its reasoning is in the log"
+                    )
                 return TurnOutcome(completion.content or "", usage)
             rounds += 1
             if rounds > self.rt.loop.tool_iterations:
@@ -267,7 +271,7 @@ class _Turn:
         )
 
     async def _run(self, call: ToolCall, number: int) -> tuple[str, DataClass, bool]:
-        key = (call.name, call.arguments)
+        key = call_key(call.name, call.arguments)
         self.seen[key] += 1
         if self.rt.loop.repeat_detection and self.seen[key] > 1:
             if self.seen[key] > 2:
@@ -276,10 +280,13 @@ class _Turn:
                     "in one turn ([loop] repeat_detection)"
                 )
             return REPEAT_TEXT, "public", False
-        routed = dispatch_call(
-            self.rt.registry, call.name, call.arguments, find_limit=self.rt.find_limit
+        rt = self.rt
+        return await answer_call(
+            rt.registry,
+            rt.port,
+            call.name,
+            call.arguments,
+            session=self.session.id,
+            number=number,
+            find_limit=rt.find_limit,
         )
-        if isinstance(routed, Local):
-            return routed.text, "public", False
-        request = ToolRequest(self.session.id, number, routed.tool, routed.arguments)
-        return for_the_model(await self.rt.port.call(request))

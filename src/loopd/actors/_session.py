@@ -168,6 +168,12 @@ class SessionActor:
                 log.exception("the session log could not be written")
                 self._publish(Published(message.turn, TurnFailed("error", str(e))))
                 raise
+            except Exception as e:
+                # A bug in a turn ends that turn (its log closed as `error`), never the actor:
+                # the next message is served.
+                log.exception("turn %s failed", message.turn)
+                failure = TurnFailed("error", f"loopd failed: {type(e).__name__}: {e}")
+                self._publish(Published(message.turn, failure))
             finally:
                 self._running = None
         if scope.cancelled_caught:

@@ -9,7 +9,18 @@ import trio
 from loopd.config import ToolsConfig
 
 from ._builtin import Builtins, Roots, builtin_entries
-from ._dispatch import Dispatch, Local, Port, dispatch, find_tool_text, requested_tool
+from ._call import answer_call
+from ._dispatch import (
+    MAX_ARGUMENT_BYTES,
+    MAX_DEPTH,
+    Dispatch,
+    Local,
+    Port,
+    call_key,
+    dispatch,
+    find_tool_text,
+    requested_tool,
+)
 from ._entry import ToolEntry
 from ._mcp import McpSource
 from ._port import (
@@ -32,6 +43,8 @@ from ._registry import BUILTIN, Registry, policy_for
 __all__ = [
     "APPROVAL_TEXT",
     "BUILTIN",
+    "MAX_ARGUMENT_BYTES",
+    "MAX_DEPTH",
     "Builtins",
     "Denied",
     "Dispatch",
@@ -51,7 +64,9 @@ __all__ = [
     "ToolOutput",
     "ToolPort",
     "ToolRequest",
+    "answer_call",
     "builtin_entries",
+    "call_key",
     "dispatch",
     "find_tool_text",
     "for_the_model",
@@ -69,7 +84,7 @@ async def open_tool_port(config: ToolsConfig) -> AsyncIterator[LocalToolPort]:
     before the port is handed out, so their tools are in the registry from the first turn on.
     """
     registry = Registry(builtin_entries(config))
-    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots)}
+    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots, config.timeout)}
     sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
     async with trio.open_nursery() as nursery:
         for source in sources:

@@ -2,18 +2,24 @@
 time. Nothing reaches outside the roots: absolute paths and `..` are refused, and a path whose
 resolved form (symlinks followed) leaves its root is refused too. Reads are bounded, binary files
 are named as such, and only regular files are opened (a FIFO would hang a read forever).
+
+The tools run in threads of their own limiter, never the one the store's appends use. A thread
+cannot be cancelled, so each tool also watches its own deadline: a regular expression runs in
+the `regex` engine, with a timeout and without holding the GIL, since `re` can backtrack for
+hours while the event loop waits for the GIL.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import regex
 import trio
 
 from loopd.config import ToolsConfig
@@ -31,6 +37,8 @@ SEARCH_MATCHES = 100
 SEARCH_FILE_BYTES = 2 * 1024 * 1024
 # Enough of a file to tell text from binary the way git does: a NUL byte.
 SNIFF_BYTES = 8192
+# Threads for tool calls at once; an abandoned call keeps its thread until it notices its deadline.
+TOOL_THREADS = 8
 _SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv"})
 
 
@@ -132,8 +140,11 @@ def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
 
 
 class Builtins:
-    def __init__(self, roots: list[Path]) -> None:
+    def __init__(self, roots: list[Path], timeout: float) -> None:
         self.roots = Roots(roots)
+        self.timeout = timeout
+        """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
+        self._threads = trio.CapacityLimiter(TOOL_THREADS)
         self._run: dict[str, Callable[[dict[str, Any]], str]] = {
             "read_file": self.read_file,
             "list_directory": self.list_directory,
@@ -144,7 +155,9 @@ class Builtins:
     async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
         function = self._run[entry.name]
         # File I/O in a thread; abandoned on cancel, so a timeout always ends the call.
-        text = await trio.to_thread.run_sync(function, arguments, abandon_on_cancel=True)
+        text = await trio.to_thread.run_sync(
+            function, arguments, abandon_on_cancel=True, limiter=self._threads
+        )
         return ToolOutput(text)
 
     def _regular_file(self, path: str) -> tuple[Path, os.stat_result]:
@@ -211,11 +224,12 @@ class Builtins:
     def search_text(self, arguments: dict[str, Any]) -> str:
         pattern = arguments["pattern"]
         path = arguments.get("path", ".")
+        deadline = time.monotonic() + self.timeout
         try:
-            matcher = re.compile(
-                pattern if arguments.get("regex") else re.escape(pattern), re.IGNORECASE
+            matcher = regex.compile(
+                pattern if arguments.get("regex") else regex.escape(pattern), regex.IGNORECASE
             )
-        except re.error as e:
+        except regex.error as e:
             raise ToolFailure(f"not a valid regular expression: {e}") from None
         start = self.roots.resolve(path)
         matches: list[str] = []
@@ -225,12 +239,25 @@ class Builtins:
             if b"\0" in data[:SNIFF_BYTES]:
                 continue
             for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-                if matcher.search(line):
+                if _search(matcher, line, deadline, pattern):
                     matches.append(f"{self.roots.shown(file)}:{number}: {line.strip()[:200]}")
                     if len(matches) == SEARCH_MATCHES:
                         stop = f"[... stopped at the first {SEARCH_MATCHES} matches]"
                         return "\n".join([*matches, stop])
         return "\n".join(matches) or f"No line under {path} matches {pattern!r}."
+
+
+def _search(matcher: regex.Pattern[str], line: str, deadline: float, pattern: str) -> bool:
+    left = deadline - time.monotonic()
+    try:
+        if left > 0:
+            return matcher.search(line, concurrent=True, timeout=left) is not None
+    except TimeoutError:
+        pass
+    raise ToolFailure(
+        f"searching for {pattern!r} took too long ([tools] timeout); "
+        "a simpler pattern or a narrower path will do"
+    )
 
 
 def _text_files(start: Path, roots: Roots) -> list[Path]:

@@ -4,6 +4,9 @@ The model sees two tools. `find_tool` is answered at once from the registry. `ca
 to the port, but only once its arguments are known to be right: JSON, an object, a tool that
 exists, arguments that fit its schema. Anything else is answered here with a text that tells
 the model exactly what was wrong, so it can correct itself, and nothing runs.
+
+Arguments are bounded before they are parsed: a size and a nesting depth, since `json.loads`
+and schema validation recurse, and a model can write anything.
 """
 
 from __future__ import annotations
@@ -15,12 +18,28 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing.exceptions import Unresolvable
 
 from loopd.canonical import canonical
 
 from ._registry import Registry
 
-__all__ = ["Dispatch", "Local", "Port", "dispatch", "find_tool_text", "requested_tool"]
+__all__ = [
+    "MAX_ARGUMENT_BYTES",
+    "MAX_DEPTH",
+    "Dispatch",
+    "Local",
+    "Port",
+    "call_key",
+    "dispatch",
+    "find_tool_text",
+    "requested_tool",
+]
+
+MAX_ARGUMENT_BYTES = 1024 * 1024
+"""Arguments larger than this are refused unread."""
+MAX_DEPTH = 64
+"""Objects and lists nested deeper than this are refused; no tool needs it."""
 
 USAGE = (
     'Use find_tool {"query": "..."} to find a tool, then '
@@ -65,13 +84,51 @@ def dispatch(registry: Registry, name: str, arguments: str, *, find_limit: int =
 
 
 def _object(arguments: str, name: str) -> dict[str, Any] | Local:
+    size = len(arguments.encode(errors="replace"))
+    if size > MAX_ARGUMENT_BYTES:
+        return Local(
+            f"The arguments of {name} are {size} bytes; at most {MAX_ARGUMENT_BYTES} are read."
+        )
     try:
         value = json.loads(arguments)
     except ValueError as e:
         return Local(f"The arguments of {name} are not valid JSON ({e}): {arguments[:200]!r}")
+    except RecursionError:  # deeper than Python's stack
+        return _too_deep(name)
+    if _depth(value) > MAX_DEPTH:
+        return _too_deep(name)
     if not isinstance(value, dict):
         return Local(f"The arguments of {name} must be a JSON object, not {type(value).__name__}.")
     return value
+
+
+def _too_deep(name: str) -> Local:
+    return Local(f"The arguments of {name} nest objects or lists more than {MAX_DEPTH} deep.")
+
+
+def _depth(value: object) -> int:
+    """How deep objects and lists nest, without recursion (1 for a flat object)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:  # deeper is refused anyway: no need to walk it
+                children = item.values() if isinstance(item, dict) else item
+                stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same: the name and the arguments as values, so spacing and key
+    order do not tell them apart."""
+    parsed = _object(arguments, name)
+    if isinstance(parsed, Local):
+        return name, arguments
+    inner = parsed.get("arguments")
+    if isinstance(inner, str) and isinstance(value := _object(inner, name), dict):
+        parsed = {**parsed, "arguments": value}  # the object sent as a JSON string
+    return name, json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _call_tool(registry: Registry, parsed: dict[str, Any]) -> Dispatch:
@@ -103,7 +160,7 @@ def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[
     try:
         validator = Draft202012Validator(schema)
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-    except SchemaError:
+    except (SchemaError, Unresolvable):
         return []  # a server's broken schema is its own business; the tool will say
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
 
@@ -129,6 +186,6 @@ def requested_tool(name: str, arguments: str) -> str | None:
     """The tool a `call_tool` call asks for, when its arguments name one; for showing it."""
     if name != "call_tool":
         return None
-    parsed = _object(arguments, name)
+    parsed = _object(arguments, name)  # bounded: a display never fails on what the model wrote
     tool = parsed.get("name") if isinstance(parsed, dict) else None
     return tool if isinstance(tool, str) else None
