@@ -8,6 +8,9 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     relay     events per second from a fast server to a socket client, against plain httpx
     store     opening a 10,000-record session; one append with fsync
     memory    the daemon's resident memory at rest and after 1,000 turns
+    history   time to first token against the length of the history
+    templates every chat template: token-exact history against history as messages
+    freeze    how long `status` waits while a tool call burns its whole deadline
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import cache
+import freeze
 import history
 import memory
 import overhead
@@ -51,6 +55,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "store": store.run,
     "memory": lambda: trio.run(memory.measure),
     "history": lambda: trio.run(history.measure, *_assets()),
+    "freeze": lambda: trio.run(freeze.measure),
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
@@ -123,6 +128,18 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one 
             ),
             "",
             *templates.table(f),
+        ]
+    if name == "freeze":
+        return [
+            "## 9. Answering while a tool call burns its deadline",
+            "",
+            (
+                "A `search_text` whose regular expression backtracks exponentially runs until "
+                "`[tools] timeout` (3 s); a second client asks `status` every 20 ms meanwhile "
+                "(bench/freeze.py), against the same asked while loopd is idle."
+            ),
+            "",
+            *freeze.table(f),
         ]
     if name == "store":
         return [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -330,6 +331,9 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
     home = Path(tempfile.mkdtemp(prefix="jc-"))  # short: a socket path has 108 bytes at most
     env = {f"XDG_{k}": str(home / k.lower()) for k in ("STATE_HOME", "CONFIG_HOME", "RUNTIME_DIR")}
     (home / "runtime_dir").mkdir(mode=0o700)
+    (home / "config_home" / "loopd").mkdir(parents=True)
+    # Long enough to be interrupted, short enough that the next answer comes soon.
+    (home / "config_home" / "loopd" / "config.toml").write_text("[loop]\nmax_tokens = 200\n")
     settings = " ".join(f"{k}={v}" for k, v in env.items())
     tmux = Tmux(f"just-chat-{home.name}")
     await tmux.run(
@@ -337,6 +341,7 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         f"env {settings} just chat; echo CHAT-EXIT-$?; sleep 60",
     )  # fmt: skip
     pid_file = home / "state_home" / "loopd" / "loopd.pid"
+    pid = 0
     try:
         await tmux.wait_for("/help for help", timeout=120)
         pid = int(pid_file.read_text())
@@ -348,18 +353,21 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         await tmux.keys("Say hello.", "Enter")
         await tmux.keys("/status", "Enter")
         await tmux.wait_for("(2 turns)", timeout=120)  # once the second turn has ended
-    finally:
         await tmux.run("kill-session", "-t", tmux.name)  # the terminal closes
-    await trio.sleep(1)
-    assert alive(pid)
-    done = await trio.run_process(
-        ["just", "stop"], cwd=ROOT, env={**os.environ, **env}, capture_stdout=True
-    )
-    assert done.stdout.decode().strip() == "loopd stopped"
-    with trio.fail_after(30):
-        while alive(pid):  # noqa: ASYNC110 - another process: nothing to wait on but its pid
-            await trio.sleep(0.1)
-    shutil.rmtree(home, ignore_errors=True)
+        await trio.sleep(1)
+        assert alive(pid)
+        done = await trio.run_process(
+            ["just", "stop"], cwd=ROOT, env={**os.environ, **env}, capture_stdout=True
+        )
+        assert done.stdout.decode().strip() == "loopd stopped"
+        with trio.fail_after(30):
+            while alive(pid):  # noqa: ASYNC110 - another process: nothing to wait on but its pid
+                await trio.sleep(0.1)
+    finally:
+        await trio.run_process(["tmux", "kill-session", "-t", tmux.name], check=False)
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGTERM)  # a failed run leaves no loopd (or llama-server) behind
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_think_sets_thinking_for_the_turns_that_follow() -> None:
