@@ -3,16 +3,21 @@ listed, called, killed, and called again; and a server that cannot start."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 from pathlib import Path
 
 import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loopd.config import McpServer, Policy, ToolsConfig
-from loopd.tools import Failed, Result, ToolRequest, dispatch, open_tool_port
+from loopd.tools import Failed, Result, ToolRequest, answer_call, dispatch, open_tool_port
 from loopd.tools._dispatch import Local
+from test_tools_dispatch import schema_values
 
 SERVER = str(Path(__file__).resolve().parent / "support" / "mcp_server.py")
 
@@ -88,3 +93,44 @@ async def test_a_server_that_cannot_start_leaves_the_rest_working(
         assert not [n for n in port.registry.names() if n.startswith("broken.")]
         assert isinstance(await port.call(request("current_time")), Result)
     assert "MCP server broken did not start" in caplog.text
+
+
+SCHEMA_SERVER = str(Path(__file__).resolve().parent / "support" / "schema_server.py")
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    # The SDK insists on "type": "object" at the top; below it, anything.
+    schema=st.fixed_dictionaries(
+        {"type": st.just("object")},
+        optional={
+            "properties": st.dictionaries(
+                st.sampled_from(["a", "b"]),
+                schema_values | st.sampled_from([{"$ref": "#/$defs/nope"}, {"$ref": "#/"}]),
+                max_size=2,
+            ),
+            "required": schema_values,
+            "$defs": schema_values,
+            "additionalProperties": schema_values,
+        },
+    ),
+    arguments=st.sampled_from(['{"a": 1}', '{"b": "x"}', "{}"]) | schema_values.map(json.dumps),
+)
+def test_a_real_mcp_server_with_any_schema_leaves_the_model_a_text(
+    schema: dict[str, object], arguments: str
+) -> None:
+    """Schemas as a server sends them, through the SDK's client: whatever they are, a call
+    gives the model a text (a result, what was wrong, or that the tool is not there)."""
+    server = McpServer(
+        command=[sys.executable, SCHEMA_SERVER], env={"TOOL_SCHEMA": json.dumps(schema)}
+    )
+
+    async def play() -> str:
+        async with open_tool_port(ToolsConfig(timeout=5, mcp={"s": server})) as port:
+            call = '{"name": "s.t", "arguments": ' + arguments + "}"
+            text, _, _ = await answer_call(
+                port.registry, port, "call_tool", call, session="s", number=1, find_limit=5
+            )
+            return text
+
+    assert trio.run(play)
