@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bxctl.view import context_line
-from loopd.exact import past_reasoning, transcript
+from loopd.exact import ExactHistory, past_reasoning, transcript
 from loopd.infer import ToolCall
 from loopd.records import (
     AssistantRecord,
@@ -83,3 +83,17 @@ def test_past_reasoning_counts_what_the_exact_prompt_holds() -> None:
 def test_the_context_line_says_how_much_is_past_reasoning() -> None:
     assert context_line(1000, 250) == "1000 tokens in the slot, 250 of them past reasoning (25%)"
     assert context_line(1000, None) == "1000 tokens in the slot (history sent as messages)"
+
+
+async def test_an_end_tokens_text_is_asked_of_the_server_once() -> None:
+    asked: list[list[int]] = []
+
+    class Detokenizer:  # the one request ExactHistory makes for it
+        async def detokenize(self, tokens: list[int]) -> str:
+            asked.append(tokens)
+            return "<|im_end|>"
+
+    exact = ExactHistory(Detokenizer())  # type: ignore[arg-type]
+    for _ in range(3):
+        assert await exact._text(2) == "<|im_end|>"
+    assert asked == [[2]]

@@ -171,6 +171,8 @@ class ExactHistory:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._formats: dict[tuple[str, bool], ChatFormat | FormatError] = {}
+        self._texts: dict[int, str] = {}
+        """The text of each end token met: a model has one or two, asked for once each."""
 
     async def format(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
         """The template's delimiters; a `FormatError` says why a template cannot be read. The
@@ -242,13 +244,18 @@ class ExactHistory:
         tokens = list(answer.tokens or ())
         trim = 0
         if answer.ended and tokens and isinstance(tokens[-1], int):
-            end = await self.client.detokenize([tokens[-1]])
+            end = await self._text(tokens[-1])
             if end and text.startswith(end):
                 text = text[len(end) :]
             else:  # the template ends an answer its own way; that token is not in the slot
                 trim = 1
         record = PromptRecord(text=text, trim=trim)
         return NextPrompt([*pieces, *tokens[: len(tokens) - trim], text], record, fmt)
+
+    async def _text(self, token: int) -> str:
+        if token not in self._texts:
+            self._texts[token] = await self.client.detokenize([token])
+        return self._texts[token]
 
     async def _render(
         self,
