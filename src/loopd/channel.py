@@ -205,18 +205,21 @@ class _Connection:
     def say(self, message: proto.DaemonMessage) -> None:
         """Queue a line; a client that stopped reading is dropped."""
         line = proto.dump(message)
-        try:
-            full = self._waiting_bytes + len(line) > self.server.config.channel.outbox_bytes
-            if not full:
-                self.outbox.send_nowait(line)
-                self._waiting_bytes += len(line)
-        except trio.WouldBlock:
-            full = True
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        if self._waiting_bytes + len(line) > self.server.config.channel.outbox_bytes:
+            self._drop()
             return
-        if full:
-            log.warning("connection %d stopped reading; dropping it", self.number)
-            self.done.set()
+        try:
+            self.outbox.send_nowait(line)
+        except trio.WouldBlock:
+            self._drop()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        else:
+            self._waiting_bytes += len(line)
+
+    def _drop(self) -> None:
+        log.warning("connection %d stopped reading; dropping it", self.number)
+        self.done.set()
 
     def close_with(self, message: proto.DaemonMessage) -> None:
         self.say(message)
