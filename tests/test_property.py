@@ -1,12 +1,14 @@
 """The property loopd exists for: every request extends the previous one, byte for byte.
 
 hypothesis writes conversations (user messages; answers with and without reasoning and tool
-calls, repeated calls included; every port answer; oversized results; a full context; server
-errors; cancellations; restarts, where the session is closed and reopened from its log between
-turns) and plays them against the scripted llama-server over real HTTP. After each, for every
-pair of consecutive requests, the later one's messages start with the earlier one's, compared
-as serialised bytes; the slot never loses its cache; the reopened log gives the same messages;
-and the log is a valid conversation. A failing case prints how to replay it.
+calls, repeated calls included; every port answer; approvals given once, for the session,
+denied or never given; oversized results; a full context; server errors; cancellations;
+restarts, where the session is closed and reopened from its log between turns) and plays them
+against the scripted llama-server over real HTTP. After each, for every pair of consecutive
+requests, the later one's messages start with the earlier one's, compared as serialised bytes;
+the slot never loses its cache; the reopened log gives the same messages; the log is a valid
+conversation, every approval asked for is decided, and a tool approved for the session is
+never asked about again. A failing case prints how to replay it.
 """
 
 from __future__ import annotations
@@ -20,24 +22,32 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loopd.baseline import make_baseline, messages
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
-from loopd.events import TurnEvent
+from loopd.events import ApprovalNeeded, TurnEvent
 from loopd.infer import Client, RetryPolicy
-from loopd.records import conversation_problems
+from loopd.records import (
+    ApprovalRecord,
+    ApprovalRequestRecord,
+    Decision,
+    Record,
+    conversation_problems,
+    open_approvals,
+)
 from loopd.store import Store
-from loopd.tools import LocalToolPort
+from loopd.tools import PortHandle
 from loopd.turn import Runtime, TurnError, run_turn
 from support.fake_llama import FakeLlama, Reply
+from support.ports import start_port
 from support.replay import ReplayServer
 from test_turn import Notes, registry
 
 words = st.text(st.sampled_from('abc é\n"{}\\'), min_size=1, max_size=12)
-tools = st.sampled_from(["read_note", "broken", "wipe", "buy", "big", "web", "nope"])
+tools = st.sampled_from(["read_note", "broken", "wipe", "buy", "big", "web", "nope", "buy"])
 
 
 @st.composite
@@ -73,6 +83,8 @@ class Step:
     """Cancel the turn at its n-th event."""
     restart: bool
     """Close the session and reopen it from its log before this turn."""
+    approvals: list[Decision | None]
+    """The answers to this turn's approvals, in order; None: nobody answers (the timeout)."""
 
 
 steps = st.builds(
@@ -81,7 +93,22 @@ steps = st.builds(
     replies=st.lists(replies, max_size=4),
     cancel_after=st.none() | st.integers(1, 12),
     restart=st.booleans(),
+    approvals=st.lists(st.none() | st.sampled_from(["once", "session", "deny"]), max_size=4),
 )
+
+
+def buy(title: str, call_id: str = "c1") -> Reply:
+    arguments = json.dumps({"name": "buy", "arguments": {"title": title}})
+    return Reply(tool_calls=((call_id, "call_tool", arguments),))
+
+
+APPROVALS = [
+    # once, then denied, then nobody answers: each asked and decided in the log
+    Step("a", [buy("a"), buy("b"), buy("c"), Reply(content="ok")], None, False, ["once", "deny"]),
+    # for the session: the next call of buy, after a restart, is not asked about
+    Step("b", [buy("d"), Reply(content="ok")], None, False, ["session"]),
+    Step("c", [buy("e"), Reply(content="ok")], None, True, []),
+]
 
 
 async def play(conversation: list[Step], directory: Path) -> None:
@@ -91,14 +118,12 @@ async def play(conversation: list[Step], directory: Path) -> None:
     store = Store(directory)
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
+        port = await start_port(
+            nursery, registry(), {"notes": Notes()}, timeout=0.2, approval_timeout=0.05
+        )
         async with Client(server.url, retry=RetryPolicy(attempts=1)) as client:
             session = await store.create(make_baseline("Be brief."))
-            rt = Runtime(
-                loop=loop,
-                inference=client,
-                registry=registry(),
-                port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.2),
-            )
+            rt = Runtime(loop=loop, inference=client, registry=port.registry, port=port)
             for step in conversation:
                 if step.restart:
                     before = canonical(messages(session.baseline, session.records))
@@ -106,7 +131,7 @@ async def play(conversation: list[Step], directory: Path) -> None:
                     session = await store.open(session.id)
                     assert canonical(messages(session.baseline, session.records)) == before
                 fake.replies = list(step.replies)
-                await one_turn(session, rt, step)
+                await one_turn(session, rt, port, step)
             records = list(session.records)
             session.close()
         nursery.cancel_scope.cancel()
@@ -116,26 +141,47 @@ async def play(conversation: list[Step], directory: Path) -> None:
         assert canonical(later[: len(earlier)]) == canonical(earlier)
     assert "cache_loss" not in [r.kind for r in records]
     assert conversation_problems(records) == []
+    assert open_approvals(records) == []
+    assert not asked_after_granted(records)
 
 
-async def one_turn(session: Any, rt: Runtime, step: Step) -> None:
-    with trio.CancelScope() as scope:
-        seen = 0
+def asked_after_granted(records: list[Record]) -> list[Record]:
+    granted: set[str] = set()
+    asked = []
+    for r in records:
+        if isinstance(r, ApprovalRecord) and r.decision == "session":
+            granted.add(r.tool)
+        elif isinstance(r, ApprovalRequestRecord) and r.tool in granted:
+            asked.append(r)
+    return asked
 
-        def on_event(_: TurnEvent) -> None:
-            nonlocal seen
-            seen += 1
-            if step.cancel_after is not None and seen >= step.cancel_after:
-                scope.cancel()
 
-        with contextlib.suppress(TurnError):  # limits and failures are part of the script
-            await run_turn(session, rt, step.user, on_event)
+async def one_turn(session: Any, rt: Runtime, port: PortHandle, step: Step) -> None:
+    decisions = list(step.approvals)
+    async with trio.open_nursery() as deciders:
+        with trio.CancelScope() as scope:
+            seen = 0
+
+            def on_event(event: TurnEvent) -> None:
+                nonlocal seen
+                seen += 1
+                decision = (
+                    decisions.pop(0) if isinstance(event, ApprovalNeeded) and decisions else None
+                )
+                if isinstance(event, ApprovalNeeded) and decision is not None:
+                    deciders.start_soon(port.decide, session.id, event.call, decision)
+                if step.cancel_after is not None and seen >= step.cancel_after:
+                    scope.cancel()
+
+            with contextlib.suppress(TurnError):  # limits and failures are part of the script
+                await run_turn(session, rt, step.user, on_event)
 
 
 @settings(
     max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(conversation=st.lists(steps, min_size=1, max_size=5))
+@example(conversation=APPROVALS)
 def test_every_request_extends_the_previous_one(conversation: list[Step]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(play, conversation, Path(tmp))

@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 from loopd.config import Policy
 from loopd.tools import (
     MAX_ARGUMENT_BYTES,
+    Answered,
+    CallOrigin,
     Local,
+    ModelAnswer,
+    OnAsking,
     Port,
     Registry,
     Result,
@@ -22,6 +26,7 @@ from loopd.tools import (
     call_key,
     dispatch,
 )
+from support.ports import never_asked
 
 SCHEMA = {
     "type": "object",
@@ -167,8 +172,8 @@ schema_values = st.recursive(
 
 
 class Answers:
-    async def call(self, request: ToolRequest) -> Result:
-        return Result(f"ran {request.tool}", "public", False)
+    async def call(self, request: ToolRequest, _: OnAsking) -> Answered:
+        return Answered(Result(f"ran {request.tool}", "public", False))
 
 
 @settings(max_examples=300, deadline=None)
@@ -180,10 +185,15 @@ def test_any_schema_and_arguments_give_the_model_a_text(schema: object, argument
     entry = ToolEntry("t", "T.", "T.", schema, "mcp:x", Policy())  # type: ignore[arg-type]
     call = json.dumps({"name": "t", "arguments": "ARGS"}).replace('"ARGS"', arguments or "0")
 
-    async def answer() -> tuple[str, str, bool]:
+    async def answer() -> ModelAnswer:
         return await answer_call(
-            Registry([entry]), Answers(), "call_tool", call, session="s", number=1, find_limit=5
+            Registry([entry]),
+            Answers(),
+            "call_tool",
+            call,
+            CallOrigin("s", 1),
+            find_limit=5,
+            on_asking=never_asked,
         )
 
-    text, _, _ = trio.run(answer)
-    assert text  # a result, or what was wrong: never an exception
+    assert trio.run(answer).text  # a result, or what was wrong: never an exception

@@ -15,8 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loopd.config import McpServer, Policy, ToolsConfig
-from loopd.tools import Failed, Result, ToolRequest, answer_call, dispatch, open_tool_port
+from loopd.tools import (
+    CallOrigin,
+    Failed,
+    Result,
+    ToolRequest,
+    answer_call,
+    dispatch,
+    open_tool_port,
+)
 from loopd.tools._dispatch import Local
+from support.ports import never_asked
 from test_tools_dispatch import schema_values
 
 SERVER = str(Path(__file__).resolve().parent / "support" / "mcp_server.py")
@@ -46,13 +55,15 @@ async def test_an_mcp_servers_tools_join_the_registry_and_answer(tmp_path: Path)
         found = dispatch(port.registry, "find_tool", '{"query": "read one of my notes"}')
         assert isinstance(found, Local)
         assert found.text.splitlines()[1].startswith("1. notes.read_note: Read one of the user")
-        answer = await port.call(request("notes.read_note", title="groceries"))
+        answer = (
+            await port.call(request("notes.read_note", title="groceries"), never_asked)
+        ).answer
         assert answer == Result("eggs, milk, bread", "private", True)
 
 
 async def test_an_mcp_tool_error_is_failed(tmp_path: Path) -> None:
     async with open_tool_port(config(tmp_path, notes=notes(tmp_path / "pid"))) as port:
-        answer = await port.call(request("notes.read_note", title="diary"))
+        answer = (await port.call(request("notes.read_note", title="diary"), never_asked)).answer
     assert isinstance(answer, Failed)
     assert "diary" in answer.message
 
@@ -60,9 +71,9 @@ async def test_an_mcp_tool_error_is_failed(tmp_path: Path) -> None:
 async def test_a_hanging_mcp_call_times_out_and_the_server_still_answers(tmp_path: Path) -> None:
     cfg = config(tmp_path, notes=notes(tmp_path / "pid")).model_copy(update={"timeout": 0.5})
     async with open_tool_port(cfg) as port:
-        answer = await port.call(request("notes.wait", seconds=30))
+        answer = (await port.call(request("notes.wait", seconds=30), never_asked)).answer
         assert answer == Failed("notes.wait did not finish within 0.5 s and was stopped")
-        assert await port.call(request("notes.list_notes")) == Result(
+        assert (await port.call(request("notes.list_notes"), never_asked)).answer == Result(
             "groceries\ntodo", "public", False
         )
 
@@ -70,16 +81,18 @@ async def test_a_hanging_mcp_call_times_out_and_the_server_still_answers(tmp_pat
 async def test_a_killed_server_is_reported_then_started_again(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     async with open_tool_port(config(tmp_path, notes=notes(pid_file))) as port:
-        assert isinstance(await port.call(request("notes.list_notes")), Result)
+        assert isinstance(
+            (await port.call(request("notes.list_notes"), never_asked)).answer, Result
+        )
         first_pid = int(pid_file.read_text())
         os.kill(first_pid, signal.SIGKILL)
 
-        answer = await port.call(request("notes.list_notes"))
+        answer = (await port.call(request("notes.list_notes"), never_asked)).answer
         assert isinstance(answer, Failed)
         assert "MCP server notes stopped" in answer.message
         assert all(not e.available for e in port.registry.entries() if e.source == "notes")
 
-        again = await port.call(request("notes.list_notes"))
+        again = (await port.call(request("notes.list_notes"), never_asked)).answer
         assert again == Result("groceries\ntodo", "public", False)
         assert int(pid_file.read_text()) != first_pid
         assert all(e.available for e in port.registry.entries() if e.source == "notes")
@@ -91,7 +104,7 @@ async def test_a_server_that_cannot_start_leaves_the_rest_working(
     broken = McpServer(command=[str(tmp_path / "no-such-server")])
     async with open_tool_port(config(tmp_path, broken=broken)) as port:
         assert not [n for n in port.registry.names() if n.startswith("broken.")]
-        assert isinstance(await port.call(request("current_time")), Result)
+        assert isinstance((await port.call(request("current_time"), never_asked)).answer, Result)
     assert "MCP server broken did not start" in caplog.text
 
 
@@ -128,9 +141,15 @@ def test_a_real_mcp_server_with_any_schema_leaves_the_model_a_text(
     async def play() -> str:
         async with open_tool_port(ToolsConfig(timeout=5, mcp={"s": server})) as port:
             call = '{"name": "s.t", "arguments": ' + arguments + "}"
-            text, _, _ = await answer_call(
-                port.registry, port, "call_tool", call, session="s", number=1, find_limit=5
+            answer = await answer_call(
+                port.registry,
+                port,
+                "call_tool",
+                call,
+                CallOrigin("s", 1),
+                find_limit=5,
+                on_asking=never_asked,
             )
-            return text
+            return answer.text
 
     assert trio.run(play)

@@ -1,17 +1,21 @@
-"""The port: the policy first, then the call under its deadline; every answer."""
+"""The tool-port actor: the policy first, approvals that wait for a decision, then the call
+under its deadline; every answer. Only its handle is used: calls, decisions, the pending list."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import trio
 
 from loopd.config import Policy
 from loopd.tools import (
+    Answered,
+    Approval,
+    Asking,
     Denied,
     Failed,
-    LocalToolPort,
-    PendingApproval,
+    PortHandle,
     Registry,
     Result,
     ToolEntry,
@@ -19,6 +23,7 @@ from loopd.tools import (
     ToolOutput,
     ToolRequest,
 )
+from support.ports import never_asked, start_port
 
 
 class Scripted:
@@ -45,69 +50,157 @@ class Scripted:
         return ToolOutput(f"ran {entry.name} with {arguments}")
 
 
-def port(**policies: Policy) -> tuple[LocalToolPort, Scripted]:
+async def port(
+    nursery: trio.Nursery,
+    timeout: float = 0.2,
+    approval_timeout: float = math.inf,
+    **policies: Policy,
+) -> tuple[PortHandle, Scripted]:
     names = ["echo", "hang", "explode", "refuse", "error", *policies]
     registry = Registry(
         ToolEntry(n, n, n, {"type": "object"}, "test", policies.get(n, Policy())) for n in names
     )
     executor = Scripted()
-    return LocalToolPort(registry, {"test": executor}, timeout=0.2), executor
+    handle = await start_port(
+        nursery, registry, {"test": executor}, timeout=timeout, approval_timeout=approval_timeout
+    )
+    return handle, executor
 
 
-def request(tool: str) -> ToolRequest:
-    return ToolRequest(session="s", call=1, tool=tool, arguments={"x": 1})
+def request(tool: str, call: int = 1, granted: frozenset[str] = frozenset()) -> ToolRequest:
+    return ToolRequest(session="s", call=call, tool=tool, arguments={"x": 1}, granted=granted)
 
 
-async def test_allow_runs_the_tool_and_gives_its_result_with_the_policy() -> None:
-    p, executor = port(mail=Policy(data_class="private", untrusted=True))
-    assert await p.call(request("echo")) == Result("ran echo with {'x': 1}", "public", False)
-    assert await p.call(request("mail")) == Result("ran mail with {'x': 1}", "private", True)
+async def answer(p: PortHandle, tool: str) -> object:
+    return (await p.call(request(tool), never_asked)).answer
+
+
+async def test_allow_runs_the_tool_and_gives_its_result_with_the_policy(
+    nursery: trio.Nursery,
+) -> None:
+    p, executor = await port(nursery, mail=Policy(data_class="private", untrusted=True))
+    assert await answer(p, "echo") == Result("ran echo with {'x': 1}", "public", False)
+    assert await answer(p, "mail") == Result("ran mail with {'x': 1}", "private", True)
     assert executor.ran == ["echo", "mail"]
 
 
-async def test_deny_refuses_before_anything_runs() -> None:
-    p, executor = port(wipe=Policy(action="deny"))
-    assert await p.call(request("wipe")) == Denied("the policy for wipe is deny")
+async def test_deny_refuses_before_anything_runs(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, wipe=Policy(action="deny"))
+    assert await answer(p, "wipe") == Denied("the policy for wipe is deny")
     assert executor.ran == []
 
 
-async def test_ask_is_pending_approval_and_nothing_runs() -> None:
-    p, executor = port(buy=Policy(action="ask"))
-    assert await p.call(request("buy")) == PendingApproval()
+async def asked_then_decided(
+    nursery: trio.Nursery, p: PortHandle, decision: str, call: int = 1
+) -> tuple[Answered, list[Asking]]:
+    """Call `buy`; once it asks, check it is pending, then decide."""
+    asked: list[Asking] = []
+
+    async def on_asking(asking: Asking) -> None:
+        asked.append(asking)
+        assert [a.call for a in await p.pending("s")] == [call]
+        assert await p.pending("another session") == []
+        nursery.start_soon(p.decide, "s", call, decision)
+
+    answered = await p.call(request("buy", call), on_asking)
+    assert await p.pending("s") == []
+    return answered, asked
+
+
+async def test_ask_waits_for_approval_then_runs(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, buy=Policy(action="ask", data_class="secret"))
+    answered, asked = await asked_then_decided(nursery, p, "once")
+    assert asked == [Asking(1, "buy", {"x": 1}, "secret", False, math.inf)]
+    assert answered == Answered(
+        Result("ran buy with {'x': 1}", "secret", False), Approval("buy", "once", "user")
+    )
+    assert executor.ran == ["buy"]
+
+
+async def test_ask_denied_runs_nothing(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, buy=Policy(action="ask"))
+    answered, _ = await asked_then_decided(nursery, p, "deny")
+    assert answered == Answered(
+        Denied("the user did not approve it"), Approval("buy", "deny", "user")
+    )
     assert executor.ran == []
 
 
-async def test_a_tool_that_hangs_is_stopped_at_the_timeout() -> None:
-    p, executor = port()
-    answer = await p.call(request("hang"))
-    assert answer == Failed("hang did not finish within 0.2 s and was stopped")
+async def test_ask_for_a_tool_granted_for_the_session_runs_without_asking(
+    nursery: trio.Nursery,
+) -> None:
+    p, executor = await port(nursery, buy=Policy(action="ask"))
+    answered = await p.call(request("buy", granted=frozenset({"buy"})), never_asked)
+    assert answered == Answered(Result("ran buy with {'x': 1}", "public", False))
+    assert executor.ran == ["buy"]
+
+
+async def test_ask_nobody_answers_is_denied_at_the_timeout(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, approval_timeout=0.1, buy=Policy(action="ask"))
+    asked: list[Asking] = []
+
+    async def on_asking(asking: Asking) -> None:
+        asked.append(asking)
+
+    answered = await p.call(request("buy"), on_asking)
+    assert answered == Answered(
+        Denied("nobody approved it within 0.1 s"), Approval("buy", "deny", "timeout")
+    )
+    assert len(asked) == 1
+    assert executor.ran == []
+
+
+async def test_a_decision_for_no_waiting_call_is_refused(nursery: trio.Nursery) -> None:
+    p, _ = await port(nursery)
+    assert not await p.decide("s", 7, "once")
+
+
+async def test_cancelling_the_caller_while_it_waits_ends_the_wait(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, buy=Policy(action="ask"))
+    asked: list[Asking] = []
+
+    async def on_asking(asking: Asking) -> None:
+        asked.append(asking)
+
+    with trio.move_on_after(0.1) as scope:
+        await p.call(request("buy"), on_asking)
+    assert len(asked) == 1
+    assert scope.cancelled_caught
+    assert await p.pending("s") == []
+    assert not await p.decide("s", 1, "once")
+    assert executor.ran == []
+
+
+async def test_a_tool_that_hangs_is_stopped_at_the_timeout(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery)
+    assert await answer(p, "hang") == Failed("hang did not finish within 0.2 s and was stopped")
     assert executor.cancelled
 
 
-async def test_a_tool_that_raises_is_failed_not_a_crash() -> None:
-    p, _ = port()
-    assert await p.call(request("explode")) == Failed("RuntimeError: the disk is on fire")
+async def test_a_tool_that_raises_is_failed_not_a_crash(nursery: trio.Nursery) -> None:
+    p, _ = await port(nursery)
+    assert await answer(p, "explode") == Failed("RuntimeError: the disk is on fire")
 
 
-async def test_a_tools_own_failure_is_passed_on_as_it_is() -> None:
-    p, _ = port()
-    assert await p.call(request("refuse")) == Failed("no such note")
+async def test_a_tools_own_failure_is_passed_on_as_it_is(nursery: trio.Nursery) -> None:
+    p, _ = await port(nursery)
+    assert await answer(p, "refuse") == Failed("no such note")
 
 
-async def test_a_result_marked_as_an_error_is_failed() -> None:
-    p, _ = port()
-    assert await p.call(request("error")) == Failed("server-side trouble")
+async def test_a_result_marked_as_an_error_is_failed(nursery: trio.Nursery) -> None:
+    p, _ = await port(nursery)
+    assert await answer(p, "error") == Failed("server-side trouble")
 
 
-async def test_a_tool_gone_from_the_registry_is_failed() -> None:
-    p, _ = port()
-    assert await p.call(request("vanished")) == Failed("the tool vanished is no longer there")
+async def test_a_tool_gone_from_the_registry_is_failed(nursery: trio.Nursery) -> None:
+    p, _ = await port(nursery)
+    assert await answer(p, "vanished") == Failed("the tool vanished is no longer there")
 
 
-async def test_cancelling_the_caller_cancels_the_call() -> None:
-    p, executor = port()
-    p.timeout = 60
+async def test_cancelling_the_caller_cancels_the_call(nursery: trio.Nursery) -> None:
+    p, executor = await port(nursery, timeout=60)
     with trio.move_on_after(0.05) as scope:
-        await p.call(request("hang"))
+        await p.call(request("hang"), never_asked)
     assert scope.cancelled_caught
+    await trio.testing.wait_all_tasks_blocked()
     assert executor.cancelled

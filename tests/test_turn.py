@@ -12,15 +12,15 @@ import pytest
 import trio
 
 from loopd.baseline import make_baseline, messages
+from loopd.calls import REPEAT_TEXT
 from loopd.canonical import canonical
 from loopd.config import LoopConfig, Policy
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Client, Content, RetryPolicy, ThinkingCapped, ToolCallDelta
 from loopd.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
 from loopd.store import Session, Store
-from loopd.tools import APPROVAL_TEXT, LocalToolPort, Registry, ToolEntry, ToolFailure, ToolOutput
+from loopd.tools import PortHandle, Registry, ToolEntry, ToolFailure, ToolOutput
 from loopd.turn import (
-    REPEAT_TEXT,
     InferFailed,
     Runtime,
     SessionFull,
@@ -29,6 +29,7 @@ from loopd.turn import (
     run_turn,
 )
 from support.fake_llama import FakeLlama, Reply
+from support.ports import start_port
 from support.replay import ReplayServer
 
 NOTE_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
@@ -72,8 +73,10 @@ ONE_TOOL_ROUND = ["user", "assistant", "usage", "tool_result", "assistant", "usa
 
 
 class Harness:
-    def __init__(self, session: Session, server: ReplayServer, client: Client) -> None:
-        self.session, self.server, self.client = session, server, client
+    def __init__(
+        self, session: Session, server: ReplayServer, client: Client, port: PortHandle
+    ) -> None:
+        self.session, self.server, self.client, self.port = session, server, client, port
         self.events: list[TurnEvent] = []
 
     async def turn(
@@ -82,8 +85,8 @@ class Harness:
         rt = Runtime(
             loop=LoopConfig(**{"tool_result_cap": 1000, **loop}),
             inference=self.client,
-            port=LocalToolPort(registry(), {"notes": Notes()}, timeout=0.3),
-            registry=registry(),
+            port=self.port,
+            registry=self.port.registry,
         )
         return await run_turn(self.session, rt, content, self.events.append, thinking=think)
 
@@ -108,7 +111,10 @@ async def harness(
         session = await Store(tmp_path).create(make_baseline("Be brief."))
         client = Client(server.url, retry=RetryPolicy(attempts=2, base=0.01, cap=0.01))
         made.append((session, client))
-        return Harness(session, server, client)
+        port = await start_port(
+            nursery, registry(), {"notes": Notes()}, timeout=0.3, approval_timeout=0.2
+        )
+        return Harness(session, server, client, port)
 
     made: list[tuple[Session, Client]] = []
     yield make
@@ -166,7 +172,7 @@ async def test_call_tool_then_an_answer(harness: Any) -> None:
     [
         ("broken", "The tool failed: the notebook is locked"),
         ("wipe", "The call was denied: the policy for wipe is deny"),
-        ("buy", APPROVAL_TEXT),
+        ("buy", "The call was denied: nobody approved it within 0.2 s"),
         ("nonexistent", "There is no tool named 'nonexistent'."),
     ],
 )

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections import Counter
 
 from loopd.records import (
+    ApprovalRecord,
     AssistantRecord,
     ToolResultRecord,
     TurnEndReason,
     TurnEndRecord,
     UserRecord,
+    open_approvals,
 )
 from loopd.store import Session
 
@@ -17,7 +19,13 @@ __all__ = ["close_interrupted_turn", "close_turn"]
 
 
 async def close_turn(session: Session, reason: TurnEndReason) -> None:
-    """Answer the calls of the last answer left without results, then say why the turn ended."""
+    """Deny the approvals still waiting, answer the calls of the last answer left without
+    results, then say why the turn ended."""
+    waiting = {r.tool_call_id: r for r in open_approvals(session.records)}
+    for request in waiting.values():
+        await session.append(
+            ApprovalRecord(call=request.call, tool=request.tool, decision="deny", by="turn_end")
+        )
     records = list(session.records)
     for index in range(len(records) - 1, -1, -1):
         last = records[index]
@@ -30,8 +38,13 @@ async def close_turn(session: Session, reason: TurnEndReason) -> None:
                 if answered[call.id] > 0:
                     answered[call.id] -= 1
                     continue
-                why = f"Not run: the turn ended first ({reason.replace('_', ' ')})."
-                number = session.next_call()
+                ended = reason.replace("_", " ")
+                if asked := waiting.pop(call.id, None):
+                    why = f"Not run: the turn ended ({ended}) while it waited for approval."
+                    number = asked.call
+                else:
+                    why = f"Not run: the turn ended first ({ended})."
+                    number = session.next_call()
                 await session.append(
                     ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
                 )

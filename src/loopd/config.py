@@ -35,6 +35,7 @@ from loopd.baseline import DEFAULT_SYSTEM_PROMPT
 from loopd.records import DataClass
 
 __all__ = [
+    "Action",
     "ChannelConfig",
     "Config",
     "ConfigError",
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 APP = "loopd"
+
+Action = Literal["allow", "ask", "deny"]
 
 
 class ConfigError(Exception):
@@ -178,9 +181,9 @@ class StoreConfig(_Table):
 
 
 class Policy(_Table):
-    action: Literal["allow", "ask", "deny"] = "allow"
-    """`allow` runs the call, `deny` refuses it, `ask` does not run it and tells the model it
-    needs the user's approval (loopd cannot wait for one yet)."""
+    action: Action = "allow"
+    """`allow` runs the call, `deny` refuses it, `ask` waits for a person to approve it
+    (`[tools] approval_timeout`)."""
     data_class: DataClass = Field(default="public", alias="class")
     """What the results hold: `public`, `private` or `secret`."""
     untrusted: bool = False
@@ -205,6 +208,13 @@ class ToolsConfig(_Table):
     """Matches `find_tool` returns at most."""
     policies: dict[str, Policy] = {}
     """Per tool name or per source (an MCP server's name, or `builtin`)."""
+    class_actions: dict[DataClass, Action] = {}
+    """The least action for tools whose results have this class, whatever their own policy
+    says: `{ secret = "ask" }` asks before any call that would read secret data. The stricter
+    of the two wins (deny over ask over allow)."""
+    approval_timeout: PositiveFloat = 300.0
+    """Seconds a call waits for a person's approval before it is denied. The wait counts
+    toward `[loop] turn_timeout`."""
     mcp: dict[str, McpServer] = {}
     """MCP servers over stdio, by name; their tools join the registry."""
 

@@ -24,7 +24,7 @@ import trio
 
 from loopd.actors import open_core
 from loopd.baseline import make_baseline
-from loopd.channel import ChannelServer, open_socket
+from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.closing import close_interrupted_turn
 from loopd.config import Config, ManagedServer
 from loopd.infer import Client, RetryPolicy, Timeouts
@@ -203,15 +203,16 @@ async def _serve(
             ),
             retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         )
+        info = DaemonInfo(llama.url, llama.model, config.slots.main)
         with trio.CancelScope() as stop.serving:
-            async with client, open_core(config, session, client) as core:
-                stop.channel = ChannelServer(core, store, config, llama.url, llama.model)
+            async with client, open_core(config, store, session, client) as actor:
+                stop.channel = ChannelServer(actor, info, config.channel)
                 await stop.channel.serve(listener)
         # The core has stopped and its log is closed; the slot is idle, so it can be saved
         # before loopd's own llama-server goes, and restored by the next start.
-        if slots is not None:
+        if slots is not None and actor.last_session is not None:
             with trio.CancelScope(shield=True):
-                await slots.save(core.session.session.id)
+                await slots.save(actor.last_session)
         nursery.cancel_scope.cancel()
 
 

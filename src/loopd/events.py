@@ -1,16 +1,24 @@
 """The events of a turn, as clients see them: the inference events passed on one to one, and
-the turn's own (a tool call starting, its result, a cache loss)."""
+the turn's own (a tool call starting, an approval asked for and given, its result, a cache
+loss)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
 from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
-from loopd.records import DataClass
+from loopd.records import DataClass, Decision
 
-__all__ = ["CacheLoss", "ToolCallStarted", "ToolResult", "TurnEvent"]
+__all__ = [
+    "ApprovalDecided",
+    "ApprovalNeeded",
+    "CacheLoss",
+    "ToolCallStarted",
+    "ToolResult",
+    "TurnEvent",
+]
 
 
 class _Event(BaseModel):
@@ -42,6 +50,31 @@ class ToolResult(_Event):
     """The first line of the result, shortened."""
 
 
+class ApprovalNeeded(_Event):
+    """A call waits for a person: any client of the session answers it with `approve`."""
+
+    kind: Literal["approval_needed"] = "approval_needed"
+    call: int
+    tool: str
+    arguments: dict[str, Any]
+    data_class: DataClass = Field(alias="class")
+    """What its result would hold."""
+    untrusted: bool
+    """Its result would come from outside (the model sees it marked as data)."""
+    timeout: float
+    """Seconds it waits before it is denied (`[tools] approval_timeout`)."""
+
+
+class ApprovalDecided(_Event):
+    """The approval of a call ended: by a client, by its timeout, or with its turn."""
+
+    kind: Literal["approval_decided"] = "approval_decided"
+    call: int
+    tool: str
+    decision: Decision
+    by: Literal["user", "timeout", "turn_end"]
+
+
 class CacheLoss(_Event):
     """The request found fewer tokens in the KV cache than the previous prompt held."""
 
@@ -59,6 +92,8 @@ TurnEvent = Annotated[
     | ThinkingCapped
     | Retrying
     | ToolCallStarted
+    | ApprovalNeeded
+    | ApprovalDecided
     | ToolResult
     | CacheLoss,
     Discriminator("kind"),

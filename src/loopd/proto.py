@@ -12,13 +12,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
 from loopd.events import TurnEvent
-from loopd.records import UsageRecord
+from loopd.records import Decision, UsageRecord
 
 __all__ = [
     "CLIENT_MESSAGE",
     "DAEMON_MESSAGE",
     "PROTOCOL",
     "Accepted",
+    "Approve",
+    "Approved",
     "Bye",
     "Cancel",
     "ClientMessage",
@@ -110,6 +112,17 @@ class HistoryRequest(_Message):
     end: int | None = None
 
 
+class Approve(_Message):
+    """Answer a call that waits for approval (an `approval_needed` event, or `status`)."""
+
+    type: Literal["approve"] = "approve"
+    call: int
+    """The session's number for the call."""
+    decision: Decision
+    """`once`: run it; `session`: run it, and this tool from now on in this session without
+    asking; `deny`: do not run it."""
+
+
 ClientMessage = Annotated[
     Hello
     | Send
@@ -118,7 +131,8 @@ ClientMessage = Annotated[
     | Subscribe
     | NewSession
     | SessionsRequest
-    | HistoryRequest,
+    | HistoryRequest
+    | Approve,
     Discriminator("type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
@@ -210,6 +224,16 @@ class Status(_Message):
     past_reasoning: int | None = None
     """Of those, reasoning of earlier answers, sent back as generated (token-exact history);
     None when history went as messages, where the chat template decides what stays."""
+    pending: list[Event] = []
+    """Calls that wait for approval: each the `approval_needed` event that asked."""
+
+
+class Approved(_Message):
+    """An `approve` was taken: the call runs, or is denied, now."""
+
+    type: Literal["approved"] = "approved"
+    call: int
+    decision: Decision
 
 
 class SessionInfo(_Message):
@@ -249,6 +273,7 @@ class Error(_Message):
         "duplicate_id",
         "lagged",
         "session_busy",
+        "unknown_call",
         "protocol",
         "too_many_clients",
         "internal",
@@ -266,7 +291,17 @@ class Bye(_Message):
 
 
 DaemonMessage = Annotated[
-    Welcome | Accepted | Event | TurnDone | TurnFailed | Status | Sessions | History | Error | Bye,
+    Welcome
+    | Accepted
+    | Event
+    | TurnDone
+    | TurnFailed
+    | Status
+    | Sessions
+    | History
+    | Approved
+    | Error
+    | Bye,
     Discriminator("type"),
 ]
 DAEMON_MESSAGE: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

@@ -13,6 +13,7 @@ raises `format`, and readers refuse formats newer than theirs with a clear messa
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -23,10 +24,13 @@ from loopd.infer import Completion, PromptPiece, Timings, ToolCall
 __all__ = [
     "FORMAT",
     "RECORD",
+    "ApprovalRecord",
+    "ApprovalRequestRecord",
     "AssistantRecord",
     "Baseline",
     "CacheLossRecord",
     "DataClass",
+    "Decision",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -37,15 +41,20 @@ __all__ = [
     "UserRecord",
     "conversation_problems",
     "dump",
+    "granted_tools",
     "now",
+    "open_approvals",
 ]
 
-FORMAT = 2
+FORMAT = 3
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
-tokens of an answer."""
+tokens of an answer; 3 added `approval_request` and `approval` records."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
+Decision = Literal["once", "session", "deny"]
+"""A person's answer to an approval: run this call, run this tool for the rest of the
+session without asking, or do not run it."""
 
 
 def now() -> datetime:
@@ -160,6 +169,31 @@ class ToolResultRecord(_Record):
     truncated: bool = False
 
 
+class ApprovalRequestRecord(_Record):
+    """A call waits for a person's approval (its policy is `ask`); produces no message."""
+
+    kind: Literal["approval_request"] = "approval_request"
+    call: int
+    """The session's number for this call; its result will carry the same number."""
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    data_class: DataClass = Field(default="public", alias="class")
+    untrusted: bool = False
+
+
+class ApprovalRecord(_Record):
+    """How an approval ended; produces no message (the call's result says it to the model)."""
+
+    kind: Literal["approval"] = "approval"
+    call: int
+    tool: str
+    decision: Decision
+    by: Literal["user", "timeout", "turn_end"] = "user"
+    """`user`: a client's answer; `timeout`: `[tools] approval_timeout` passed; `turn_end`:
+    the turn ended first (cancelled, a limit, or loopd stopped)."""
+
+
 class TurnEndRecord(_Record):
     kind: Literal["turn_end"] = "turn_end"
     reason: TurnEndReason
@@ -173,7 +207,9 @@ Record = Annotated[
     | CacheLossRecord
     | ToolResultRecord
     | TurnEndRecord
-    | PromptRecord,
+    | PromptRecord
+    | ApprovalRequestRecord
+    | ApprovalRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)
@@ -208,3 +244,16 @@ def conversation_problems(records: list[Record]) -> list[str]:
     if ends not in (users, users - 1):  # the last turn may still be running
         problems.append(f"{users} user messages but {ends} turn ends")
     return problems
+
+
+def granted_tools(records: Sequence[Record]) -> frozenset[str]:
+    """Tools a person approved for the rest of the session."""
+    return frozenset(
+        r.tool for r in records if isinstance(r, ApprovalRecord) and r.decision == "session"
+    )
+
+
+def open_approvals(records: Sequence[Record]) -> list[ApprovalRequestRecord]:
+    """Approvals asked for and not decided: the call still waits (or loopd stopped while it did)."""
+    decided = {r.call for r in records if isinstance(r, ApprovalRecord)}
+    return [r for r in records if isinstance(r, ApprovalRequestRecord) and r.call not in decided]

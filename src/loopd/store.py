@@ -32,6 +32,7 @@ from loopd import __version__
 from loopd.records import (
     FORMAT,
     RECORD,
+    ApprovalRequestRecord,
     Baseline,
     Record,
     SessionHeader,
@@ -110,7 +111,8 @@ class Session:
         self._size = os.fstat(fd).st_size
         self._write_lock = trio.Lock()
         self._last_call = max(
-            (r.call for r in records if isinstance(r, ToolResultRecord)), default=0
+            (r.call for r in records if isinstance(r, ToolResultRecord | ApprovalRequestRecord)),
+            default=0,
         )
 
     @property

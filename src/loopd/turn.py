@@ -14,17 +14,16 @@ gives the reason. Each record is on disk before the event that reports it is sen
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import trio
 
-from loopd.baseline import untrusted_envelope
+from loopd.calls import RepeatedCall, ToolCalls
 from loopd.closing import close_turn
 from loopd.config import LoopConfig
-from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
+from loopd.events import CacheLoss, TurnEvent
 from loopd.exact import ExactHistory, RequestOptions, next_request
 from loopd.infer import (
     AnyRequest,
@@ -33,7 +32,6 @@ from loopd.infer import (
     EventSink,
     InferError,
     Loss,
-    ToolCall,
     ToolCallDelta,
     cache_outcome,
     is_context_full,
@@ -41,18 +39,15 @@ from loopd.infer import (
 from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
-    DataClass,
     Record,
-    ToolResultRecord,
     TurnEndReason,
     UsageRecord,
     UserRecord,
 )
 from loopd.store import Session
-from loopd.tools import Registry, ToolPort, answer_call, call_key, requested_tool
+from loopd.tools import Registry, ToolPort
 
 __all__ = [
-    "REPEAT_TEXT",
     "InferFailed",
     "Inference",
     "Runtime",
@@ -60,16 +55,10 @@ __all__ = [
     "TurnError",
     "TurnLimit",
     "TurnOutcome",
-    "cap_result",
     "run_turn",
 ]
 
 log = logging.getLogger(__name__)
-
-REPEAT_TEXT = (
-    "Not run: this call was already made with these arguments in this turn; its result is above."
-)
-PREVIEW = 120
 
 
 class TurnError(Exception):
@@ -159,18 +148,11 @@ async def run_turn(
             await close_turn(session, reason)
 
 
-def cap_result(text: str, cap: int) -> tuple[str, bool]:
-    """At most `cap` characters, with a marker saying how much was cut."""
-    if len(text) <= cap:
-        return text, False
-    return f"{text[:cap]}\n[... truncated: {len(text) - cap} more characters not shown]", True
-
-
 class _Turn:
     def __init__(self, session: Session, rt: Runtime, on_event: OnEvent, thinking: bool) -> None:
         self.session, self.rt, self.on_event = session, rt, on_event
         self.thinking = thinking
-        self.seen: Counter[tuple[str, str]] = Counter()
+        self.calls = ToolCalls(session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event)
 
     async def run(self) -> TurnOutcome:
         rounds = 0
@@ -190,7 +172,10 @@ class _Turn:
                     "in one turn ([loop] tool_iterations)"
                 )
             for call in completion.tool_calls:
-                await self._answer(call)
+                try:
+                    await self.calls.answer(call)
+                except RepeatedCall as e:
+                    raise TurnLimit(str(e)) from e
 
     async def _request(self) -> tuple[Completion, UsageRecord]:
         session, rt = self.session, self.rt
@@ -235,58 +220,3 @@ class _Turn:
         # Deltas are dropped: clients hear of a call once it is whole, as ToolCallStarted.
         if not isinstance(event, ToolCallDelta):
             self.on_event(event)
-
-    async def _answer(self, call: ToolCall) -> None:
-        number = self.session.next_call()
-        self.on_event(
-            ToolCallStarted(
-                name=call.name, call=number, tool=requested_tool(call.name, call.arguments)
-            )
-        )
-        text, data_class, untrusted = await self._run(call, number)
-        text, truncated = cap_result(text, self.rt.loop.tool_result_cap)
-        if untrusted:
-            text = untrusted_envelope(text)
-        await self.session.append(
-            ToolResultRecord(
-                call=number,
-                tool_call_id=call.id,
-                name=call.name,
-                content=text,
-                data_class=data_class,
-                untrusted=untrusted,
-                truncated=truncated,
-            )
-        )
-        preview = text.strip().split("\n", 1)[0][:PREVIEW]
-        self.on_event(
-            ToolResult(
-                name=call.name,
-                call=number,
-                data_class=data_class,
-                untrusted=untrusted,
-                truncated=truncated,
-                preview=preview,
-            )
-        )
-
-    async def _run(self, call: ToolCall, number: int) -> tuple[str, DataClass, bool]:
-        key = call_key(call.name, call.arguments)
-        self.seen[key] += 1
-        if self.rt.loop.repeat_detection and self.seen[key] > 1:
-            if self.seen[key] > 2:
-                raise TurnLimit(
-                    f"{call.name} was called a third time with the same arguments "
-                    "in one turn ([loop] repeat_detection)"
-                )
-            return REPEAT_TEXT, "public", False
-        rt = self.rt
-        return await answer_call(
-            rt.registry,
-            rt.port,
-            call.name,
-            call.arguments,
-            session=self.session.id,
-            number=number,
-            find_limit=rt.find_limit,
-        )

@@ -1,53 +1,72 @@
 """The actors of a running loopd, and the one function that wires them.
 
-    open_core ─┬─ tool port     (supervises MCP servers; calls run in the turn's task)
+    open_core ─┬─ tool port     (owns tool calls in flight and pending approvals; supervises
+               │                 MCP servers)
                ├─ inference     (owns the slot: one request at a time)
-               └─ session       (runs turns in order, publishes their events)
+               └─ session       (owns the session and its turns; publishes their events)
 
-They start in that order, each with `nursery.start`, so a turn never meets a half-started
-port; they stop in the reverse order when the block ends or any of them fails. A turn that is
+Each has one inbox: a memory channel of typed messages, with a reply channel where an answer
+is needed, reached through its handle. They start in that order, each before the next needs
+it, and stop in the reverse order when the block ends or any of them fails. A turn that is
 running then is cancelled, and still leaves a valid log.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from functools import partial
 
 import trio
 
+from loopd.baseline import make_baseline
 from loopd.config import Config
 from loopd.exact import ExactHistory
 from loopd.infer import Client
-from loopd.store import Session
-from loopd.tools import LocalToolPort, open_tool_port
+from loopd.records import Baseline
+from loopd.store import Session, Store
+from loopd.tools import open_tool_port
 from loopd.turn import Runtime
 
 from ._inference import InferenceHandle, inference_actor
-from ._session import Busy, Published, SessionActor, Subscription, TurnDone, TurnFailed
+from ._session import (
+    HISTORY_PAGE,
+    Busy,
+    DuplicateTurn,
+    HistoryPage,
+    Published,
+    SessionBusy,
+    SessionHandle,
+    SessionStatus,
+    Subscription,
+    TurnDone,
+    TurnFailed,
+    session_actor,
+)
 
 __all__ = [
+    "HISTORY_PAGE",
     "Busy",
-    "Core",
+    "DuplicateTurn",
+    "HistoryPage",
     "InferenceHandle",
     "Published",
-    "SessionActor",
+    "SessionBusy",
+    "SessionHandle",
+    "SessionStatus",
     "Subscription",
     "TurnDone",
     "TurnFailed",
     "inference_actor",
     "open_core",
+    "session_actor",
 ]
 
 
-@dataclass(frozen=True)
-class Core:
-    session: SessionActor
-    inference: InferenceHandle
-    port: LocalToolPort
-
-
 @asynccontextmanager
-async def open_core(config: Config, session: Session, client: Client) -> AsyncIterator[Core]:
+async def open_core(
+    config: Config, store: Store, session: Session, client: Client
+) -> AsyncIterator[SessionHandle]:
+    """The actors serving `session` (which the session actor closes when it leaves it)."""
+    baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
         inference = await nursery.start(inference_actor, client)
         runtime = Runtime(
@@ -60,7 +79,15 @@ async def open_core(config: Config, session: Session, client: Client) -> AsyncIt
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
         )
-        actor = SessionActor(session, runtime, config.channel.queue_limit)
-        await nursery.start(actor.run)
-        yield Core(actor, inference, port)
+        actor = partial(
+            session_actor,
+            session,
+            store=store,
+            baseline=baseline,
+            runtime=runtime,
+            port=port,
+            queue_limit=config.channel.queue_limit,
+        )
+        handle: SessionHandle = await nursery.start(actor)
+        yield handle
         nursery.cancel_scope.cancel()

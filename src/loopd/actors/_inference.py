@@ -1,9 +1,14 @@
 """The inference actor: owns the model's slot, so requests reach it one at a time.
 
-A turn asks through `InferenceHandle.chat_with_retry`, which queues a job and waits for its
-answer. A job that must wait for an earlier one hears `Queued` at once. Each job carries a
-cancel scope made by its caller: if the caller is cancelled while its job runs, the caller
-cancels that scope, which ends the HTTP stream at once (llama-server then frees the slot).
+A turn asks through `InferenceHandle.chat_with_retry`, which puts a job in the actor's inbox
+and waits for its answer; jobs run in the order they came. Each job carries a cancel scope
+made by its caller: if the caller is cancelled while its job runs, the caller cancels that
+scope, which ends the HTTP stream at once (llama-server then frees the slot). A job whose
+caller left before it started is skipped.
+
+The thinking cap is the server's reasoning budget first; when a server ignores it, the
+client's stream reader ends the stream once the reasoning runs past the cap (counted in the
+pieces the server streams, one token each), keeping what was said (`loopd.infer`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ from dataclasses import dataclass, field
 import outcome
 import trio
 
-from loopd.infer import ChatRequest, Client, Completion, EventSink, Queued
+from loopd.infer import AnyRequest, Client, Completion, EventSink
 
 __all__ = ["InferenceHandle", "inference_actor"]
 
 
 @dataclass
 class _Job:
-    request: ChatRequest
+    request: AnyRequest
     on_event: EventSink
     reply: trio.MemorySendChannel[outcome.Outcome[Completion]]
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -33,16 +38,10 @@ class InferenceHandle:
 
     def __init__(self, jobs: trio.MemorySendChannel[_Job]) -> None:
         self._jobs = jobs
-        self.waiting = 0
-        """Jobs sent and not yet started: the queue a status report shows."""
-        self.busy = False
 
-    async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion:
+    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         reply_send, reply_receive = trio.open_memory_channel[outcome.Outcome[Completion]](1)
         job = _Job(request, on_event, reply_send)
-        if self.busy or self.waiting:
-            on_event(Queued())
-        self.waiting += 1
         try:
             await self._jobs.send(job)
             async with reply_receive:
@@ -57,15 +56,12 @@ async def inference_actor(
 ) -> None:
     """Run jobs in order until cancelled."""
     send, receive = trio.open_memory_channel[_Job](math.inf)
-    handle = InferenceHandle(send)
-    task_status.started(handle)
+    task_status.started(InferenceHandle(send))
     async with receive:
         async for job in receive:
-            handle.waiting -= 1
-            if job.scope.cancel_called:
-                continue  # its caller gave up while it waited
-            handle.busy = True
-            try:
+            with job.reply:
+                if job.scope.cancel_called:
+                    continue  # its caller gave up while it waited
                 with job.scope:
                     result: outcome.Outcome[Completion]
                     try:
@@ -76,6 +72,3 @@ async def inference_actor(
                         result = outcome.Error(e)
                     with contextlib.suppress(trio.BrokenResourceError):  # the caller left
                         job.reply.send_nowait(result)
-            finally:
-                handle.busy = False
-                job.reply.close()

@@ -1,5 +1,7 @@
-"""The session actor: owns the session, runs one turn at a time in order, and publishes every
-event, tagged with its turn, to whoever subscribed.
+"""The session actor: owns the session and its turns. Everything reaches it through its inbox:
+messages to send, cancels, a new session, history pages, status, subscriptions and approval
+decisions. Turns run one at a time, in order, in a task of its own; every event of a turn is
+published, tagged with the turn, to whoever subscribed.
 
 Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
 subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
@@ -8,19 +10,46 @@ The log on disk is the truth; a dropped client can read it again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
+from loopd.calls import approval_needed
 from loopd.events import TurnEvent
-from loopd.store import Session, StoreError
+from loopd.exact import past_reasoning
+from loopd.infer import slot_tokens
+from loopd.records import Baseline, Decision, Record, UsageRecord
+from loopd.store import Session, SessionInfo, Store, StoreError
+from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
 
-__all__ = ["Busy", "Published", "SessionActor", "Subscription", "TurnDone", "TurnFailed"]
+from ._inbox import Reply, ask, reply_error, reply_value
+
+__all__ = [
+    "HISTORY_PAGE",
+    "Busy",
+    "DuplicateTurn",
+    "HistoryPage",
+    "Published",
+    "SessionBusy",
+    "SessionHandle",
+    "SessionStatus",
+    "Subscription",
+    "TurnDone",
+    "TurnFailed",
+    "session_actor",
+]
 
 log = logging.getLogger(__name__)
+
+HISTORY_PAGE = 500
+"""Records in one history answer at most."""
 
 
 @dataclass(frozen=True)
@@ -67,44 +96,230 @@ class Busy(Exception):
     """Too many messages are already waiting."""
 
 
+class DuplicateTurn(Exception):
+    """A turn by that id runs or waits already."""
+
+
+class SessionBusy(Exception):
+    """The session cannot change while a turn runs or waits."""
+
+
 @dataclass(frozen=True)
+class SessionStatus:
+    session: str
+    running: str | None
+    """The turn that runs, if any."""
+    queued: tuple[str, ...]
+    """Turns waiting behind it, in order."""
+    turns: int
+    last_usage: UsageRecord | None
+    context: int | None
+    """Tokens the slot holds for this session after its last request."""
+    past_reasoning: int | None
+    pending: tuple[Published, ...]
+    """Approvals the running turn waits for, as the events that asked for them."""
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    session: str
+    start: int
+    records: Sequence[Record]
+
+
+# -- the inbox -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Send:
+    turn: str
+    content: str
+    thinking: bool | None
+    reply: Reply[int]
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    turn: str
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True)
+class _NewSession:
+    reply: Reply[str]
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    reply: Reply[tuple[str, list[SessionInfo]]]
+
+
+@dataclass(frozen=True)
+class _History:
+    start: int | None
+    end: int | None
+    reply: Reply[HistoryPage]
+
+
+@dataclass(frozen=True)
+class _Status:
+    reply: Reply[SessionStatus]
+
+
+@dataclass(frozen=True)
+class _Subscribe:
+    buffer: int
+    reply: Reply[Subscription]
+
+
+@dataclass(frozen=True)
+class _Unsubscribe:
+    subscription: Subscription
+    reply: Reply[None]
+
+
+@dataclass(frozen=True)
+class _Decide:
+    call: int
+    decision: Decision
+    reply: Reply[bool]
+
+
+_SessionMessage = (
+    _Send
+    | _Cancel
+    | _NewSession
+    | _Sessions
+    | _History
+    | _Status
+    | _Subscribe
+    | _Unsubscribe
+    | _Decide
+)
+
+
+class SessionHandle:
+    """What the channel holds: each method is one message to the actor and its answer."""
+
+    def __init__(self, inbox: trio.MemorySendChannel[_SessionMessage]) -> None:
+        self._inbox = inbox
+        self.last_session: str | None = None
+        """The session the actor served when it stopped (set then, for saving its slot)."""
+
+    async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
+        """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
+        return await ask(self._inbox, lambda r: _Send(turn, content, thinking, r))
+
+    async def cancel(self, turn: str) -> bool:
+        """Cancel a running or waiting turn; False when there is no such turn."""
+        return await ask(self._inbox, lambda r: _Cancel(turn, r))
+
+    async def new_session(self) -> str:
+        """Turns go to a new session from now on; raises `SessionBusy` while a turn runs or
+        waits."""
+        return await ask(self._inbox, _NewSession)
+
+    async def sessions(self) -> tuple[str, list[SessionInfo]]:
+        """The current session's id, and every session of the store, oldest first."""
+        return await ask(self._inbox, _Sessions)
+
+    async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
+        """Records of the current session from `start` (negative: from the end) to `end`, at
+        most `HISTORY_PAGE` of them."""
+        return await ask(self._inbox, lambda r: _History(start, end, r))
+
+    async def status(self) -> SessionStatus:
+        return await ask(self._inbox, _Status)
+
+    async def subscribe(self, buffer: int) -> Subscription:
+        return await ask(self._inbox, lambda r: _Subscribe(buffer, r))
+
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        # Shielded, so a leaving client does not leave its channel behind; bounded, for an
+        # actor that stopped with the message unread. (A stopped actor has closed every
+        # subscription already.)
+        gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+        with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
+            await ask(self._inbox, partial(_Unsubscribe, subscription))
+
+    async def decide(self, call: int, decision: Decision) -> bool:
+        """Answer an approval the running turn waits for; False when call `call` waits for none."""
+        return await ask(self._inbox, lambda r: _Decide(call, decision, r))
+
+
+@dataclass
 class _Message:
     turn: str
     content: str
-    thinking: bool | None = None
+    thinking: bool | None
 
 
-class SessionActor:
-    def __init__(self, session: Session, runtime: Runtime, queue_limit: int) -> None:
-        self.session = session
-        self.runtime = runtime
-        self.queue_limit = queue_limit
+class _SessionActor:
+    def __init__(  # noqa: PLR0913 - the actor's whole world
+        self,
+        session: Session,
+        *,
+        store: Store,
+        baseline: Callable[[], Baseline],
+        runtime: Runtime,
+        port: PortHandle,
+        queue_limit: int,
+    ) -> None:
+        self.session, self.store, self.baseline = session, store, baseline
+        self.runtime, self.port, self.queue_limit = runtime, port, queue_limit
         self._queue: deque[_Message] = deque()
         self._wake = trio.Event()
         self._subscribers: list[Subscription] = []
         self._running: tuple[str, trio.CancelScope] | None = None
 
-    @property
-    def running(self) -> str | None:
-        return self._running[0] if self._running else None
+    async def serve(self, inbox: trio.MemoryReceiveChannel[_SessionMessage]) -> None:
+        async with inbox:
+            async for message in inbox:
+                try:
+                    await self._take(message)
+                except (Busy, DuplicateTurn, SessionBusy, StoreError) as e:
+                    reply_error(message.reply, e)
 
-    @property
-    def queued(self) -> list[str]:
-        return [m.turn for m in self._queue]
+    async def _take(self, message: _SessionMessage) -> None:
+        if isinstance(message, _Send):
+            reply_value(message.reply, self._submit(message))
+        elif isinstance(message, _Cancel):
+            reply_value(message.reply, self._cancel(message.turn))
+        elif isinstance(message, _NewSession):
+            reply_value(message.reply, await self._new_session())
+        elif isinstance(message, _Sessions):
+            reply_value(message.reply, (self.session.id, await self.store.sessions()))
+        elif isinstance(message, _History):
+            reply_value(message.reply, self._history(message.start, message.end))
+        elif isinstance(message, _Status):
+            reply_value(message.reply, await self._status())
+        elif isinstance(message, _Subscribe):
+            subscription = Subscription(message.buffer)
+            self._subscribers.append(subscription)
+            reply_value(message.reply, subscription)
+        elif isinstance(message, _Unsubscribe):
+            message.subscription.close()
+            if message.subscription in self._subscribers:
+                self._subscribers.remove(message.subscription)
+            reply_value(message.reply, None)
+        else:
+            decided = await self.port.decide(self.session.id, message.call, message.decision)
+            reply_value(message.reply, decided)
 
-    def submit(self, turn: str, content: str, thinking: bool | None = None) -> int:
-        """Queue a user message; its position (0: runs next). Raises `Busy` when full."""
-        # The head of the queue runs as soon as the actor takes it: it is not waiting.
+    def _submit(self, message: _Send) -> int:
+        running = self._running[0] if self._running else None
+        if message.turn == running or any(m.turn == message.turn for m in self._queue):
+            raise DuplicateTurn(message.turn)
+        # The head of the queue runs as soon as the turn task takes it: it is not waiting.
         waiting = len(self._queue) if self._running else max(0, len(self._queue) - 1)
         if waiting >= self.queue_limit:
             raise Busy(f"{waiting} messages are already waiting for the running turn")
         position = len(self._queue) + (self._running is not None)
-        self._queue.append(_Message(turn, content, thinking))
+        self._queue.append(_Message(message.turn, message.content, message.thinking))
         self._wake.set()
         return position
 
-    def cancel(self, turn: str) -> bool:
-        """Cancel a running or waiting turn; False when there is no such turn."""
+    def _cancel(self, turn: str) -> bool:
         if self._running and self._running[0] == turn:
             self._running[1].cancel()
             return True
@@ -115,39 +330,54 @@ class SessionActor:
                 return True
         return False
 
-    def replace_session(self, session: Session) -> Session:
-        """Turns go to `session` from now on; the old one is returned, for the caller to close."""
+    async def _new_session(self) -> str:
         if self._running or self._queue:
-            raise Busy("a turn is running or waiting")
+            raise SessionBusy("a turn is running or waiting; cancel it or wait for it first")
+        session = await self.store.create(self.baseline())
         old, self.session = self.session, session
-        return old
+        old.close()
+        log.info("new session %s", session.id)
+        return session.id
 
-    def subscribe(self, buffer: int) -> Subscription:
-        subscription = Subscription(buffer)
-        self._subscribers.append(subscription)
-        return subscription
+    def _history(self, start: int | None, end: int | None) -> HistoryPage:
+        records = self.session.records
+        begin = start or 0
+        first = begin if begin >= 0 else max(0, len(records) + begin)  # negative: from the end
+        stop = len(records) if end is None else min(end, len(records))
+        page = records[first : min(stop, first + HISTORY_PAGE)]
+        return HistoryPage(self.session.id, first, page)
 
-    def unsubscribe(self, subscription: Subscription) -> None:
-        subscription.close()
-        if subscription in self._subscribers:
-            self._subscribers.remove(subscription)
+    async def _status(self) -> SessionStatus:
+        session, usage = self.session, self.session.last_usage()
+        return SessionStatus(
+            session=session.id,
+            running=self._running[0] if self._running else None,
+            queued=tuple(m.turn for m in self._queue),
+            turns=session.turns,
+            last_usage=usage,
+            context=slot_tokens(usage.timings) if usage and usage.timings else None,
+            past_reasoning=past_reasoning(session.records),
+            pending=await self._pending(),
+        )
+
+    async def _pending(self) -> tuple[Published, ...]:
+        if self._running is None:
+            return ()
+        turn = self._running[0]
+        waiting = await self.port.pending(self.session.id)
+        return tuple(Published(turn, approval_needed(asking)) for asking in waiting)
 
     def _publish(self, message: Published) -> None:
         self._subscribers = [s for s in self._subscribers if s.offer(message)]
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run_turns(self) -> None:
         """Take messages in order and run their turns, until cancelled."""
-        task_status.started()
-        try:
-            while True:
-                if not self._queue:
-                    self._wake = trio.Event()
-                    await self._wake.wait()
-                    continue
-                await self._turn(self._queue.popleft())
-        finally:
-            for subscription in self._subscribers:
-                subscription.close()
+        while True:
+            if not self._queue:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            await self._turn(self._queue.popleft())
 
     async def _turn(self, message: _Message) -> None:
         def on_event(event: TurnEvent) -> None:
@@ -156,9 +386,8 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                session = self.session
                 outcome = await run_turn(
-                    session, self.runtime, message.content, on_event, thinking=message.thinking
+                    self.session, self.runtime, message.content, on_event, thinking=message.thinking
                 )
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
@@ -180,3 +409,40 @@ class SessionActor:
             self._publish(
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
+
+    def stop(self, handle: SessionHandle) -> None:
+        for subscription in self._subscribers:
+            subscription.close()
+        handle.last_session = self.session.id
+        self.session.close()
+
+
+async def session_actor(  # noqa: PLR0913 - the actor's whole world
+    session: Session,
+    *,
+    store: Store,
+    baseline: Callable[[], Baseline],
+    runtime: Runtime,
+    port: PortHandle,
+    queue_limit: int,
+    task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `session` (and the sessions that replace it) until cancelled; the actor closes
+    each session it leaves, and the last one when it stops."""
+    actor = _SessionActor(
+        session,
+        store=store,
+        baseline=baseline,
+        runtime=runtime,
+        port=port,
+        queue_limit=queue_limit,
+    )
+    send, receive = trio.open_memory_channel[_SessionMessage](math.inf)
+    handle = SessionHandle(send)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run_turns)
+            nursery.start_soon(actor.serve, receive)
+            task_status.started(handle)
+    finally:
+        actor.stop(handle)

@@ -9,7 +9,7 @@ import trio
 from loopd.config import ToolsConfig
 
 from ._builtin import Builtins, Roots, builtin_entries
-from ._call import answer_call
+from ._call import CallOrigin, ModelAnswer, answer_call
 from ._dispatch import (
     MAX_ARGUMENT_BYTES,
     MAX_DEPTH,
@@ -24,38 +24,45 @@ from ._dispatch import (
 from ._entry import ToolEntry
 from ._mcp import McpSource
 from ._port import (
-    APPROVAL_TEXT,
+    Answered,
+    Approval,
+    Asking,
     Denied,
     Executor,
     Failed,
-    LocalToolPort,
-    PendingApproval,
+    OnAsking,
     PortAnswer,
+    PortHandle,
     Result,
     ToolFailure,
     ToolOutput,
     ToolPort,
     ToolRequest,
     for_the_model,
+    run_tool_port,
 )
 from ._registry import BUILTIN, Registry, policy_for
 
 __all__ = [
-    "APPROVAL_TEXT",
     "BUILTIN",
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
+    "Answered",
+    "Approval",
+    "Asking",
     "Builtins",
+    "CallOrigin",
     "Denied",
     "Dispatch",
     "Executor",
     "Failed",
     "Local",
-    "LocalToolPort",
     "McpSource",
-    "PendingApproval",
+    "ModelAnswer",
+    "OnAsking",
     "Port",
     "PortAnswer",
+    "PortHandle",
     "Registry",
     "Result",
     "Roots",
@@ -73,12 +80,14 @@ __all__ = [
     "open_tool_port",
     "policy_for",
     "requested_tool",
+    "run_tool_port",
 ]
 
 
 @asynccontextmanager
-async def open_tool_port(config: ToolsConfig) -> AsyncIterator[LocalToolPort]:
-    """The tool port with its built-in tools and MCP servers, supervised until the block ends.
+async def open_tool_port(config: ToolsConfig) -> AsyncIterator[PortHandle]:
+    """The tool-port actor with its built-in tools and MCP servers, supervised until the block
+    ends.
 
     The MCP servers start side by side, and each has had its first start (or failed it)
     before the port is handed out, so their tools are in the registry from the first turn on.
@@ -92,5 +101,11 @@ async def open_tool_port(config: ToolsConfig) -> AsyncIterator[LocalToolPort]:
             nursery.start_soon(source.supervise)
         for source in sources:
             await source.first_start.wait()
-        yield LocalToolPort(registry, executors, config.timeout)
+        async with run_tool_port(
+            registry,
+            executors,
+            timeout=config.timeout,
+            approval_timeout=config.approval_timeout,
+        ) as port:
+            yield port
         nursery.cancel_scope.cancel()

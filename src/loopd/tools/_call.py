@@ -8,16 +8,38 @@ cancellation passes, so a cancelled turn still ends its call at once).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from loopd.records import DataClass
 
 from ._dispatch import Local, dispatch
-from ._port import MESSAGE_LIMIT, ToolPort, ToolRequest, for_the_model
+from ._port import MESSAGE_LIMIT, Approval, OnAsking, ToolPort, ToolRequest, for_the_model
 from ._registry import Registry
 
-__all__ = ["answer_call"]
+__all__ = ["CallOrigin", "ModelAnswer", "answer_call"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CallOrigin:
+    """Where a call comes from."""
+
+    session: str
+    number: int
+    """The session's number for this call."""
+    granted: frozenset[str] = frozenset()
+    """Tools a person approved for the rest of the session."""
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    text: str
+    """What the model reads: the result, or why there is none."""
+    data_class: DataClass = "public"
+    untrusted: bool = False
+    approval: Approval | None = None
+    """How its approval ended, when it waited for one."""
 
 
 async def answer_call(  # noqa: PLR0913 - one call's whole context
@@ -25,19 +47,23 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
     port: ToolPort,
     name: str,
     arguments: str,
+    origin: CallOrigin,
     *,
-    session: str,
-    number: int,
     find_limit: int,
-) -> tuple[str, DataClass, bool]:
-    """The text for call `number` of `session`, its data class and whether it is untrusted."""
+    on_asking: OnAsking,
+) -> ModelAnswer:
+    """The answer to one call as the model sent it."""
     try:
         routed = dispatch(registry, name, arguments, find_limit=find_limit)
         if isinstance(routed, Local):
-            return routed.text, "public", False
-        request = ToolRequest(session, number, routed.tool, routed.arguments)
-        return for_the_model(await port.call(request))
+            return ModelAnswer(routed.text)
+        request = ToolRequest(
+            origin.session, origin.number, routed.tool, routed.arguments, origin.granted
+        )
+        answered = await port.call(request, on_asking)
+        return ModelAnswer(*for_the_model(answered.answer), answered.approval)
     except Exception as e:
-        log.exception("call %d of session %s (%s) failed inside loopd", number, session, name)
-        text = f"The call failed inside loopd: {type(e).__name__}: {e}"[:MESSAGE_LIMIT]
-        return text, "public", False
+        log.exception(
+            "call %d of session %s (%s) failed inside loopd", origin.number, origin.session, name
+        )
+        return ModelAnswer(f"The call failed inside loopd: {type(e).__name__}: {e}"[:MESSAGE_LIMIT])

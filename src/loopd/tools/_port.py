@@ -1,41 +1,56 @@
-"""The tool port: the policy, the deadline, and the one place where tools actually run.
+"""The tool-port actor: the policy, approvals, the deadline, and the one place where tools run.
 
-`ToolRequest` in; `Result`, `Failed`, `Denied` or `PendingApproval` out. The policy decides
-before anything runs. Each call runs in the caller's task under its own cancel scope, so
-`tools.timeout` ends a call that hangs, and cancelling the turn cancels the call. A tool that
+A call is a message in its inbox; each runs in a task of the actor's own, under a cancel
+scope its caller holds, so a cancelled turn or `tools.timeout` ends it at once. The policy
+decides first: `deny` answers at once, `ask` makes the call wait for a person. The actor owns
+the calls in flight and the approvals they wait for; a decision is a message too. A tool that
 raises becomes `Failed` with a short message; the daemon never goes down with a tool.
+
+    caller ── Call(request) ──▶ port ── Asking ──▶ caller      (only for `ask`)
+    client ── Decide(call) ───▶ port
+                                port ── Answered ─▶ caller
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
 
+import outcome
 import trio
 
-from loopd.records import DataClass
+from loopd.records import DataClass, Decision
 
 from ._entry import ToolEntry
 from ._registry import Registry
 
 __all__ = [
-    "APPROVAL_TEXT",
+    "Answered",
+    "Approval",
+    "Asking",
     "Denied",
     "Executor",
     "Failed",
-    "LocalToolPort",
-    "PendingApproval",
+    "OnAsking",
     "PortAnswer",
+    "PortHandle",
     "Result",
     "ToolFailure",
     "ToolOutput",
     "ToolPort",
     "ToolRequest",
     "for_the_model",
+    "run_tool_port",
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 # An exception's text is for the model; a traceback is for the log.
 MESSAGE_LIMIT = 500
@@ -48,6 +63,8 @@ class ToolRequest:
     """The session's number for this call."""
     tool: str
     arguments: dict[str, Any]
+    granted: frozenset[str] = frozenset()
+    """Tools a person approved for the rest of this session (from its log)."""
 
 
 @dataclass(frozen=True)
@@ -67,14 +84,35 @@ class Denied:
     reason: str
 
 
+PortAnswer = Result | Failed | Denied
+
+
 @dataclass(frozen=True)
-class PendingApproval:
-    """The policy says ask; the call waits for the user's approval."""
+class Asking:
+    """The call waits for a person's approval; sent to its caller before the answer."""
+
+    call: int
+    tool: str
+    arguments: dict[str, Any]
+    data_class: DataClass
+    untrusted: bool
+    timeout: float
 
 
-PortAnswer = Result | Failed | Denied | PendingApproval
+@dataclass(frozen=True)
+class Approval:
+    """How a call's approval ended."""
 
-APPROVAL_TEXT = "Not run: this call needs the user's approval, and this version cannot wait for it."
+    tool: str
+    decision: Decision
+    by: Literal["user", "timeout"]
+
+
+@dataclass(frozen=True)
+class Answered:
+    answer: PortAnswer
+    approval: Approval | None = None
+    """Set when the call waited for approval."""
 
 
 def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
@@ -84,13 +122,14 @@ def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
         return answer.content, answer.data_class, answer.untrusted
     if isinstance(answer, Failed):
         return f"The tool failed: {answer.message}", "public", False
-    if isinstance(answer, Denied):
-        return f"The call was denied: {answer.reason}", "public", False
-    return APPROVAL_TEXT, "public", False
+    return f"The call was denied: {answer.reason}", "public", False
+
+
+OnAsking = Callable[[Asking], Awaitable[None]]
 
 
 class ToolPort(Protocol):
-    async def call(self, request: ToolRequest) -> PortAnswer: ...
+    async def call(self, request: ToolRequest, on_asking: OnAsking) -> Answered: ...
 
 
 class ToolFailure(Exception):
@@ -109,23 +148,159 @@ class Executor(Protocol):
     async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput: ...
 
 
-class LocalToolPort:
-    """The port over a registry and the executors of its sources."""
+# -- the inbox -------------------------------------------------------------------------------
 
-    def __init__(self, registry: Registry, executors: dict[str, Executor], timeout: float) -> None:
+_Note = Asking | outcome.Outcome[Answered]
+
+
+@dataclass
+class _Call:
+    request: ToolRequest
+    reply: trio.MemorySendChannel[_Note]
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+@dataclass(frozen=True)
+class _Decide:
+    session: str
+    call: int
+    decision: Decision
+    reply: trio.MemorySendChannel[bool]
+
+
+@dataclass(frozen=True)
+class _ListPending:
+    session: str
+    reply: trio.MemorySendChannel[list[Asking]]
+
+
+_PortMessage = _Call | _Decide | _ListPending
+
+
+@dataclass
+class _Pending:
+    asking: Asking
+    decided: trio.Event = field(default_factory=trio.Event)
+    decision: Decision = "deny"
+
+
+class PortHandle:
+    """The side of the tool-port actor that turns and the session actor hold."""
+
+    def __init__(self, inbox: trio.MemorySendChannel[_PortMessage], registry: Registry) -> None:
+        self._inbox = inbox
         self.registry = registry
-        self.executors = executors
-        self.timeout = timeout
+        """Read by `find_tool` and the dispatch checks; only the port's sources change it."""
 
-    async def call(self, request: ToolRequest) -> PortAnswer:  # noqa: PLR0911 - one per answer
+    async def call(self, request: ToolRequest, on_asking: OnAsking) -> Answered:
+        """Run one call; `on_asking` hears first if it must wait for approval. Cancelling the
+        caller ends the call (and its wait) at once."""
+        send, receive = trio.open_memory_channel[_Note](2)
+        job = _Call(request, send)
+        try:
+            await self._inbox.send(job)
+            async with receive:
+                async for note in receive:
+                    if isinstance(note, Asking):
+                        await on_asking(note)
+                    else:
+                        return note.unwrap()
+        finally:
+            job.scope.cancel()  # a no-op once the call is done; ends it if we were cancelled
+        raise trio.BrokenResourceError("the tool port stopped")
+
+    async def decide(self, session: str, call: int, decision: Decision) -> bool:
+        """Answer a waiting approval; False when no call of `session` by that number waits."""
+        send, receive = trio.open_memory_channel[bool](1)
+        await self._inbox.send(_Decide(session, call, decision, send))
+        async with receive:
+            return await receive.receive()
+
+    async def pending(self, session: str) -> list[Asking]:
+        """The calls of `session` waiting for approval, oldest first."""
+        send, receive = trio.open_memory_channel[list[Asking]](1)
+        await self._inbox.send(_ListPending(session, send))
+        async with receive:
+            return await receive.receive()
+
+
+class _PortActor:
+    def __init__(
+        self,
+        registry: Registry,
+        executors: dict[str, Executor],
+        timeout: float,
+        approval_timeout: float,
+    ) -> None:
+        self.registry, self.executors = registry, executors
+        self.timeout, self.approval_timeout = timeout, approval_timeout
+        self._pending: dict[tuple[str, int], _Pending] = {}
+
+    async def run(self, inbox: trio.MemoryReceiveChannel[_PortMessage]) -> None:
+        async with inbox, trio.open_nursery() as nursery:
+            async for message in inbox:
+                if isinstance(message, _Call):
+                    nursery.start_soon(self._serve, message)
+                elif isinstance(message, _Decide):
+                    waiting = self._pending.get((message.session, message.call))
+                    if waiting is not None and not waiting.decided.is_set():
+                        waiting.decision = message.decision
+                        waiting.decided.set()
+                    _reply(message.reply, waiting is not None)
+                else:
+                    mine = [p.asking for (s, _), p in self._pending.items() if s == message.session]
+                    _reply(message.reply, mine)
+
+    async def _serve(self, job: _Call) -> None:
+        async with job.reply:
+            if job.scope.cancel_called:
+                return  # its caller gave up before it started
+            with job.scope:
+                answered: outcome.Outcome[Answered]
+                try:
+                    answered = outcome.Value(await self._answer(job))
+                except Exception as e:  # noqa: BLE001 - the caller gets it, typed as it was
+                    answered = outcome.Error(e)
+                _reply(job.reply, answered)
+
+    async def _answer(self, job: _Call) -> Answered:
+        request = job.request
         entry = self.registry.get(request.tool)
         if entry is None:
-            return Failed(f"the tool {request.tool} is no longer there")
+            return Answered(Failed(f"the tool {request.tool} is no longer there"))
         policy = entry.policy
         if policy.action == "deny":
-            return Denied(f"the policy for {entry.name} is deny")
-        if policy.action == "ask":
-            return PendingApproval()
+            return Answered(Denied(f"the policy for {entry.name} is deny"))
+        if policy.action == "ask" and entry.name not in request.granted:
+            approval = await self._approval(job, entry)
+            if approval.decision == "deny":
+                return Answered(Denied(_refusal(approval, self.approval_timeout)), approval)
+            return Answered(await self._run(entry, request), approval)
+        return Answered(await self._run(entry, request))
+
+    async def _approval(self, job: _Call, entry: ToolEntry) -> Approval:
+        request, policy = job.request, entry.policy
+        asking = Asking(
+            request.call,
+            entry.name,
+            request.arguments,
+            policy.data_class,
+            policy.untrusted,
+            self.approval_timeout,
+        )
+        key = (request.session, request.call)
+        waiting = self._pending[key] = _Pending(asking)
+        try:
+            await job.reply.send(asking)
+            with trio.move_on_after(self.approval_timeout):
+                await waiting.decided.wait()
+        finally:
+            del self._pending[key]
+        if not waiting.decided.is_set():
+            return Approval(entry.name, "deny", "timeout")
+        return Approval(entry.name, waiting.decision, "user")
+
+    async def _run(self, entry: ToolEntry, request: ToolRequest) -> PortAnswer:
         executor = self.executors[entry.source]
         with trio.move_on_after(self.timeout) as deadline:
             try:
@@ -144,4 +319,33 @@ class LocalToolPort:
             return Failed(f"{entry.name} did not finish within {self.timeout:g} s and was stopped")
         if output.is_error:
             return Failed(output.text[:MESSAGE_LIMIT] or f"{entry.name} reported an error")
-        return Result(output.text, policy.data_class, policy.untrusted)
+        return Result(output.text, entry.policy.data_class, entry.policy.untrusted)
+
+
+def _refusal(approval: Approval, timeout: float) -> str:
+    if approval.by == "timeout":
+        return f"nobody approved it within {timeout:g} s"
+    return "the user did not approve it"
+
+
+def _reply(channel: trio.MemorySendChannel[_T], value: _T) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):  # the asker left
+        channel.send_nowait(value)
+
+
+@asynccontextmanager
+async def run_tool_port(
+    registry: Registry,
+    executors: dict[str, Executor],
+    *,
+    timeout: float,
+    approval_timeout: float = math.inf,
+) -> AsyncIterator[PortHandle]:
+    """The tool-port actor, running until the block ends."""
+    send, receive = trio.open_memory_channel[_PortMessage](math.inf)
+    actor = _PortActor(registry, executors, timeout, approval_timeout)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run, receive)
+        async with send:
+            yield PortHandle(send, registry)
+        nursery.cancel_scope.cancel()

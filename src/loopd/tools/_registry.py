@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from loopd.config import Policy, ToolsConfig
+from loopd.config import Action, Policy, ToolsConfig
 
 from ._entry import ToolEntry
 from ._search import SearchIndex
@@ -20,15 +20,24 @@ __all__ = ["BUILTIN", "Registry", "ToolEntry", "policy_for"]
 BUILTIN = "builtin"
 
 
+_STRICTNESS: tuple[Action, ...] = ("allow", "ask", "deny")
+
+
 def policy_for(config: ToolsConfig, name: str, source: str) -> Policy:
-    """Per tool, else per source (for MCP: the server's own policy), else allow/public."""
+    """Per tool, else per source (for MCP: the server's own policy), else allow/public; then
+    made as strict as `[tools] class_actions` asks for its data class."""
     if name in config.policies:
-        return config.policies[name]
-    if source in config.policies:
-        return config.policies[source]
-    if source in config.mcp:
-        return config.mcp[source].policy
-    return Policy()
+        policy = config.policies[name]
+    elif source in config.policies:
+        policy = config.policies[source]
+    elif source in config.mcp:
+        policy = config.mcp[source].policy
+    else:
+        policy = Policy()
+    least = config.class_actions.get(policy.data_class, "allow")
+    if _STRICTNESS.index(least) > _STRICTNESS.index(policy.action):
+        return policy.model_copy(update={"action": least})
+    return policy
 
 
 class Registry:

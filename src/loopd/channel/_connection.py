@@ -1,0 +1,188 @@
+"""One client's connection: JSON lines in and out, and nothing else.
+
+A reader (the connection's own task) frames lines and hands each parsed message to the
+handlers; a writer sends what waits in a bounded outbox; a relay passes on the session's
+events the client may see. A client that sends garbage gets an `error` line and can go on;
+one that sends a line over the cap, or keeps sending garbage, is closed; one that stops
+reading is dropped when its outbox is full. None of it reaches the session or another client.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+from pydantic import ValidationError
+
+from loopd import proto
+from loopd.actors import SessionHandle, Subscription
+from loopd.config import ChannelConfig
+
+from ._handlers import Client, DaemonInfo, handle
+
+__all__ = ["BAD_LINES", "GOODBYE_GRACE", "Connection"]
+
+log = logging.getLogger(__name__)
+
+BAD_LINES = 20
+"""Bad lines in a row before a connection is closed as abusive."""
+GOODBYE_GRACE = 1.0
+
+
+class _LineTooLong(Exception):
+    pass
+
+
+class _Lines:
+    """Bytes in, whole non-blank lines out; a line over the cap is refused as soon as it is
+    known to be one, before more of it is buffered."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.buffer += data
+        lines = []
+        while (newline := self.buffer.find(b"\n")) >= 0:
+            line = bytes(self.buffer[:newline])
+            del self.buffer[: newline + 1]
+            if len(line) > self.cap:
+                raise _LineTooLong
+            if line.strip():
+                lines.append(line)
+        if len(self.buffer) > self.cap:
+            raise _LineTooLong
+        return lines
+
+
+@dataclass(eq=False)  # kept in a set by identity
+class Connection:
+    number: int
+    stream: trio.SocketStream
+    session: SessionHandle
+    info: DaemonInfo
+    config: ChannelConfig
+
+    def __post_init__(self) -> None:
+        # Lines waiting for the client: one that falls this far behind has stopped reading.
+        self.outbox, self._outgoing = trio.open_memory_channel[bytes](self.config.subscriber_buffer)
+        self._waiting_bytes = 0
+        """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
+        self.client = Client(self.session, self.info, self.say, prefix=f"{self.number}/")
+        self.done = trio.Event()
+
+    def say(self, message: proto.DaemonMessage) -> None:
+        """Queue a line; a client that stopped reading is dropped."""
+        line = proto.dump(message)
+        if self._waiting_bytes + len(line) > self.config.outbox_bytes:
+            self._drop()
+            return
+        try:
+            self.outbox.send_nowait(line)
+        except trio.WouldBlock:
+            self._drop()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        else:
+            self._waiting_bytes += len(line)
+
+    def _drop(self) -> None:
+        log.warning("connection %d stopped reading; dropping it", self.number)
+        self.done.set()
+
+    def close_with(self, message: proto.DaemonMessage) -> None:
+        self.say(message)
+        self.outbox.close()
+
+    async def run(self) -> None:
+        subscription = await self.session.subscribe(self.config.subscriber_buffer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write)
+                nursery.start_soon(self._relay, subscription)
+                nursery.start_soon(self._read)
+                await self.done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            await self.session.unsubscribe(subscription)
+            with trio.CancelScope(shield=True), trio.move_on_after(GOODBYE_GRACE):
+                await self.stream.aclose()
+
+    async def _write(self) -> None:
+        try:
+            async with self._outgoing:
+                async for line in self._outgoing:
+                    self._waiting_bytes -= len(line)
+                    await self.stream.send_all(line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.done.set()
+
+    async def _relay(self, subscription: Subscription) -> None:
+        async for published in subscription.receive:
+            if message := self.client.shown(published):
+                self.say(message)
+        if subscription.lagged:
+            self.close_with(
+                proto.Error(
+                    code="lagged",
+                    message="you fell behind the turn's events; read the history to catch up",
+                )
+            )
+
+    async def _read(self) -> None:
+        cap = self.config.max_line
+        lines = _Lines(cap)
+        bad = 0
+        try:
+            # An empty read: the client is done sending (half a line left over is dropped).
+            while data := await self.stream.receive_some(65536):
+                try:
+                    complete = lines.feed(data)
+                except _LineTooLong:
+                    message = f"a line may be at most {cap} bytes"
+                    self.close_with(proto.Error(code="line_too_long", message=message))
+                    return
+                for line in complete:
+                    error = await self._take(line)
+                    bad = bad + 1 if error else 0
+                    if error:
+                        self.say(error)
+                    if bad >= BAD_LINES:
+                        self.close_with(proto.Bye(reason=f"{BAD_LINES} bad lines in a row"))
+                        return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.done.set()
+        finally:
+            # No more answers: the writer sends what is queued (a last error, a bye), then ends.
+            self.outbox.close()
+
+    async def _take(self, line: bytes) -> proto.Error | None:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return proto.Error(code="bad_utf8", message="lines must be UTF-8")
+        try:
+            message = proto.CLIENT_MESSAGE.validate_json(text)
+        except ValidationError as e:
+            return _describe(e)
+        return await handle(self.client, message)
+
+
+def _describe(error: ValidationError) -> proto.Error:
+    first = error.errors()[0]
+    kind, loc = first["type"], ".".join(str(p) for p in first["loc"])
+    if kind == "json_invalid":
+        return proto.Error(code="bad_json", message=f"not JSON: {first['msg']}")
+    if kind in ("model_type", "model_attributes_type") or (kind == "dict_type" and not loc):
+        return proto.Error(code="not_object", message="each line must be a JSON object")
+    if kind == "union_tag_not_found":
+        return proto.Error(code="bad_message", message="missing field: type")
+    if kind == "union_tag_invalid":
+        return proto.Error(
+            code="unknown_type", message=f"unknown type: {first['input'].get('type')!r}"
+        )
+    return proto.Error(code="bad_message", message=f"{loc}: {first['msg']}")

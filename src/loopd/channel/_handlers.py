@@ -1,0 +1,176 @@
+"""What each client message does: one typed handler per message type, each a message to the
+session actor and the line that answers it. No session logic lives here; this layer only
+translates between the wire and the actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loopd import __version__, proto
+from loopd.actors import (
+    Busy,
+    DuplicateTurn,
+    Published,
+    SessionBusy,
+    SessionHandle,
+    TurnDone,
+    TurnFailed,
+)
+
+__all__ = ["Client", "DaemonInfo", "handle"]
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    """What a status tells besides the session: fixed while loopd runs."""
+
+    server_url: str
+    model: str | None
+    slot: int
+
+
+@dataclass
+class Client:
+    """One connected client, as the handlers see it."""
+
+    session: SessionHandle
+    info: DaemonInfo
+    say: Callable[[proto.DaemonMessage], None]
+    prefix: str
+    """Turn ids are kept apart per client: this client's `t1` is `<prefix>t1` to the actor."""
+    watch_all: bool = False
+    """It subscribed: it sees every turn, not only its own."""
+
+    def shown(self, published: Published) -> proto.DaemonMessage | None:
+        """The line a published event becomes for this client, if it may see it."""
+        if not (published.turn.startswith(self.prefix) or self.watch_all):
+            return None
+        turn = published.turn.split("/", 1)[1]
+        item = published.item
+        if isinstance(item, TurnDone):
+            usage = proto.Usage.of(item.outcome.usage)
+            return proto.TurnDone(id=turn, content=item.outcome.content, usage=usage)
+        if isinstance(item, TurnFailed):
+            return proto.TurnFailed(id=turn, kind=item.kind, message=item.message)
+        return proto.Event(id=turn, event=item)
+
+
+async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
+    if message.protocol != proto.PROTOCOL:
+        return proto.Error(
+            code="protocol",
+            message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
+            f"{message.protocol}: update the older of the two",
+        )
+    status = await client.session.status()
+    client.say(proto.Welcome(daemon=__version__, session=status.session))
+    return None
+
+
+async def _send(client: Client, message: proto.Send) -> proto.Error | None:
+    key = client.prefix + message.id
+    try:
+        position = await client.session.send(key, message.content, message.thinking)
+    except DuplicateTurn:
+        return proto.Error(code="duplicate_id", message="that id is in use", id=message.id)
+    except Busy as e:
+        return proto.Error(code="busy", message=str(e), id=message.id)
+    client.say(proto.Accepted(id=message.id, position=position))
+    return None
+
+
+async def _cancel(client: Client, message: proto.Cancel) -> proto.Error | None:
+    if await client.session.cancel(client.prefix + message.id):
+        return None
+    return proto.Error(
+        code="unknown_turn", message="no turn of yours by that id runs or waits", id=message.id
+    )
+
+
+async def _subscribe(client: Client, _: proto.Subscribe) -> None:
+    client.watch_all = True
+    # What waits for a person is shown at once, not only when the next call asks.
+    for published in (await client.session.status()).pending:
+        if line := client.shown(published):
+            client.say(line)
+
+
+async def _status(client: Client, _: proto.StatusRequest) -> None:
+    s = await client.session.status()
+    pending = [line for p in s.pending if isinstance(line := client.shown(p), proto.Event)]
+    client.say(
+        proto.Status(
+            session=s.session,
+            server=client.info.server_url,
+            model=client.info.model,
+            slot=client.info.slot,
+            busy=s.running is not None,
+            queue=len(s.queued),
+            turns=s.turns,
+            last_usage=proto.Usage.of(s.last_usage),
+            context=s.context,
+            past_reasoning=s.past_reasoning,
+            pending=pending,
+        )
+    )
+
+
+async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
+    current, listed = await client.session.sessions()
+    infos = [
+        proto.SessionInfo(
+            id=s.id,
+            created=s.created.isoformat(),
+            turns=s.turns,
+            last_activity=s.last_activity.isoformat(),
+        )
+        for s in listed
+    ]
+    client.say(proto.Sessions(current=current, sessions=infos))
+
+
+async def _history(client: Client, message: proto.HistoryRequest) -> None:
+    page = await client.session.history(message.start, message.end)
+    dumped = [r.model_dump(mode="json", by_alias=True) for r in page.records]
+    client.say(proto.History(session=page.session, start=page.start, records=dumped))
+
+
+async def _new_session(client: Client, _: proto.NewSession) -> proto.Error | None:
+    try:
+        session = await client.session.new_session()
+    except SessionBusy as e:
+        return proto.Error(code="session_busy", message=str(e))
+    client.say(proto.Welcome(daemon=__version__, session=session))
+    return None
+
+
+async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
+    if not await client.session.decide(message.call, message.decision):
+        return proto.Error(
+            code="unknown_call", message=f"call {message.call} waits for no approval"
+        )
+    client.say(proto.Approved(call=message.call, decision=message.decision))
+    return None
+
+
+Handler = Callable[[Client, Any], Awaitable[proto.Error | None]]
+
+HANDLERS: dict[type[proto.ClientMessage], Handler] = {
+    proto.Hello: _hello,
+    proto.Send: _send,
+    proto.Cancel: _cancel,
+    proto.Subscribe: _subscribe,
+    proto.StatusRequest: _status,
+    proto.SessionsRequest: _sessions,
+    proto.HistoryRequest: _history,
+    proto.NewSession: _new_session,
+    proto.Approve: _approve,
+}
+
+
+async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | None:
+    """Do what `message` asks; an error line for the client when it cannot be done."""
+    return await HANDLERS[type(message)](client, message)
