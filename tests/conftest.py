@@ -85,13 +85,17 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
     """Start real `loopd serve` processes on a replay server; all are killed after the test.
 
     The script is recording names and scripted `FakeLlama`s, served in order (a fake answers
-    every request that reaches it until its replies run out); `channel` and `loop` add lines to
-    those tables of the config; other keywords are replay options for the recordings.
+    every request that reaches it until its replies run out); `channel`, `loop` and `tools` add
+    lines to those tables of the config; other keywords are replay options for the recordings.
     """
     started: list[Daemon] = []
 
     async def start(
-        *script: str | FakeLlama, channel: str = "", loop: str = "", **replay: Any
+        *script: str | FakeLlama,
+        channel: str = "",
+        loop: str = "",
+        tools: str = "",
+        **replay: Any,
     ) -> Daemon:
         exchanges: list[Any] = []
         for step in script:
@@ -103,7 +107,9 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
         await nursery.start(server.run)
         d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel)
         if loop:
-            d.config.write_text(d.config.read_text() + f"[loop]\n{loop}")
+            d.config.write_text(d.config.read_text() + f"[loop]\n{loop}\n")
+        if tools:
+            d.config.write_text(d.config.read_text() + f"[tools]\n{tools}\n")
         await d.start()
         started.append(d)
         return d

@@ -33,9 +33,10 @@ from loopd.records import (
     conversation_problems,
 )
 from loopd.store import Store
-from loopd.tools import LocalToolPort, Registry
+from loopd.tools import Registry
 from loopd.turn import InferFailed, Runtime, run_turn
 from support.conversation import conversation
+from support.ports import NoTools
 
 pytestmark = pytest.mark.llama
 
@@ -132,7 +133,7 @@ def without_tools(
     return Runtime(
         loop=LoopConfig(max_tokens=max_tokens),
         inference=client,
-        port=LocalToolPort(registry, {}, timeout=5),
+        port=NoTools(),
         registry=registry,
         sampling=sampling,
         exact=exact,

@@ -145,7 +145,7 @@ async def play(conversation: list[Step], directory: Path) -> None:
     assert not asked_after_granted(records)
 
 
-def asked_after_granted(records: list[Record]) -> list[Record]:
+def asked_after_granted(records: list[Record]) -> list[ApprovalRequestRecord]:
     granted: set[str] = set()
     asked = []
     for r in records:

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from loopd.config import Policy
+from loopd.records import Decision
 from loopd.tools import (
     Answered,
     Approval,
@@ -91,7 +92,7 @@ async def test_deny_refuses_before_anything_runs(nursery: trio.Nursery) -> None:
 
 
 async def asked_then_decided(
-    nursery: trio.Nursery, p: PortHandle, decision: str, call: int = 1
+    nursery: trio.Nursery, p: PortHandle, decision: Decision, call: int = 1
 ) -> tuple[Answered, list[Asking]]:
     """Call `buy`; once it asks, check it is pending, then decide."""
     asked: list[Asking] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loopd.config import Policy
-from loopd.tools import Registry, ToolEntry, find_tool_text
+from loopd.config import Policy, ToolsConfig
+from loopd.tools import Registry, ToolEntry, find_tool_text, policy_for
 from loopd.tools._search import tokens
 
 TOOLS = {
@@ -152,3 +152,39 @@ def test_tokens_split_names_and_stem_words() -> None:
         "directory",
         "search",
     ]
+
+
+def test_tools_that_ask_or_are_denied_say_so() -> None:
+    schema = {"type": "object"}
+    r = Registry(
+        [
+            ToolEntry(
+                "send_mail", "Send a mail.", "Send a mail.", schema, "m", Policy(action="ask")
+            ),
+            ToolEntry(
+                "wipe_mail", "Wipe a mail.", "Wipe a mail.", schema, "m", Policy(action="deny")
+            ),
+        ]
+    )
+    text = find_tool_text(r, "mail", 2)
+    assert "send_mail (asks the user before it runs): Send a mail." in text
+    assert "wipe_mail (never runs: the user's policy denies it): Wipe a mail." in text
+
+
+def test_a_policy_comes_from_the_tool_then_its_source_then_is_raised_by_its_class() -> None:
+    config = ToolsConfig.model_validate(
+        {
+            "policies": {
+                "read_file": {"class": "secret"},
+                "builtin": {"class": "private"},
+                "diary": {"action": "deny", "class": "secret"},
+            },
+            "mcp": {"mail": {"command": ["mail-mcp"], "policy": {"action": "ask"}}},
+            "class_actions": {"secret": "ask", "private": "allow"},
+        }
+    )
+    assert policy_for(config, "read_file", "builtin") == Policy(action="ask", data_class="secret")
+    assert policy_for(config, "list_directory", "builtin") == Policy(data_class="private")
+    assert policy_for(config, "mail.send", "mail") == Policy(action="ask")
+    assert policy_for(config, "diary.read", "diary").action == "deny"  # stricter than ask
+    assert policy_for(config, "other", "elsewhere") == Policy()

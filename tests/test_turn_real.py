@@ -15,8 +15,9 @@ from loopd.events import CacheLoss, TurnEvent
 from loopd.infer import THINKING_CAP_GRACE, Client, ThinkingCapped, slot_tokens
 from loopd.records import CacheLossRecord, UsageRecord
 from loopd.store import Store
-from loopd.tools import LocalToolPort, Registry
+from loopd.tools import Registry
 from loopd.turn import Runtime, run_turn
+from support.ports import NoTools
 
 pytestmark = pytest.mark.llama
 
@@ -30,7 +31,7 @@ async def four_turns(url: str, directory: Path, loop: LoopConfig) -> tuple[list,
     registry = Registry()
     async with Client(url) as client:
         rt = Runtime(loop=loop, inference=client, registry=registry,
-                     port=LocalToolPort(registry, {}, timeout=5),
+                     port=NoTools(),
                      sampling={"temperature": 0, "seed": 1})  # fmt: skip
         session = await store.create(make_baseline("You are a helpful assistant. Be brief."))
         for number, user in enumerate(USERS, start=1):
@@ -88,7 +89,7 @@ async def one_turn(
             loop=loop,
             inference=client,
             registry=registry,
-            port=LocalToolPort(registry, {}, timeout=5),
+            port=NoTools(),
             sampling={"temperature": 0, "seed": 1},
         )
         with await Store(directory).create(

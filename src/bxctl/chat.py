@@ -22,7 +22,9 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl.connection import Connection, Unreachable
-from bxctl.view import TurnView, context_line, session_line
+from bxctl.keys import can_read_keys, cbreak, read_key
+from bxctl.view import APPROVAL_KEYS, TurnView, approval_panel, context_line, session_line
+from loopd.events import ApprovalNeeded
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
@@ -32,10 +34,12 @@ __all__ = ["Settings", "interactive", "live_turn"]
 REFRESH = 1 / 12
 RECONNECT_CAP = 5.0
 HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
-at the prompt, Ctrl-C or Ctrl-D quits.
+at the prompt, Ctrl-C or Ctrl-D quits. A call that needs your approval is shown with its
+arguments: y runs it, n does not, a runs it and every later call of that tool in this session.
   /new        start a fresh session (the old one stays on disk)
   /sessions   list the sessions
-  /status     what loopd is doing
+  /status     what loopd is doing, and the calls that wait for approval
+  /approve N once|session|deny   answer call N, which waits for approval
   /think off  let the model answer without reasoning first (/think on: with; /think: as
               loopd's config says)
   /help       this text
@@ -72,6 +76,7 @@ async def interactive(path: Path, console: Console, show_reasoning: bool) -> boo
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
     await _recent(connection, console)
+    await _waiting(connection, console)
     prompt = _prompt_session()
     turns = itertools.count(1)
     settings = Settings(show_reasoning)
@@ -127,6 +132,29 @@ async def _recent(connection: Connection, console: Console) -> None:
             console.print(line)
 
 
+async def _waiting(connection: Connection, console: Console) -> None:
+    """Calls of another client's turn that wait for approval, and how to answer them."""
+    status = await connection.request({"type": "status"}, "status")
+    if not isinstance(status, Status):
+        return
+    for line in status.pending:
+        if isinstance(asking := line.event, ApprovalNeeded):
+            console.print(approval_panel(asking))
+            console.print(f"answer with /approve {asking.call} once|session|deny", style="yellow")
+
+
+async def _approve(words: list[str], connection: Connection, console: Console) -> None:
+    if len(words) != 3 or not words[1].isdigit() or words[2] not in ("once", "session", "deny"):
+        console.print("/approve N once|session|deny", style="red")
+        return
+    message = {"type": "approve", "call": int(words[1]), "decision": words[2]}
+    answer = await connection.request(message, "approved")
+    if isinstance(answer, Error):
+        console.print(answer.message, style="red")
+    else:
+        console.print(f"call {words[1]}: {words[2]}", style="dim")
+
+
 async def _command(text: str, connection: Connection, console: Console) -> bool:
     """Run a /command; False to quit."""
     name = text.split(maxsplit=1)[0]
@@ -134,6 +162,9 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
         return False
     if name == "/help":
         console.print(HELP)
+        return True
+    if name == "/approve":
+        await _approve(text.split(), connection, console)
         return True
     handler = _COMMANDS.get(name)
     if handler is None:
@@ -184,6 +215,9 @@ def _status(answer: object) -> Text:
     )
     if answer.context is not None:
         text += f"\ncontext: {context_line(answer.context, answer.past_reasoning)}"
+    for line in answer.pending:
+        if isinstance(asking := line.event, ApprovalNeeded):
+            text += f"\nwaiting for approval: call {asking.call}, {asking.tool}"
     return Text(text)
 
 
@@ -218,6 +252,8 @@ async def live_turn(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_refresh, live, view, console)
             nursery.start_soon(_cancel_on_interrupt, connection, turn)
+            if can_read_keys():
+                nursery.start_soon(_answer_approvals, connection, view)
             while view.outcome is None:
                 message = await connection.receive()
                 if message is None:
@@ -237,6 +273,24 @@ async def _refresh(live: Live, view: TurnView, console: Console) -> None:
     while True:
         live.update(view.live(console.height), refresh=True)
         await trio.sleep(REFRESH)
+
+
+async def _answer_approvals(connection: Connection, view: TurnView) -> None:
+    """While a call waits for approval, its key (y, n, a) answers it; the keyboard is left
+    alone otherwise. Another client may answer first: then the prompt goes away."""
+    while True:
+        waiting = view.approval
+        if waiting is None:
+            await trio.sleep(REFRESH)
+            continue
+        decision = None
+        with cbreak() as fd:
+            while decision is None and view.approval is waiting:
+                with trio.move_on_after(REFRESH):
+                    decision = APPROVAL_KEYS.get(await read_key(fd))
+        if decision is not None and view.approval is waiting:
+            view.approval = None  # answered: the daemon's `approval_decided` follows
+            await connection.send({"type": "approve", "call": waiting.call, "decision": decision})
 
 
 async def _cancel_on_interrupt(connection: Connection, turn: str) -> None:

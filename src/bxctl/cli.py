@@ -1,13 +1,16 @@
-"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `sessions`, `log`.
+"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `approve`,
+`sessions`, `log`.
 
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
 cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
-running or went away.
+running or went away; 6 a call waits for approval (without --yes; answer it with
+`bxctl approve`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -22,6 +25,7 @@ from bxctl.view import context_line, session_line
 from loopd import __version__
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
+from loopd.events import ApprovalNeeded
 from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
 from loopd.store import Store, StoreError
 from loopd.transcript import transcript
@@ -32,6 +36,7 @@ EXIT_USAGE = 2
 EXIT_LIMIT = 3
 EXIT_FULL = 4
 EXIT_UNREACHABLE = 5
+EXIT_APPROVAL = 6
 FAILURE_EXIT = {"turn_limit": EXIT_LIMIT, "session_full": EXIT_FULL}
 
 __all__ = ["main", "parser"]
@@ -65,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
         help="with -m: print the turn's messages as JSON lines instead of the answer",
     )
     chat.add_argument(
+        "--yes",
+        action="store_true",
+        help="with -m: approve each call that asks, once (otherwise bxctl exits with status 6 "
+        "and the call waits for `bxctl approve`)",
+    )
+    chat.add_argument(
         "--show-reasoning",
         action="store_true",
         help="keep the model's reasoning on screen once it answers",
@@ -74,6 +85,21 @@ def parser() -> argparse.ArgumentParser:
         help="what loopd is doing",
         description="Show the session, the model, the slot and the last request's figures.",
     )
+    approve = commands.add_parser(
+        "approve",
+        help="answer a call that waits for approval",
+        description="Answer a tool call that waits for approval (`bxctl status` lists them).",
+    )
+    approve.add_argument("call", type=int, help="the call's number")
+    decision = approve.add_mutually_exclusive_group(required=True)
+    for flag, meaning in (
+        ("--once", "run this call"),
+        ("--session", "run it, and this tool from now on in this session without asking"),
+        ("--deny", "do not run it"),
+    ):
+        decision.add_argument(
+            flag, dest="decision", action="store_const", const=flag[2:], help=meaning
+        )
     commands.add_parser(
         "sessions",
         help="list the sessions",
@@ -105,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
             return _chat(args, path)
         if args.command == "status":
             return trio.run(_status, path)
+        if args.command == "approve":
+            return trio.run(_approve, path, args.call, args.decision)
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
@@ -132,17 +160,18 @@ def _chat(args: argparse.Namespace, path: Path) -> int:
         if not text.strip():
             print("bxctl: nothing to send", file=sys.stderr)
             return EXIT_USAGE
-        return trio.run(_once, path, text, args.json)
-    if args.json:
-        print("bxctl: --json needs -m TEXT or text on stdin", file=sys.stderr)
-        return EXIT_USAGE
+        return trio.run(_once, path, text, args.json, args.yes)
+    for flag, given in (("--json", args.json), ("--yes", args.yes)):
+        if given:
+            print(f"bxctl: {flag} needs -m TEXT or text on stdin", file=sys.stderr)
+            return EXIT_USAGE
     if trio.run(interactive, path, Console(), args.show_reasoning):
         return EXIT_OK
     print("bxctl: loopd is not running", file=sys.stderr)
     return EXIT_UNREACHABLE
 
 
-async def _once(path: Path, text: str, as_json: bool) -> int:
+async def _once(path: Path, text: str, as_json: bool, approve: bool) -> int:
     connection = await Connection.open(path)
     await connection.hello()
     turn = f"bxctl-{id(connection):x}"
@@ -155,13 +184,13 @@ async def _once(path: Path, text: str, as_json: bool) -> int:
                     await connection.send({"type": "cancel", "id": turn})
 
             nursery.start_soon(cancel_on_interrupt)
-            code = await _follow(connection, turn, as_json)
+            code = await _follow(connection, turn, as_json, approve)
             nursery.cancel_scope.cancel()
     await connection.aclose()
     return code
 
 
-async def _follow(connection: Connection, turn: str, as_json: bool) -> int:
+async def _follow(connection: Connection, turn: str, as_json: bool, approve: bool) -> int:
     while (message := await connection.receive()) is not None:
         if getattr(message, "id", None) != turn:
             continue
@@ -169,6 +198,17 @@ async def _follow(connection: Connection, turn: str, as_json: bool) -> int:
             print(message.model_dump_json(by_alias=True), flush=True)
         elif isinstance(message, Event) and message.event.kind == "content":
             print(message.event.text, end="", flush=True)
+        if isinstance(message, Event) and isinstance(message.event, ApprovalNeeded):
+            asking = message.event
+            if not approve:
+                print(
+                    f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
+                    f"it with `bxctl approve {asking.call} --once|--session|--deny`, or run "
+                    "with --yes",
+                    file=sys.stderr,
+                )
+                return EXIT_APPROVAL
+            await connection.send({"type": "approve", "call": asking.call, "decision": "once"})
         if isinstance(message, TurnDone):
             if not as_json:
                 print(flush=True)
@@ -199,6 +239,25 @@ async def _status(path: Path) -> int:
         )
     if status.context is not None:
         console.print(f"context  {context_line(status.context, status.past_reasoning)}")
+    for line in status.pending:
+        if isinstance(asking := line.event, ApprovalNeeded):
+            console.print(
+                f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
+                f"(bxctl approve {asking.call} --once|--session|--deny)",
+                markup=False,
+            )
+    return EXIT_OK
+
+
+async def _approve(path: Path, call: int, decision: str) -> int:
+    connection = await Connection.open(path)
+    answer = await connection.request(
+        {"type": "approve", "call": call, "decision": decision}, "approved"
+    )
+    await connection.aclose()
+    if isinstance(answer, Error):
+        print(f"bxctl: {answer.message}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

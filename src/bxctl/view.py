@@ -7,22 +7,35 @@ printed above the prompt once it ends. No terminal is needed to test it.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
+from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.segment import Segment
 from rich.spinner import Spinner
 from rich.text import Text
 
-from loopd.events import CacheLoss, ToolCallStarted, ToolResult
+from loopd.events import ApprovalDecided, ApprovalNeeded, CacheLoss, ToolCallStarted, ToolResult
 from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
-from loopd.transcript import flags
+from loopd.transcript import approval_line, flags
 
-__all__ = ["HINTS", "TurnView", "context_line", "session_line", "usage_line"]
+__all__ = [
+    "APPROVAL_KEYS",
+    "HINTS",
+    "TurnView",
+    "approval_panel",
+    "context_line",
+    "session_line",
+    "usage_line",
+]
+
+APPROVAL_KEYS = {"y": "once", "n": "deny", "a": "session"}
+"""The keys that answer an approval, and the decision each sends."""
 
 HINTS = {
     "turn_limit": "The turn stopped at a limit. Send another message to go on.",
@@ -71,6 +84,8 @@ class TurnView:
     notes: list[Text] = field(default_factory=list)
     requests: list[_Request] = field(default_factory=list)
     outcome: TurnDone | TurnFailed | None = None
+    approval: ApprovalNeeded | None = None
+    """The call that waits for the user's answer, until it is decided."""
 
     def feed(self, message: DaemonMessage) -> None:
         if isinstance(message, TurnDone | TurnFailed):
@@ -117,6 +132,8 @@ class TurnView:
             what = f"{event.name} → {event.tool}" if event.tool else event.name
             self.tools.append(Text(f"⚙ {what} (call {event.call})", style="cyan"))
             self.state = f"running {event.tool or event.name}"
+        elif isinstance(event, ApprovalNeeded | ApprovalDecided):
+            self._approval(event)
         elif isinstance(event, ToolResult):
             what = flags(event.data_class, event.untrusted, event.truncated)
             self.tools.append(Text(f"  ↳ {event.preview}  [{what}]", style="dim cyan"))
@@ -127,6 +144,17 @@ class TurnView:
                     style="bold white on red",
                 )
             )
+
+    def _approval(self, event: ApprovalNeeded | ApprovalDecided) -> None:
+        # An `approval_needed` can come twice (a subscription replays what waits): once shown.
+        if isinstance(event, ApprovalNeeded):
+            if self.approval is None or self.approval.call != event.call:
+                self.approval = event
+                self.state = f"waiting for your approval of {event.tool}"
+            return
+        if self.approval is not None and self.approval.call == event.call:
+            self.approval = None
+        self.tools.append(approval_line(event.call, event.tool, event.decision, event.by))
 
     def _request(self) -> _Request:
         if not self.requests:
@@ -168,6 +196,8 @@ class TurnView:
 
     def live(self, height: int) -> RenderableType:
         parts = self._body()
+        if self.approval is not None:
+            parts.append(approval_panel(self.approval))
         body = Tail(Group(*parts), max(3, height - 4))
         status: RenderableType = Spinner("dots", text=Text(self.state, style="dim"))
         request = self.requests[-1] if self.requests else None
@@ -191,6 +221,26 @@ class TurnView:
         usage = outcome.usage if isinstance(outcome, TurnDone) else None
         parts += self._footers(usage)
         return Group(*parts)
+
+
+def approval_panel(asking: ApprovalNeeded) -> Panel:
+    """A call that waits for approval: what it would do, and the keys that answer."""
+    marks = flags(asking.data_class, asking.untrusted, truncated=False)
+    arguments = json.dumps(asking.arguments, indent=2, ensure_ascii=False)
+    body = Group(
+        Text.assemble(("tool  ", "dim"), (asking.tool, "bold"), ("   result: ", "dim"), marks),
+        Text(arguments),
+        Text.assemble(
+            ("y", "bold green"),
+            " run it   ",
+            ("n", "bold red"),
+            " do not run it   ",
+            ("a", "bold green"),
+            " always run this tool in this session",
+            (f"   (denied in {asking.timeout:g} s)", "dim"),
+        ),
+    )
+    return Panel(body, title=f"approve call {asking.call}?", border_style="yellow")
 
 
 def usage_line(usage: Usage) -> Text:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from rich.text import Text
 
 from loopd.records import (
+    ApprovalRecord,
+    ApprovalRequestRecord,
     AssistantRecord,
     CacheLossRecord,
     Record,
@@ -16,7 +18,10 @@ from loopd.records import (
     UserRecord,
 )
 
-__all__ = ["flags", "transcript"]
+__all__ = ["approval_line", "flags", "transcript"]
+
+_DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
+_BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
 
 
 def flags(data_class: str, untrusted: bool, truncated: bool) -> str:
@@ -25,7 +30,13 @@ def flags(data_class: str, untrusted: bool, truncated: bool) -> str:
     return ", ".join([data_class, *marks])
 
 
-def transcript(records: list[Record]) -> list[Text]:
+def approval_line(call: int, tool: str, decision: str, by: str) -> Text:
+    """How an approval ended, in a few words."""
+    style = "red" if decision == "deny" else "green"
+    return Text(f"  {_DECISIONS[decision]}{_BY[by]}: {tool} (call {call})", style=style)
+
+
+def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch per record kind
     """A readable transcript: messages, tool calls and results, each request's cache figures."""
     lines: list[Text] = []
     for record in records:
@@ -55,6 +66,12 @@ def transcript(records: list[Record]) -> list[Text]:
                     style="bold white on red",
                 )
             )
+        elif isinstance(record, ApprovalRequestRecord):
+            what = flags(record.data_class, record.untrusted, truncated=False)
+            asked = f"  ? {record.tool} asked for approval (call {record.call}) [{what}]"
+            lines.append(Text(asked, style="yellow"))
+        elif isinstance(record, ApprovalRecord):
+            lines.append(approval_line(record.call, record.tool, record.decision, record.by))
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines

@@ -7,7 +7,16 @@ from functools import partial
 
 import trio
 
-from loopd.tools import Asking, Executor, PortHandle, Registry, run_tool_port
+from loopd.tools import (
+    Answered,
+    Asking,
+    Executor,
+    OnAsking,
+    PortHandle,
+    Registry,
+    ToolRequest,
+    run_tool_port,
+)
 
 
 async def _hold(
@@ -42,3 +51,13 @@ async def start_port(
 async def never_asked(asking: Asking) -> None:
     """For calls whose policy never asks: an approval there is a bug."""
     raise AssertionError(f"asked for an approval: {asking}")
+
+
+class NoTools:
+    """The port of a runtime with no tools: every call the model makes is answered by the
+    dispatch ("no tool named ..."), so nothing may reach a port."""
+
+    registry = Registry()
+
+    async def call(self, request: ToolRequest, _: OnAsking) -> Answered:
+        raise AssertionError(f"a call reached the port of an empty registry: {request}")

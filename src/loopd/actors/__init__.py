@@ -27,7 +27,8 @@ from loopd.tools import open_tool_port
 from loopd.turn import Runtime
 
 from ._inference import InferenceHandle, inference_actor
-from ._session import (
+from ._session import session_actor
+from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
     DuplicateTurn,
@@ -39,7 +40,6 @@ from ._session import (
     Subscription,
     TurnDone,
     TurnFailed,
-    session_actor,
 )
 
 __all__ = [

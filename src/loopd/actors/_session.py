@@ -1,7 +1,7 @@
-"""The session actor: owns the session and its turns. Everything reaches it through its inbox:
-messages to send, cancels, a new session, history pages, status, subscriptions and approval
-decisions. Turns run one at a time, in order, in a task of its own; every event of a turn is
-published, tagged with the turn, to whoever subscribed.
+"""The session actor: owns the session and its turns. Everything reaches it through its inbox
+(`_session_inbox`): messages to send, cancels, a new session, history pages, status,
+subscriptions and approval decisions. Turns run one at a time, in order, in a task of its own;
+every event of a turn is published, tagged with the turn, to whoever subscribed.
 
 Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
 subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
@@ -10,13 +10,11 @@ The log on disk is the truth; a dropped client can read it again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import trio
 
@@ -24,227 +22,38 @@ from loopd.calls import approval_needed
 from loopd.events import TurnEvent
 from loopd.exact import past_reasoning
 from loopd.infer import slot_tokens
-from loopd.records import Baseline, Decision, Record, UsageRecord
-from loopd.store import Session, SessionInfo, Store, StoreError
+from loopd.records import Baseline
+from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
-from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
+from loopd.turn import InferFailed, Runtime, TurnError, run_turn
 
-from ._inbox import Reply, ask, reply_error, reply_value
-
-__all__ = [
-    "HISTORY_PAGE",
-    "Busy",
-    "DuplicateTurn",
-    "HistoryPage",
-    "Published",
-    "SessionBusy",
-    "SessionHandle",
-    "SessionStatus",
-    "Subscription",
-    "TurnDone",
-    "TurnFailed",
-    "session_actor",
-]
-
-log = logging.getLogger(__name__)
-
-HISTORY_PAGE = 500
-"""Records in one history answer at most."""
-
-
-@dataclass(frozen=True)
-class TurnDone:
-    outcome: TurnOutcome
-
-
-@dataclass(frozen=True)
-class TurnFailed:
-    kind: str
-    """`turn_limit`, `session_full`, `infer`, `cancelled` or `error`."""
-    message: str
-
-
-@dataclass(frozen=True)
-class Published:
-    turn: str
-    """The id the client gave the message that started the turn."""
-    item: TurnEvent | TurnDone | TurnFailed
-
-
-class Subscription:
-    def __init__(self, buffer: int) -> None:
-        self._send, self.receive = trio.open_memory_channel[Published](buffer)
-        self.lagged = False
-        """Set when it fell behind and was dropped."""
-
-    def offer(self, message: Published) -> bool:
-        try:
-            self._send.send_nowait(message)
-        except trio.WouldBlock:
-            self.lagged = True
-            self._send.close()
-            return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False  # the subscriber went away
-        return True
-
-    def close(self) -> None:
-        self._send.close()
-
-
-class Busy(Exception):
-    """Too many messages are already waiting."""
-
-
-class DuplicateTurn(Exception):
-    """A turn by that id runs or waits already."""
-
-
-class SessionBusy(Exception):
-    """The session cannot change while a turn runs or waits."""
-
-
-@dataclass(frozen=True)
-class SessionStatus:
-    session: str
-    running: str | None
-    """The turn that runs, if any."""
-    queued: tuple[str, ...]
-    """Turns waiting behind it, in order."""
-    turns: int
-    last_usage: UsageRecord | None
-    context: int | None
-    """Tokens the slot holds for this session after its last request."""
-    past_reasoning: int | None
-    pending: tuple[Published, ...]
-    """Approvals the running turn waits for, as the events that asked for them."""
-
-
-@dataclass(frozen=True)
-class HistoryPage:
-    session: str
-    start: int
-    records: Sequence[Record]
-
-
-# -- the inbox -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Send:
-    turn: str
-    content: str
-    thinking: bool | None
-    reply: Reply[int]
-
-
-@dataclass(frozen=True)
-class _Cancel:
-    turn: str
-    reply: Reply[bool]
-
-
-@dataclass(frozen=True)
-class _NewSession:
-    reply: Reply[str]
-
-
-@dataclass(frozen=True)
-class _Sessions:
-    reply: Reply[tuple[str, list[SessionInfo]]]
-
-
-@dataclass(frozen=True)
-class _History:
-    start: int | None
-    end: int | None
-    reply: Reply[HistoryPage]
-
-
-@dataclass(frozen=True)
-class _Status:
-    reply: Reply[SessionStatus]
-
-
-@dataclass(frozen=True)
-class _Subscribe:
-    buffer: int
-    reply: Reply[Subscription]
-
-
-@dataclass(frozen=True)
-class _Unsubscribe:
-    subscription: Subscription
-    reply: Reply[None]
-
-
-@dataclass(frozen=True)
-class _Decide:
-    call: int
-    decision: Decision
-    reply: Reply[bool]
-
-
-_SessionMessage = (
-    _Send
-    | _Cancel
-    | _NewSession
-    | _Sessions
-    | _History
-    | _Status
-    | _Subscribe
-    | _Unsubscribe
-    | _Decide
+from ._inbox import reply_error, reply_value
+from ._session_inbox import (
+    HISTORY_PAGE,
+    Busy,
+    Cancel,
+    DuplicateTurn,
+    History,
+    HistoryPage,
+    NewSession,
+    Published,
+    Send,
+    SessionBusy,
+    SessionHandle,
+    SessionMessage,
+    Sessions,
+    SessionStatus,
+    Status,
+    Subscribe,
+    Subscription,
+    TurnDone,
+    TurnFailed,
+    Unsubscribe,
 )
 
+__all__ = ["session_actor"]
 
-class SessionHandle:
-    """What the channel holds: each method is one message to the actor and its answer."""
-
-    def __init__(self, inbox: trio.MemorySendChannel[_SessionMessage]) -> None:
-        self._inbox = inbox
-        self.last_session: str | None = None
-        """The session the actor served when it stopped (set then, for saving its slot)."""
-
-    async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
-        """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
-        return await ask(self._inbox, lambda r: _Send(turn, content, thinking, r))
-
-    async def cancel(self, turn: str) -> bool:
-        """Cancel a running or waiting turn; False when there is no such turn."""
-        return await ask(self._inbox, lambda r: _Cancel(turn, r))
-
-    async def new_session(self) -> str:
-        """Turns go to a new session from now on; raises `SessionBusy` while a turn runs or
-        waits."""
-        return await ask(self._inbox, _NewSession)
-
-    async def sessions(self) -> tuple[str, list[SessionInfo]]:
-        """The current session's id, and every session of the store, oldest first."""
-        return await ask(self._inbox, _Sessions)
-
-    async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
-        """Records of the current session from `start` (negative: from the end) to `end`, at
-        most `HISTORY_PAGE` of them."""
-        return await ask(self._inbox, lambda r: _History(start, end, r))
-
-    async def status(self) -> SessionStatus:
-        return await ask(self._inbox, _Status)
-
-    async def subscribe(self, buffer: int) -> Subscription:
-        return await ask(self._inbox, lambda r: _Subscribe(buffer, r))
-
-    async def unsubscribe(self, subscription: Subscription) -> None:
-        # Shielded, so a leaving client does not leave its channel behind; bounded, for an
-        # actor that stopped with the message unread. (A stopped actor has closed every
-        # subscription already.)
-        gone = (trio.BrokenResourceError, trio.ClosedResourceError)
-        with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
-            await ask(self._inbox, partial(_Unsubscribe, subscription))
-
-    async def decide(self, call: int, decision: Decision) -> bool:
-        """Answer an approval the running turn waits for; False when call `call` waits for none."""
-        return await ask(self._inbox, lambda r: _Decide(call, decision, r))
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -272,7 +81,7 @@ class _SessionActor:
         self._subscribers: list[Subscription] = []
         self._running: tuple[str, trio.CancelScope] | None = None
 
-    async def serve(self, inbox: trio.MemoryReceiveChannel[_SessionMessage]) -> None:
+    async def serve(self, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
         async with inbox:
             async for message in inbox:
                 try:
@@ -280,24 +89,24 @@ class _SessionActor:
                 except (Busy, DuplicateTurn, SessionBusy, StoreError) as e:
                     reply_error(message.reply, e)
 
-    async def _take(self, message: _SessionMessage) -> None:
-        if isinstance(message, _Send):
+    async def _take(self, message: SessionMessage) -> None:
+        if isinstance(message, Send):
             reply_value(message.reply, self._submit(message))
-        elif isinstance(message, _Cancel):
+        elif isinstance(message, Cancel):
             reply_value(message.reply, self._cancel(message.turn))
-        elif isinstance(message, _NewSession):
+        elif isinstance(message, NewSession):
             reply_value(message.reply, await self._new_session())
-        elif isinstance(message, _Sessions):
+        elif isinstance(message, Sessions):
             reply_value(message.reply, (self.session.id, await self.store.sessions()))
-        elif isinstance(message, _History):
+        elif isinstance(message, History):
             reply_value(message.reply, self._history(message.start, message.end))
-        elif isinstance(message, _Status):
+        elif isinstance(message, Status):
             reply_value(message.reply, await self._status())
-        elif isinstance(message, _Subscribe):
+        elif isinstance(message, Subscribe):
             subscription = Subscription(message.buffer)
             self._subscribers.append(subscription)
             reply_value(message.reply, subscription)
-        elif isinstance(message, _Unsubscribe):
+        elif isinstance(message, Unsubscribe):
             message.subscription.close()
             if message.subscription in self._subscribers:
                 self._subscribers.remove(message.subscription)
@@ -306,7 +115,7 @@ class _SessionActor:
             decided = await self.port.decide(self.session.id, message.call, message.decision)
             reply_value(message.reply, decided)
 
-    def _submit(self, message: _Send) -> int:
+    def _submit(self, message: Send) -> int:
         running = self._running[0] if self._running else None
         if message.turn == running or any(m.turn == message.turn for m in self._queue):
             raise DuplicateTurn(message.turn)
@@ -437,7 +246,7 @@ async def session_actor(  # noqa: PLR0913 - the actor's whole world
         port=port,
         queue_limit=queue_limit,
     )
-    send, receive = trio.open_memory_channel[_SessionMessage](math.inf)
+    send, receive = trio.open_memory_channel[SessionMessage](math.inf)
     handle = SessionHandle(send)
     try:
         async with trio.open_nursery() as nursery:

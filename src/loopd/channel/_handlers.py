@@ -16,6 +16,7 @@ from loopd.actors import (
     Published,
     SessionBusy,
     SessionHandle,
+    SessionStatus,
     TurnDone,
     TurnFailed,
 )
@@ -48,14 +49,23 @@ class Client:
         """The line a published event becomes for this client, if it may see it."""
         if not (published.turn.startswith(self.prefix) or self.watch_all):
             return None
-        turn = published.turn.split("/", 1)[1]
-        item = published.item
-        if isinstance(item, TurnDone):
-            usage = proto.Usage.of(item.outcome.usage)
-            return proto.TurnDone(id=turn, content=item.outcome.content, usage=usage)
-        if isinstance(item, TurnFailed):
-            return proto.TurnFailed(id=turn, kind=item.kind, message=item.message)
-        return proto.Event(id=turn, event=item)
+        return line_of(published)
+
+
+def line_of(published: Published) -> proto.DaemonMessage:
+    turn = published.turn.split("/", 1)[1]
+    item = published.item
+    if isinstance(item, TurnDone):
+        usage = proto.Usage.of(item.outcome.usage)
+        return proto.TurnDone(id=turn, content=item.outcome.content, usage=usage)
+    if isinstance(item, TurnFailed):
+        return proto.TurnFailed(id=turn, kind=item.kind, message=item.message)
+    return proto.Event(id=turn, event=item)
+
+
+def _pending(status: SessionStatus) -> list[proto.Event]:
+    """The calls that wait for approval, whoever's turn they are in: any client may answer."""
+    return [line for p in status.pending if isinstance(line := line_of(p), proto.Event)]
 
 
 async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
@@ -93,14 +103,12 @@ async def _cancel(client: Client, message: proto.Cancel) -> proto.Error | None:
 async def _subscribe(client: Client, _: proto.Subscribe) -> None:
     client.watch_all = True
     # What waits for a person is shown at once, not only when the next call asks.
-    for published in (await client.session.status()).pending:
-        if line := client.shown(published):
-            client.say(line)
+    for line in _pending(await client.session.status()):
+        client.say(line)
 
 
 async def _status(client: Client, _: proto.StatusRequest) -> None:
     s = await client.session.status()
-    pending = [line for p in s.pending if isinstance(line := client.shown(p), proto.Event)]
     client.say(
         proto.Status(
             session=s.session,
@@ -113,7 +121,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             last_usage=proto.Usage.of(s.last_usage),
             context=s.context,
             past_reasoning=s.past_reasoning,
-            pending=pending,
+            pending=_pending(s),
         )
     )
 

@@ -41,6 +41,11 @@ MAX_ARGUMENT_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 """Objects and lists nested deeper than this are refused; no tool needs it."""
 
+_POLICY_NOTES = {
+    "ask": " (asks the user before it runs)",
+    "deny": " (never runs: the user's policy denies it)",
+}
+
 USAGE = (
     'Use find_tool {"query": "..."} to find a tool, then '
     'call_tool {"name": ..., "arguments": {...}}.'
@@ -174,6 +179,7 @@ def find_tool_text(registry: Registry, query: str, limit: int) -> str:
     lines = [f"Tools for {query!r}, best first:"]
     for number, entry in enumerate(matches, start=1):
         status = "" if entry.available else " (unavailable now: its server is down)"
+        status += _POLICY_NOTES.get(entry.policy.action, "")
         lines.append(f"{number}. {entry.name}{status}: {entry.summary}")
         if entry.description != entry.summary:
             lines.append(f"   {entry.description}")

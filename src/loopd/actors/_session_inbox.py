@@ -1,0 +1,226 @@
+"""The session actor's inbox: its messages, what they answer, and the handle that sends them.
+
+Each `SessionHandle` method is one message and waits for its answer; an error the actor
+answers with (`Busy`, `DuplicateTurn`, `SessionBusy`) is raised in the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+
+from loopd.events import TurnEvent
+from loopd.records import Decision, Record, UsageRecord
+from loopd.store import SessionInfo
+from loopd.turn import TurnOutcome
+
+from ._inbox import Reply, ask
+
+__all__ = [
+    "HISTORY_PAGE",
+    "Busy",
+    "DuplicateTurn",
+    "HistoryPage",
+    "Published",
+    "SessionBusy",
+    "SessionHandle",
+    "SessionMessage",
+    "SessionStatus",
+    "Subscription",
+    "TurnDone",
+    "TurnFailed",
+]
+
+HISTORY_PAGE = 500
+"""Records in one history answer at most."""
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    outcome: TurnOutcome
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    kind: str
+    """`turn_limit`, `session_full`, `infer`, `cancelled` or `error`."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Published:
+    turn: str
+    """The id the client gave the message that started the turn."""
+    item: TurnEvent | TurnDone | TurnFailed
+
+
+class Subscription:
+    def __init__(self, buffer: int) -> None:
+        self._send, self.receive = trio.open_memory_channel[Published](buffer)
+        self.lagged = False
+        """Set when it fell behind and was dropped."""
+
+    def offer(self, message: Published) -> bool:
+        try:
+            self._send.send_nowait(message)
+        except trio.WouldBlock:
+            self.lagged = True
+            self._send.close()
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False  # the subscriber went away
+        return True
+
+    def close(self) -> None:
+        self._send.close()
+
+
+class Busy(Exception):
+    """Too many messages are already waiting."""
+
+
+class DuplicateTurn(Exception):
+    """A turn by that id runs or waits already."""
+
+
+class SessionBusy(Exception):
+    """The session cannot change while a turn runs or waits."""
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    session: str
+    running: str | None
+    """The turn that runs, if any."""
+    queued: tuple[str, ...]
+    """Turns waiting behind it, in order."""
+    turns: int
+    last_usage: UsageRecord | None
+    context: int | None
+    """Tokens the slot holds for this session after its last request."""
+    past_reasoning: int | None
+    pending: tuple[Published, ...]
+    """Approvals the running turn waits for, as the events that asked for them."""
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    session: str
+    start: int
+    records: Sequence[Record]
+
+
+# -- the inbox -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    turn: str
+    content: str
+    thinking: bool | None
+    reply: Reply[int]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    turn: str
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True)
+class NewSession:
+    reply: Reply[str]
+
+
+@dataclass(frozen=True)
+class Sessions:
+    reply: Reply[tuple[str, list[SessionInfo]]]
+
+
+@dataclass(frozen=True)
+class History:
+    start: int | None
+    end: int | None
+    reply: Reply[HistoryPage]
+
+
+@dataclass(frozen=True)
+class Status:
+    reply: Reply[SessionStatus]
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    buffer: int
+    reply: Reply[Subscription]
+
+
+@dataclass(frozen=True)
+class Unsubscribe:
+    subscription: Subscription
+    reply: Reply[None]
+
+
+@dataclass(frozen=True)
+class Decide:
+    call: int
+    decision: Decision
+    reply: Reply[bool]
+
+
+SessionMessage = (
+    Send | Cancel | NewSession | Sessions | History | Status | Subscribe | Unsubscribe | Decide
+)
+
+
+class SessionHandle:
+    """What the channel holds: each method is one message to the actor and its answer."""
+
+    def __init__(self, inbox: trio.MemorySendChannel[SessionMessage]) -> None:
+        self._inbox = inbox
+        self.last_session: str | None = None
+        """The session the actor served when it stopped (set then, for saving its slot)."""
+
+    async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
+        """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
+        return await ask(self._inbox, lambda r: Send(turn, content, thinking, r))
+
+    async def cancel(self, turn: str) -> bool:
+        """Cancel a running or waiting turn; False when there is no such turn."""
+        return await ask(self._inbox, lambda r: Cancel(turn, r))
+
+    async def new_session(self) -> str:
+        """Turns go to a new session from now on; raises `SessionBusy` while a turn runs or
+        waits."""
+        return await ask(self._inbox, NewSession)
+
+    async def sessions(self) -> tuple[str, list[SessionInfo]]:
+        """The current session's id, and every session of the store, oldest first."""
+        return await ask(self._inbox, Sessions)
+
+    async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
+        """Records of the current session from `start` (negative: from the end) to `end`, at
+        most `HISTORY_PAGE` of them."""
+        return await ask(self._inbox, lambda r: History(start, end, r))
+
+    async def status(self) -> SessionStatus:
+        return await ask(self._inbox, Status)
+
+    async def subscribe(self, buffer: int) -> Subscription:
+        return await ask(self._inbox, lambda r: Subscribe(buffer, r))
+
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        # Shielded, so a leaving client does not leave its channel behind; bounded, for an
+        # actor that stopped with the message unread. (A stopped actor has closed every
+        # subscription already.)
+        gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+        with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
+            await ask(self._inbox, partial(Unsubscribe, subscription))
+
+    async def decide(self, call: int, decision: Decision) -> bool:
+        """Answer an approval the running turn waits for; False when call `call` waits for none."""
+        return await ask(self._inbox, lambda r: Decide(call, decision, r))
