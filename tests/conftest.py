@@ -79,6 +79,9 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
 
+NO_SLOT_FILES = 'save = "never"'
+"""For a scripted or replayed server, which keeps no slot files."""
+
 
 @pytest.fixture
 async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDaemon]:
@@ -105,7 +108,7 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
             if isinstance(exchange, Exchange):
                 exchange.replay.update(replay)
         await nursery.start(server.run)
-        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel)
+        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel, slots=NO_SLOT_FILES)
         if loop:
             d.config.write_text(d.config.read_text() + f"[loop]\n{loop}\n")
         if tools:

@@ -61,6 +61,7 @@ def config(tmp_path: Path, **loop: Any) -> Config:
             },
             "channel": {"queue_limit": 2},
             "session": {"history": "template"},
+            "slots": {"save": "never"},  # the scripted server keeps no slot files
         }
     )
 

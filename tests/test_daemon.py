@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from conftest import StartDaemon, StartLlama
+from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
 from loopd.baseline import make_baseline
 from loopd.daemon import SLOT_FILE_TIMEOUT
 from loopd.infer import ToolCall, slot_tokens
@@ -348,7 +348,7 @@ def test_the_systemd_unit_waits_longer_than_a_stop_can_take() -> None:
 
 async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
     d = await daemon("plain")
-    other = Daemon(d.home.parent / "other", d.server_url)
+    other = Daemon(d.home.parent / "other", d.server_url, slots=NO_SLOT_FILES)
     other.config.write_text(
         other.config.read_text().replace(str(other.home / "sessions"), str(d.home / "sessions"))
     )
@@ -389,7 +389,7 @@ async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Pa
     finally:
         await d.kill()
         await d.close_clients()
-    assert "restored the slot's cache" in d.log.read_text()
+    assert "restored the slot of session" in d.log.read_text()
     store = Store(d.home / "sessions")
     _, records, _ = store.read(store.latest() or "")
     usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]

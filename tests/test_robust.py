@@ -17,6 +17,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import NO_SLOT_FILES
 from loopd.records import ToolResultRecord, conversation_problems
 from loopd.store import Store
 from loopd.tools import MAX_ARGUMENT_BYTES
@@ -42,7 +43,7 @@ def files(home: Path) -> Path:
 
 
 def daemon_for(home: Path, url: str) -> Daemon:
-    d = Daemon(home, url)
+    d = Daemon(home, url, slots=NO_SLOT_FILES)
     notes = files(home)
     d.config.write_text(
         d.config.read_text()

@@ -114,6 +114,14 @@ class ServerConfig(_Table):
 class SlotsConfig(_Table):
     main: NonNegativeInt = 0
     """The slot whose KV cache the conversation owns (`id_slot`)."""
+    save: Literal["turn", "stop", "never"] = "turn"
+    """When the slot's KV cache is saved to a file named by the session, so it can come back:
+    `turn` after each turn once loopd is idle (a crash loses no cache), `stop` only when loopd
+    stops and when it leaves a session, `never` (no slot files at all: nothing is restored
+    either). Needs llama-server's `--slot-save-path` (the embedded one has it)."""
+    keep_bytes: PositiveInt = 8 * 1024**3
+    """Slot files loopd keeps at most, in bytes; the oldest go first. Applies to the embedded
+    llama-server's files (an external server keeps its own)."""
 
 
 class SessionConfig(_Table):

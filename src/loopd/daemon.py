@@ -12,23 +12,26 @@ valid), says `bye` to every client, removes the socket, and exits 0.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
 import trio
 
-from loopd.actors import open_core
+from loopd.actors import SessionHandle, open_core
 from loopd.baseline import make_baseline
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.closing import close_interrupted_turn
 from loopd.config import Config, ManagedServer
 from loopd.infer import Client, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
+from loopd.slots import SlotFiles
 from loopd.store import Session, Store
 
 __all__ = ["StartupError", "launch_spec", "serve"]
@@ -87,9 +90,14 @@ class _Llama:
 
 
 async def _keep_running(
-    spec: LaunchSpec, log_path: Path, *, task_status: trio.TaskStatus[None]
+    spec: LaunchSpec,
+    log_path: Path,
+    restarted: trio.MemorySendChannel[None],
+    *,
+    task_status: trio.TaskStatus[None],
 ) -> None:
-    """Run the embedded llama-server; restart it with backoff whenever it dies."""
+    """Run the embedded llama-server; restart it with backoff whenever it dies, and say so on
+    `restarted` (its slot is empty then)."""
     failures = 0
     started = False
     while True:
@@ -99,6 +107,8 @@ async def _keep_running(
                 if not started:
                     task_status.started()
                     started = True
+                else:
+                    restarted.send_nowait(None)
                 log.info("llama-server is up at %s (pid %d)", server.url, server.process.pid)
                 code = await server.process.wait()
                 log.warning("llama-server exited with status %s; starting it again", code)
@@ -184,17 +194,17 @@ async def _open_and_serve(
 async def _serve(
     config: Config, store: Store, session: Session, listener: trio.SocketListener, stop: _Stop
 ) -> None:
-    slots: _SlotFiles | None = None
+    restarted_send, restarted = trio.open_memory_channel[None](math.inf)
+    slot_directory: Path | None = None
     async with trio.open_nursery() as nursery:
         if config.server.url:
             llama = _Llama(config.server.url, await _probe(config.server.url))
         else:
             spec = launch_spec(config.server.managed, config.store.directory.parent)
             log_path = config.store.directory.parent / "llama-server.log"
-            await nursery.start(_keep_running, spec, log_path)
+            await nursery.start(_keep_running, spec, log_path, restarted_send)
             llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
-            slots = _SlotFiles(llama.url, config.slots.main, spec.slot_save_path)
-            await slots.restore(session.id)
+            slot_directory = spec.slot_save_path
         s = config.server
         client = Client(
             llama.url,
@@ -204,59 +214,34 @@ async def _serve(
             retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         )
         info = DaemonInfo(llama.url, llama.model, config.slots.main)
-        with trio.CancelScope() as stop.serving:
-            async with client, open_core(config, store, session, client) as actor:
-                stop.channel = ChannelServer(actor, info, config.channel)
-                await stop.channel.serve(listener)
-        # The core has stopped and its log is closed; the slot is idle, so it can be saved
-        # before loopd's own llama-server goes, and restored by the next start.
-        if slots is not None and actor.last_session is not None:
-            with trio.CancelScope(shield=True):
-                await slots.save(actor.last_session)
+        # Before the core starts and after it stops, the slot is idle: loopd uses it directly.
+        slots = SlotFiles(
+            partial(client.slot_file, config.slots.main),
+            config.slots.save,
+            slot_directory,
+            config.slots.keep_bytes,
+        )
+        async with client:
+            await slots.restore(session)
+            with trio.CancelScope() as stop.serving:
+                async with open_core(config, store, session, client, slot_directory) as actor:
+                    stop.channel = ChannelServer(actor, info, config.channel)
+                    nursery.start_soon(_restore_after_restarts, restarted, actor)
+                    await stop.channel.serve(listener)
+            # The core has stopped and its log is closed; the slot is saved before loopd's
+            # own llama-server goes, for the next start to restore.
+            if actor.last_session is not None:
+                with trio.CancelScope(shield=True):
+                    await slots.save(actor.last_session)
         nursery.cancel_scope.cancel()
 
 
-@dataclass
-class _SlotFiles:
-    """The slot's KV cache saved to a file at shutdown and restored at start, so a restart of
-    loopd (which restarts its own llama-server) keeps the conversation's cache."""
-
-    url: str
-    slot: int
-    directory: Path | None
-    """llama-server's --slot-save-path, where the files are."""
-
-    async def _action(self, action: str, session_id: str) -> bool:
-        try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=SLOT_FILE_TIMEOUT) as http:
-                answer = await http.post(
-                    f"/slots/{self.slot}",
-                    params={"action": action},
-                    json={"filename": f"{session_id}.bin"},
-                )
-        except httpx.HTTPError as e:
-            log.warning("could not %s the slot: %s", action, e)
-            return False
-        if answer.status_code != 200:
-            if action == "save" or answer.status_code != 400:
-                log.warning(
-                    "could not %s the slot: HTTP %d %s",
-                    action,
-                    answer.status_code,
-                    answer.text[:200],
-                )
-            return False
-        return True
-
-    async def save(self, session_id: str) -> None:
-        if await self._action("save", session_id):
-            log.info("saved the slot's cache for the next start")
-
-    async def restore(self, session_id: str) -> None:
-        if self.directory is None or not (self.directory / f"{session_id}.bin").is_file():
-            return  # nothing saved for this session: a new one, or an earlier crash
-        if await self._action("restore", session_id):
-            log.info("restored the slot's cache of session %s", session_id)
+async def _restore_after_restarts(
+    restarted: trio.MemoryReceiveChannel[None], actor: SessionHandle
+) -> None:
+    """A llama-server that died and started again has an empty slot: load the session's."""
+    async for _ in restarted:
+        await actor.restore_slot()
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:

@@ -24,6 +24,9 @@ class Daemon:
     """`[session] history`: recordings and scripted servers answer the chat endpoint only."""
     session: str = ""
     """More lines of the [session] table."""
+    slots: str = ""
+    """Lines of the [slots] table (`save = "never"` for a scripted server, which keeps no
+    slot files)."""
     process: trio.Process | None = None
     log: Path = field(init=False)
     clients: list[LineClient] = field(default_factory=list)
@@ -35,6 +38,7 @@ class Daemon:
             f'[server]\nurl = "{self.server_url}"\n[server.retry]\nattempts = 2\nbase = 0.05\n'
             f'[store]\ndirectory = "{self.home / "sessions"}"\n'
             f'[session]\nhistory = "{self.history}"\n{self.session}'
+            f"[slots]\n{self.slots}\n"
             f'[channel]\nsocket = "{self.socket}"\n{self.channel}'
         )
 

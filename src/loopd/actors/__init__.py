@@ -14,6 +14,7 @@ running then is cancelled, and still leaves a valid log.
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -22,6 +23,7 @@ from loopd.config import Config
 from loopd.exact import ExactHistory
 from loopd.infer import Client
 from loopd.records import Baseline
+from loopd.slots import SlotFiles
 from loopd.store import Session, Store
 from loopd.tools import open_tool_port
 from loopd.turn import Runtime
@@ -63,12 +65,20 @@ __all__ = [
 
 @asynccontextmanager
 async def open_core(
-    config: Config, store: Store, session: Session, client: Client
+    config: Config,
+    store: Store,
+    session: Session,
+    client: Client,
+    slot_directory: Path | None = None,
 ) -> AsyncIterator[SessionHandle]:
-    """The actors serving `session` (which the session actor closes when it leaves it)."""
+    """The actors serving `session` (which the session actor closes when it leaves it).
+    `slot_directory`: where llama-server keeps slot files, when loopd can see it."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
-        inference = await nursery.start(inference_actor, client)
+        inference = await nursery.start(inference_actor, client, config.slots.main)
+        slots = SlotFiles(
+            inference.slot_file, config.slots.save, slot_directory, config.slots.keep_bytes
+        )
         runtime = Runtime(
             loop=config.loop,
             inference=inference,
@@ -86,6 +96,7 @@ async def open_core(
             baseline=baseline,
             runtime=runtime,
             port=port,
+            slots=slots,
             queue_limit=config.channel.queue_limit,
         )
         handle: SessionHandle = await nursery.start(actor)

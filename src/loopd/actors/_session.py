@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import trio
 
 from loopd.calls import approval_needed
+from loopd.closing import close_interrupted_turn
 from loopd.events import TurnEvent
 from loopd.exact import past_reasoning
 from loopd.infer import slot_tokens
 from loopd.records import Baseline
+from loopd.slots import SlotFiles
 from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, TurnError, run_turn
@@ -36,7 +38,9 @@ from ._session_inbox import (
     History,
     HistoryPage,
     NewSession,
+    OpenSession,
     Published,
+    RestoreSlot,
     Send,
     SessionBusy,
     SessionHandle,
@@ -55,6 +59,9 @@ __all__ = ["session_actor"]
 
 log = logging.getLogger(__name__)
 
+SAVE_AFTER_IDLE = 0.5
+"""Seconds without a message after a turn before the slot is saved (`[slots] save = "turn"`)."""
+
 
 @dataclass
 class _Message:
@@ -72,10 +79,12 @@ class _SessionActor:
         baseline: Callable[[], Baseline],
         runtime: Runtime,
         port: PortHandle,
+        slots: SlotFiles,
         queue_limit: int,
     ) -> None:
         self.session, self.store, self.baseline = session, store, baseline
         self.runtime, self.port, self.queue_limit = runtime, port, queue_limit
+        self.slots = slots
         self._queue: deque[_Message] = deque()
         self._wake = trio.Event()
         self._subscribers: list[Subscription] = []
@@ -89,13 +98,18 @@ class _SessionActor:
                 except (Busy, DuplicateTurn, SessionBusy, StoreError) as e:
                     reply_error(message.reply, e)
 
-    async def _take(self, message: SessionMessage) -> None:
+    async def _take(self, message: SessionMessage) -> None:  # noqa: C901 - one per kind
         if isinstance(message, Send):
             reply_value(message.reply, self._submit(message))
         elif isinstance(message, Cancel):
             reply_value(message.reply, self._cancel(message.turn))
         elif isinstance(message, NewSession):
-            reply_value(message.reply, await self._new_session())
+            reply_value(message.reply, await self._switch(None))
+        elif isinstance(message, OpenSession):
+            reply_value(message.reply, await self._switch(message.session))
+        elif isinstance(message, RestoreSlot):
+            await self.slots.restore(self.session)
+            reply_value(message.reply, None)
         elif isinstance(message, Sessions):
             reply_value(message.reply, (self.session.id, await self.store.sessions()))
         elif isinstance(message, History):
@@ -139,13 +153,26 @@ class _SessionActor:
                 return True
         return False
 
-    async def _new_session(self) -> str:
+    async def _switch(self, to: str | None) -> str:
+        """Turns go to session `to` (an id or `latest`), or to a new one (None), from now on.
+        The slot is saved for the session left and restored for the one reopened."""
         if self._running or self._queue:
             raise SessionBusy("a turn is running or waiting; cancel it or wait for it first")
-        session = await self.store.create(self.baseline())
+        if to == "latest":
+            to = self.store.latest()
+        if to == self.session.id:
+            return to
+        session = await (self.store.create(self.baseline()) if to is None else self.store.open(to))
+        if to is not None and await close_interrupted_turn(session):
+            log.warning("the last turn of session %s was interrupted; its log is closed", to)
+        await self.slots.save(self.session.id)
         old, self.session = self.session, session
         old.close()
-        log.info("new session %s", session.id)
+        if to is None:
+            log.info("new session %s", session.id)
+        else:
+            log.info("session %s: %d records, %d turns", to, len(session.records), session.turns)
+            await self.slots.restore(session)
         return session.id
 
     def _history(self, start: int | None, end: int | None) -> HistoryPage:
@@ -187,6 +214,17 @@ class _SessionActor:
                 await self._wake.wait()
                 continue
             await self._turn(self._queue.popleft())
+            if not self._queue and self.slots.save_when == "turn":
+                await self._save_when_idle()
+
+    async def _save_when_idle(self) -> None:
+        """Save the slot once no message came for a moment: a message that comes first runs
+        first, and the save waits for the next quiet moment after it."""
+        self._wake = trio.Event()
+        with trio.move_on_after(SAVE_AFTER_IDLE):
+            await self._wake.wait()
+            return
+        await self.slots.save(self.session.id)
 
     async def _turn(self, message: _Message) -> None:
         def on_event(event: TurnEvent) -> None:
@@ -219,7 +257,7 @@ class _SessionActor:
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
 
-    def stop(self, handle: SessionHandle) -> None:
+    def stop(self, handle: SessionHandle) -> None:  # the slot is saved by the daemon, once idle
         for subscription in self._subscribers:
             subscription.close()
         handle.last_session = self.session.id
@@ -233,6 +271,7 @@ async def session_actor(  # noqa: PLR0913 - the actor's whole world
     baseline: Callable[[], Baseline],
     runtime: Runtime,
     port: PortHandle,
+    slots: SlotFiles,
     queue_limit: int,
     task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -244,6 +283,7 @@ async def session_actor(  # noqa: PLR0913 - the actor's whole world
         baseline=baseline,
         runtime=runtime,
         port=port,
+        slots=slots,
         queue_limit=queue_limit,
     )
     send, receive = trio.open_memory_channel[SessionMessage](math.inf)

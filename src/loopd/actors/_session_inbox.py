@@ -137,6 +137,18 @@ class NewSession:
 
 
 @dataclass(frozen=True)
+class OpenSession:
+    session: str
+    """A session id, or `latest`."""
+    reply: Reply[str]
+
+
+@dataclass(frozen=True)
+class RestoreSlot:
+    reply: Reply[None]
+
+
+@dataclass(frozen=True)
 class Sessions:
     reply: Reply[tuple[str, list[SessionInfo]]]
 
@@ -173,7 +185,17 @@ class Decide:
 
 
 SessionMessage = (
-    Send | Cancel | NewSession | Sessions | History | Status | Subscribe | Unsubscribe | Decide
+    Send
+    | Cancel
+    | NewSession
+    | OpenSession
+    | RestoreSlot
+    | Sessions
+    | History
+    | Status
+    | Subscribe
+    | Unsubscribe
+    | Decide
 )
 
 
@@ -197,6 +219,16 @@ class SessionHandle:
         """Turns go to a new session from now on; raises `SessionBusy` while a turn runs or
         waits."""
         return await ask(self._inbox, NewSession)
+
+    async def open_session(self, session: str) -> str:
+        """Turns go to session `session` (an id, or `latest`) from now on, its slot restored
+        where a file was saved; raises `SessionBusy` while a turn runs or waits, a
+        `StoreError` for a session that cannot be opened."""
+        return await ask(self._inbox, partial(OpenSession, session))
+
+    async def restore_slot(self) -> None:
+        """Load the current session's slot file again (llama-server started anew)."""
+        await ask(self._inbox, RestoreSlot)
 
     async def sessions(self) -> tuple[str, list[SessionInfo]]:
         """The current session's id, and every session of the store, oldest first."""

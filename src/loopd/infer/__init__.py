@@ -2,7 +2,7 @@
 
 from ._assemble import THINKING_CAP_GRACE
 from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
-from ._client import AnyRequest, Client, EventSink, RetryPolicy, Timeouts
+from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts
 from ._errors import (
     ConnectError,
     HttpError,
@@ -68,6 +68,7 @@ __all__ = [
     "Reasoning",
     "RetryPolicy",
     "Retrying",
+    "SlotFile",
     "StreamBroken",
     "StreamError",
     "StreamErrorEvent",

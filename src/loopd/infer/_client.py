@@ -88,6 +88,16 @@ class RetryPolicy:
         return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
 
 
+@dataclass(frozen=True)
+class SlotFile:
+    """What a slot save or restore moved (`POST /slots/{id}?action=save|restore`)."""
+
+    tokens: int
+    """Tokens the file holds: the slot's cache, as many as its prompt and answer filled."""
+    bytes: int
+    ms: float
+
+
 class Client:
     """A client for one llama-server. Use as `async with Client(url) as client:`."""
 
@@ -163,6 +173,17 @@ class Client:
             template = response.json().get("chat_template")
             return template if isinstance(template, str) else ""
         raise InferTimeout(f"llama-server did not answer /props in {self.timeouts.read} s")
+
+    async def slot_file(self, slot: int, action: str, filename: str) -> SlotFile:
+        """Save the slot's KV cache to `filename`, or restore it from there (in the server's
+        `--slot-save-path`). A failed restore leaves the slot empty; raises `HttpError`."""
+        answer = await self._post_json(f"/slots/{slot}?action={action}", {"filename": filename})
+        tokens = answer.get("n_saved", answer.get("n_restored"))
+        size = answer.get("n_written", answer.get("n_read"))
+        ms = (answer.get("timings") or {}).get("save_ms" if action == "save" else "restore_ms")
+        if not isinstance(tokens, int) or not isinstance(size, int):
+            raise StreamBroken(f"llama-server's slot {action} answered {answer!r:.200}")
+        return SlotFile(tokens, size, float(ms or 0.0))
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A small request that does not touch the slot, with the read deadline."""
