@@ -30,6 +30,7 @@ import history
 import memory
 import overhead
 import relay
+import slots
 import store
 import trio
 
@@ -56,6 +57,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "memory": lambda: trio.run(memory.measure),
     "history": lambda: trio.run(history.measure, *_assets()),
     "freeze": lambda: trio.run(freeze.measure),
+    "slots": lambda: trio.run(slots.measure, *_assets()),
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
@@ -140,6 +142,20 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one 
             ),
             "",
             *freeze.table(f),
+        ]
+    if name == "slots":
+        return [
+            "## 10. Slot files: saving the cache against computing it again",
+            "",
+            (
+                "SmolLM2-135M on two CPU threads (bench/slots.py): a prompt of each size read "
+                "into the slot, then saved to a file, restored, and, as the baseline, computed "
+                "again from an empty slot; medians of 3. loopd saves after each turn once idle "
+                '(`[slots] save = "turn"`): a crash or a session switch then costs the '
+                "restore instead of the recompute."
+            ),
+            "",
+            *slots.table(f),
         ]
     if name == "store":
         return [

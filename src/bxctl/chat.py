@@ -29,7 +29,7 @@ from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
 
-__all__ = ["Settings", "interactive", "live_turn"]
+__all__ = ["SessionRefused", "Settings", "interactive", "live_turn", "open_session"]
 
 REFRESH = 1 / 12
 RECONNECT_CAP = 5.0
@@ -37,7 +37,8 @@ HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cance
 at the prompt, Ctrl-C or Ctrl-D quits. A call that needs your approval is shown with its
 arguments: y runs it, n does not, a runs it and every later call of that tool in this session.
   /new        start a fresh session (the old one stays on disk)
-  /sessions   list the sessions
+  /sessions   list the sessions, numbered
+  /resume N   go on with session N of that list (or an id, or `latest`), its cache restored
   /status     what loopd is doing, and the calls that wait for approval
   /approve N once|session|deny   answer call N, which waits for approval
   /think off  let the model answer without reasoning first (/think on: with; /think: as
@@ -68,10 +69,14 @@ def _prompt_session() -> PromptSession[str]:
     )
 
 
-async def interactive(path: Path, console: Console, show_reasoning: bool) -> bool:
-    """The chat until the user leaves (True), or gives up on a daemon that went away (False)."""
+async def interactive(
+    path: Path, console: Console, show_reasoning: bool, session: str | None = None
+) -> bool:
+    """The chat until the user leaves (True), or gives up on a daemon that went away (False).
+    `session`: go on with that session (an id, or `latest`) first."""
     connection = await Connection.open(path)
-    session = await connection.hello()
+    served = await connection.hello()
+    session = await open_session(connection, session) if session else served
     console.print(
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
@@ -144,38 +149,35 @@ async def _waiting(connection: Connection, console: Console) -> None:
 
 
 async def _approve(words: list[str], connection: Connection, console: Console) -> None:
-    if len(words) != 3 or not words[1].isdigit() or words[2] not in ("once", "session", "deny"):
+    if len(words) != 2 or not words[0].isdigit() or words[1] not in ("once", "session", "deny"):
         console.print("/approve N once|session|deny", style="red")
         return
-    message = {"type": "approve", "call": int(words[1]), "decision": words[2]}
+    message = {"type": "approve", "call": int(words[0]), "decision": words[1]}
     answer = await connection.request(message, "approved")
     if isinstance(answer, Error):
         console.print(answer.message, style="red")
     else:
-        console.print(f"call {words[1]}: {words[2]}", style="dim")
+        console.print(f"call {words[0]}: {words[1]}", style="dim")
 
 
 async def _command(text: str, connection: Connection, console: Console) -> bool:
     """Run a /command; False to quit."""
-    name = text.split(maxsplit=1)[0]
+    name, *words = text.split()
     if name in ("/quit", "/exit"):
         return False
     if name == "/help":
         console.print(HELP)
-        return True
-    if name == "/approve":
-        await _approve(text.split(), connection, console)
-        return True
-    handler = _COMMANDS.get(name)
-    if handler is None:
+    elif (run := _LOCAL.get(name)) is not None:
+        await run(words, connection, console)
+    elif (handler := _COMMANDS.get(name)) is None:
         console.print(f"unknown command {name}; /help lists them", style="red")
-        return True
-    request, answer_type, show = handler
-    answer = await connection.request({"type": request}, answer_type)
-    if isinstance(answer, Error):
-        console.print(answer.message, style="red")
     else:
-        console.print(show(answer))
+        request, answer_type, show = handler
+        answer = await connection.request({"type": request}, answer_type)
+        if isinstance(answer, Error):
+            console.print(answer.message, style="red")
+        else:
+            console.print(show(answer))
     return True
 
 
@@ -196,14 +198,47 @@ def _new(answer: object) -> Text:
     return Text(f"new session {session}", style="green")
 
 
-def _sessions(answer: object) -> Text:
+async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
+    """The sessions, newest first and numbered for `/resume N`."""
+    answer = await connection.request({"type": "sessions"}, "sessions")
     if not isinstance(answer, Sessions):
-        return Text("")
-    return Text(
-        "\n".join(
-            session_line(s.id, s.turns, s.last_activity, answer.current) for s in answer.sessions
-        )
-    )
+        return
+    for number, s in enumerate(reversed(answer.sessions), start=1):
+        line = session_line(s.id, s.turns, s.last_activity, answer.current)
+        console.print(f"{number:3d}. {line}", markup=False)
+
+
+async def _resume(words: list[str], connection: Connection, console: Console) -> None:
+    if len(words) != 1:
+        console.print("/resume N (from /sessions), /resume ID or /resume latest", style="red")
+        return
+    choice = words[0]
+    if choice.isdigit():
+        answer = await connection.request({"type": "sessions"}, "sessions")
+        ids = [s.id for s in reversed(answer.sessions)] if isinstance(answer, Sessions) else []
+        if not 1 <= int(choice) <= len(ids):
+            console.print(f"no session {choice}: /sessions lists {len(ids)}", style="red")
+            return
+        choice = ids[int(choice) - 1]
+    try:
+        session = await open_session(connection, choice)
+    except SessionRefused as e:
+        console.print(str(e), style="red")
+        return
+    console.print(Text(f"session {session}", style="green"))
+    await _recent(connection, console)
+
+
+class SessionRefused(Exception):
+    """loopd would not open the session; the message says why."""
+
+
+async def open_session(connection: Connection, session: str) -> str:
+    """Ask loopd to go on with `session` (an id, or `latest`); the id it serves now."""
+    answer = await connection.request({"type": "open_session", "id": session}, "welcome")
+    if isinstance(answer, Error):
+        raise SessionRefused(answer.message)
+    return answer.session if isinstance(answer, Welcome) else session
 
 
 def _status(answer: object) -> Text:
@@ -221,9 +256,10 @@ def _status(answer: object) -> Text:
     return Text(text)
 
 
+_LOCAL = {"/approve": _approve, "/sessions": _list_sessions, "/resume": _resume}
+
 _COMMANDS = {
     "/new": ("new_session", "welcome", _new),
-    "/sessions": ("sessions", "sessions", _sessions),
     "/status": ("status", "status", _status),
 }
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 from rich.console import Console
 
-from bxctl.chat import interactive
+from bxctl.chat import SessionRefused, interactive, open_session
 from bxctl.connection import Connection, Unreachable
 from bxctl.view import context_line, session_line
 from loopd import __version__
@@ -64,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
         "text on stdin when it is not a terminal, run one turn, print the answer and exit.",
     )
     chat.add_argument("-m", "--message", metavar="TEXT", help="run one turn and exit")
+    chat.add_argument(
+        "--session",
+        metavar="ID",
+        help="go on with this session (an id from `bxctl sessions`, or `latest`); its cache is "
+        "restored, so it costs only its new tokens",
+    )
     chat.add_argument(
         "--json",
         action="store_true",
@@ -141,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
 
 
 def _exit_for(error: BaseException) -> int:
+    if isinstance(error, SessionRefused):
+        print(f"bxctl: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if isinstance(error, Unreachable):
         print(f"bxctl: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -160,20 +169,22 @@ def _chat(args: argparse.Namespace, path: Path) -> int:
         if not text.strip():
             print("bxctl: nothing to send", file=sys.stderr)
             return EXIT_USAGE
-        return trio.run(_once, path, text, args.json, args.yes)
+        return trio.run(_once, path, text, args)
     for flag, given in (("--json", args.json), ("--yes", args.yes)):
         if given:
             print(f"bxctl: {flag} needs -m TEXT or text on stdin", file=sys.stderr)
             return EXIT_USAGE
-    if trio.run(interactive, path, Console(), args.show_reasoning):
+    if trio.run(interactive, path, Console(), args.show_reasoning, args.session):
         return EXIT_OK
     print("bxctl: loopd is not running", file=sys.stderr)
     return EXIT_UNREACHABLE
 
 
-async def _once(path: Path, text: str, as_json: bool, approve: bool) -> int:
+async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
     connection = await Connection.open(path)
     await connection.hello()
+    if args.session:
+        await open_session(connection, args.session)
     turn = f"bxctl-{id(connection):x}"
     await connection.send({"type": "send", "id": turn, "content": text})
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
@@ -184,7 +195,7 @@ async def _once(path: Path, text: str, as_json: bool, approve: bool) -> int:
                     await connection.send({"type": "cancel", "id": turn})
 
             nursery.start_soon(cancel_on_interrupt)
-            code = await _follow(connection, turn, as_json, approve)
+            code = await _follow(connection, turn, args.json, args.yes)
             nursery.cancel_scope.cancel()
     await connection.aclose()
     return code

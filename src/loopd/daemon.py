@@ -18,20 +18,18 @@ import shutil
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import httpx
 import trio
 
-from loopd.actors import SessionHandle, open_core
+from loopd.actors import SessionHandle, open_core, slot_files
 from loopd.baseline import make_baseline
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.closing import close_interrupted_turn
 from loopd.config import Config, ManagedServer
-from loopd.infer import Client, RetryPolicy, Timeouts
+from loopd.infer import Client, RetryPolicy, SlotFile, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
-from loopd.slots import SlotFiles
 from loopd.store import Session, Store
 
 __all__ = ["StartupError", "launch_spec", "serve"]
@@ -215,18 +213,16 @@ async def _serve(
         )
         info = DaemonInfo(llama.url, llama.model, config.slots.main)
         # Before the core starts and after it stops, the slot is idle: loopd uses it directly.
-        slots = SlotFiles(
-            partial(client.slot_file, config.slots.main),
-            config.slots.save,
-            slot_directory,
-            config.slots.keep_bytes,
-        )
+        slots = slot_files(config, _IdleSlot(client, config.slots.main), slot_directory)
         async with client:
-            await slots.restore(session)
+            await slots.restore(session, into_empty=True)
             with trio.CancelScope() as stop.serving:
-                async with open_core(config, store, session, client, slot_directory) as actor:
+                async with (
+                    open_core(config, store, session, client, slot_directory) as actor,
+                    trio.open_nursery() as watch,
+                ):
+                    watch.start_soon(_restore_after_restarts, restarted, actor)
                     stop.channel = ChannelServer(actor, info, config.channel)
-                    nursery.start_soon(_restore_after_restarts, restarted, actor)
                     await stop.channel.serve(listener)
             # The core has stopped and its log is closed; the slot is saved before loopd's
             # own llama-server goes, for the next start to restore.
@@ -234,6 +230,20 @@ async def _serve(
                 with trio.CancelScope(shield=True):
                     await slots.save(actor.last_session)
         nursery.cancel_scope.cancel()
+
+
+@dataclass(frozen=True)
+class _IdleSlot:
+    """The slot through the client, while no actor uses it (before the core, after it)."""
+
+    client: Client
+    slot: int
+
+    async def slot_file(self, action: str, filename: str) -> SlotFile:
+        return await self.client.slot_file(self.slot, action, filename)
+
+    async def slot_held(self) -> int | None:
+        return await self.client.slot_held(self.slot)
 
 
 async def _restore_after_restarts(

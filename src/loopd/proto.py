@@ -31,6 +31,7 @@ __all__ = [
     "History",
     "HistoryRequest",
     "NewSession",
+    "OpenSession",
     "Send",
     "SessionInfo",
     "Sessions",
@@ -99,6 +100,15 @@ class NewSession(_Message):
     type: Literal["new_session"] = "new_session"
 
 
+class OpenSession(_Message):
+    """Go on with another session (only while no turn runs or waits); answered with
+    `welcome`. Its slot's cache comes back from the file saved when it was left."""
+
+    type: Literal["open_session"] = "open_session"
+    id: str = Field(min_length=1, max_length=200)
+    """A session id, or `latest`."""
+
+
 class SessionsRequest(_Message):
     type: Literal["sessions"] = "sessions"
 
@@ -130,6 +140,7 @@ ClientMessage = Annotated[
     | StatusRequest
     | Subscribe
     | NewSession
+    | OpenSession
     | SessionsRequest
     | HistoryRequest
     | Approve,
@@ -273,6 +284,8 @@ class Error(_Message):
         "duplicate_id",
         "lagged",
         "session_busy",
+        "unknown_session",
+        "session_unavailable",
         "unknown_call",
         "protocol",
         "too_many_clients",

@@ -1,78 +1,90 @@
 """Slot files: the slot's KV cache saved per session, so a session that comes back (after a
 switch, a restart of loopd, or a llama-server that died) costs only its new tokens.
 
-A file is an optimisation, never the truth: deleting one loses time, never data. It is named
-by its session (`<id>.bin`, in llama-server's `--slot-save-path`) and trusted only as far as
-llama-server checks it: a file of another model does not load (the slot is left empty); one
-that is stale or another session's loads, and llama-server reuses only the tokens it shares
-with the next prompt. Either way the next request's `cache_loss` record says what was lost,
-and the restore's token count, compared with what the session's slot held, is logged.
+A file is an optimisation, never the truth: deleting one loses time, never data. llama-server
+writes it in its `--slot-save-path`, named by the session (`<id>.bin`); loopd keeps a note of
+each save beside its sessions (`slot-files/<id>.json`), since it cannot always see the
+server's folder, and restores only a file it saved. A restore that fails empties the slot, so
+loopd never tries one blindly; at start it restores only into an empty slot (a server that
+kept running still holds the conversation, newer than any file).
+
+A file is trusted only as far as llama-server checks it: one of another model does not load
+(the slot is left empty); one that is stale or another session's loads, and llama-server
+reuses only the tokens it shares with the next prompt. Either way the next request's
+`cache_loss` record says what was lost, and the restore's token count, compared with what the
+session's slot held, is logged.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from loopd.infer import HttpError, InferError, SlotFile, slot_tokens
 from loopd.store import Session
 
-__all__ = ["SlotFiles"]
+__all__ = ["Slot", "SlotFiles"]
 
 log = logging.getLogger(__name__)
-
-SlotAction = Callable[[str, str], Awaitable[SlotFile]]
-"""`(action, filename)`: `InferenceHandle.slot_file`, or a client's on an idle slot."""
 
 # llama-server without --slot-save-path answers slot actions with this.
 NOT_SUPPORTED = 501
 
 
+class Slot(Protocol):
+    """The slot, through the inference actor, or a client's when nothing else uses it."""
+
+    async def slot_file(self, action: str, filename: str) -> SlotFile: ...
+
+    async def slot_held(self) -> int | None: ...
+
+
 @dataclass
 class SlotFiles:
-    action: SlotAction
+    slot: Slot
     save_when: str
-    """`[slots] save`: `turn`, `stop` or `never`."""
+    """`[slots] save`: `turn`, `stop` or `never` (no files at all)."""
+    notes: Path
+    """loopd's note of each save: `<id>.json`."""
     directory: Path | None
-    """Where llama-server writes the files, when loopd can see it (the embedded server)."""
+    """Where llama-server writes the files, when loopd can see it (the embedded server):
+    there, loopd keeps them under `keep_bytes`."""
     keep_bytes: int
     unsupported: bool = False
     """The server has no `--slot-save-path`: said once, then not tried again."""
 
-    @staticmethod
-    def filename(session_id: str) -> str:
-        return f"{session_id}.bin"
+    @property
+    def enabled(self) -> bool:
+        return self.save_when != "never" and not self.unsupported
 
     async def save(self, session_id: str) -> SlotFile | None:
-        """Save the slot for session `session_id` (unless `[slots] save = "never"`)."""
-        if self.save_when == "never" or self.unsupported:
+        """Save the slot for session `session_id`."""
+        if not self.enabled:
             return None
-        name = self.filename(session_id)
         try:
-            saved = await self.action("save", name)
+            saved = await self.slot.slot_file("save", f"{session_id}.bin")
         except InferError as e:
             self._failed("save", e)
             return None
-        log.info(
-            "saved the slot of session %s: %d tokens, %d bytes",
-            session_id,
-            saved.tokens,
-            saved.bytes,
-        )
-        self._evict(keep=name)
+        self._note(session_id, saved)
+        log.info("saved the slot of session %s: %d tokens", session_id, saved.tokens)
+        self._evict(keep=session_id)
         return saved
 
-    async def restore(self, session: Session) -> SlotFile | None:
-        """Load the slot saved for `session`, if there is one; None when none was loaded."""
-        name = self.filename(session.id)
-        if self.save_when == "never" or self.unsupported:
+    async def restore(self, session: Session, *, into_empty: bool = False) -> SlotFile | None:
+        """Load the slot saved for `session`, if one was; None when nothing was loaded.
+        `into_empty`: only if the slot holds nothing (at start, a server may still hold it)."""
+        if not self.enabled or not (self.notes / f"{session.id}.json").is_file():
             return None
-        if self.directory and not (self.directory / name).is_file():
-            return None  # nothing saved: a new session, or one never saved
+        if into_empty and (held := await self.slot.slot_held()) != 0:
+            if held is not None:
+                log.info("the slot holds %d tokens already; not restored", held)
+            return None
         try:
-            restored = await self.action("restore", name)
+            restored = await self.slot.slot_file("restore", f"{session.id}.bin")
         except InferError as e:
             self._failed("restore", e)
             return None
@@ -90,12 +102,16 @@ class SlotFiles:
             log.info("restored the slot of session %s: %d tokens", session.id, restored.tokens)
         return restored
 
+    def _note(self, session_id: str, saved: SlotFile) -> None:
+        self.notes.mkdir(parents=True, exist_ok=True)
+        staging = self.notes / f".{session_id}.json"
+        staging.write_text(json.dumps({"tokens": saved.tokens, "bytes": saved.bytes}))
+        staging.replace(self.notes / f"{session_id}.json")
+
     def _failed(self, action: str, error: InferError) -> None:
         if isinstance(error, HttpError) and error.status == NOT_SUPPORTED:
             self.unsupported = True
             log.info("llama-server keeps no slot files (no --slot-save-path): %s", error)
-        elif action == "restore" and isinstance(error, HttpError) and self.directory is None:
-            log.info("no slot file to restore on llama-server: %s", error)  # an external server
         else:
             log.warning("could not %s the slot: %s", action, error)
 
@@ -108,7 +124,8 @@ class SlotFiles:
         for path in files:
             if total <= self.keep_bytes:
                 break
-            if path.name != keep:
+            if path.stem != keep:
                 total -= path.stat().st_size
                 path.unlink(missing_ok=True)
+                (self.notes / f"{path.stem}.json").unlink(missing_ok=True)
                 log.info("removed the slot file %s ([slots] keep_bytes)", path.name)

@@ -23,7 +23,7 @@ from loopd.config import Config
 from loopd.exact import ExactHistory
 from loopd.infer import Client
 from loopd.records import Baseline
-from loopd.slots import SlotFiles
+from loopd.slots import Slot, SlotFiles
 from loopd.store import Session, Store
 from loopd.tools import open_tool_port
 from loopd.turn import Runtime
@@ -60,6 +60,7 @@ __all__ = [
     "inference_actor",
     "open_core",
     "session_actor",
+    "slot_files",
 ]
 
 
@@ -76,9 +77,7 @@ async def open_core(
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
         inference = await nursery.start(inference_actor, client, config.slots.main)
-        slots = SlotFiles(
-            inference.slot_file, config.slots.save, slot_directory, config.slots.keep_bytes
-        )
+        slots = slot_files(config, inference, slot_directory)
         runtime = Runtime(
             loop=config.loop,
             inference=inference,
@@ -102,3 +101,9 @@ async def open_core(
         handle: SessionHandle = await nursery.start(actor)
         yield handle
         nursery.cancel_scope.cancel()
+
+
+def slot_files(config: Config, slot: Slot, directory: Path | None) -> SlotFiles:
+    """The slot files of the sessions in `[store] directory`."""
+    notes = config.store.directory.parent / "slot-files"
+    return SlotFiles(slot, config.slots.save, notes, directory, config.slots.keep_bytes)

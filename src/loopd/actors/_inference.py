@@ -51,6 +51,10 @@ class InferenceHandle:
         """Save the slot's cache to `filename` or restore it from there (`Client.slot_file`)."""
         return await self._run(lambda client: client.slot_file(self.slot, action, filename))
 
+    async def slot_held(self) -> int | None:
+        """Tokens the slot holds now (`Client.slot_held`)."""
+        return await self._run(lambda client: client.slot_held(self.slot))
+
     async def _run(self, work: Callable[[Client], Awaitable[T]]) -> T:
         reply_send, reply_receive = trio.open_memory_channel[outcome.Outcome[Any]](1)
         job = _Job(work, reply_send)

@@ -20,6 +20,7 @@ from loopd.actors import (
     TurnDone,
     TurnFailed,
 )
+from loopd.store import StoreError, UnknownSession
 
 __all__ = ["Client", "DaemonInfo", "handle"]
 
@@ -155,6 +156,19 @@ async def _new_session(client: Client, _: proto.NewSession) -> proto.Error | Non
     return None
 
 
+async def _open_session(client: Client, message: proto.OpenSession) -> proto.Error | None:
+    try:
+        session = await client.session.open_session(message.id)
+    except SessionBusy as e:
+        return proto.Error(code="session_busy", message=str(e))
+    except UnknownSession as e:
+        return proto.Error(code="unknown_session", message=str(e))
+    except StoreError as e:  # locked by another process, or a log that does not read
+        return proto.Error(code="session_unavailable", message=str(e))
+    client.say(proto.Welcome(daemon=__version__, session=session))
+    return None
+
+
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
     if not await client.session.decide(message.call, message.decision):
         return proto.Error(
@@ -175,6 +189,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.SessionsRequest: _sessions,
     proto.HistoryRequest: _history,
     proto.NewSession: _new_session,
+    proto.OpenSession: _open_session,
     proto.Approve: _approve,
 }
 

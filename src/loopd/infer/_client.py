@@ -185,6 +185,20 @@ class Client:
             raise StreamBroken(f"llama-server's slot {action} answered {answer!r:.200}")
         return SlotFile(tokens, size, float(ms or 0.0))
 
+    async def slot_held(self, slot: int) -> int | None:
+        """Tokens the slot's cache holds now (`GET /slots`); None when the server does not say."""
+        with trio.move_on_after(self.timeouts.read):
+            try:
+                response = await self._http.get("/slots")
+                slots = response.json() if response.status_code == 200 else None
+            except (httpx.TransportError, ValueError):
+                return None
+            for entry in slots if isinstance(slots, list) else []:
+                if isinstance(entry, dict) and entry.get("id") == slot:
+                    held = entry.get("n_prompt_tokens", 0)  # absent: no request ran on it yet
+                    return held if isinstance(held, int) else None
+        return None
+
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A small request that does not touch the slot, with the read deadline."""
         with trio.move_on_after(self.timeouts.read):

@@ -1,0 +1,254 @@
+"""Sessions people live in: switching and resuming with the cache, no cache lost to a crash,
+and slot files that do not fit detected, not trusted. A real `loopd serve` on the real
+llama-server and model; the figures are llama-server's own."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
+from loopd.infer import slot_tokens
+from loopd.records import CacheLossRecord, Record, UsageRecord, conversation_problems
+from loopd.store import Store
+from support.daemon import Daemon, LineClient
+from support.fake_llama import FakeLlama, Reply
+from test_bxctl import Tmux
+
+SHORT = "[loop]\nmax_tokens = 12\n[server.sampling]\ntemperature = 0\n"
+
+
+def records(d: Daemon, session: str) -> list[Record]:
+    return Store(d.home / "sessions").read(session)[1]
+
+
+def assert_no_loss(d: Daemon, session: str) -> None:
+    """Every request found all the slot held after the one before (the corrected figure)."""
+    log = records(d, session)
+    assert conversation_problems(log) == []
+    assert not [r for r in log if isinstance(r, CacheLossRecord)]
+    usages = [r.timings for r in log if isinstance(r, UsageRecord) and r.timings]
+    for before, after in itertools.pairwise(usages):
+        assert after.cache_n == slot_tokens(before)
+
+
+def losses(d: Daemon, session: str) -> list[CacheLossRecord]:
+    return [r for r in records(d, session) if isinstance(r, CacheLossRecord)]
+
+
+async def welcome(client: LineClient, message: dict[str, str]) -> str:
+    await client.send(message)
+    line = (await client.until("welcome"))[-1]
+    session: str = line["session"]
+    return session
+
+
+async def log_says(d: Daemon, text: str, times: int = 1, timeout: float = 60) -> None:
+    with trio.fail_after(timeout):
+        while d.log.read_text().count(text) < times:  # noqa: ASYNC110 - another process writes it
+            await trio.sleep(0.05)
+
+
+def embedded(home: Path, slots: str = "") -> Daemon:
+    """loopd with its own llama-server (the bundled one), history token-exact."""
+    d = Daemon(home, "", history="exact", slots=slots)
+    d.config.write_text(d.config.read_text().replace('url = ""\n', "") + SHORT)
+    return d
+
+
+@pytest.mark.llama
+async def test_switching_a_b_a_keeps_each_sessions_cache(llama: StartLlama, tmp_path: Path) -> None:
+    server = await llama()
+    d = Daemon(tmp_path / "loopd", server.url, history="exact")
+    d.config.write_text(d.config.read_text() + SHORT)
+    await d.start()
+    try:
+        client = await d.connect()
+        a = await welcome(client, {"type": "hello"})
+        assert (await client.turn("a1", "Name a colour."))[-1]["type"] == "turn_done"
+        b = await welcome(client, {"type": "new_session"})
+        assert (await client.turn("b1", "Name a fruit."))[-1]["type"] == "turn_done"
+        assert await welcome(client, {"type": "open_session", "id": a}) == a
+        assert (await client.turn("a2", "Name another colour."))[-1]["type"] == "turn_done"
+        assert await welcome(client, {"type": "open_session", "id": "latest"}) == b
+        assert (await client.turn("b2", "Name another fruit."))[-1]["type"] == "turn_done"
+        await client.send({"type": "open_session", "id": "no-such-session"})
+        error = (await client.until("error"))[-1]
+        assert error["code"] == "unknown_session"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert_no_loss(d, a)
+    assert_no_loss(d, b)
+    assert len([r for r in records(d, a) if isinstance(r, UsageRecord)]) == 2
+
+
+@pytest.mark.llama
+async def test_a_kill_9_of_loopd_loses_no_cache(tmp_path: Path) -> None:
+    """loopd's watchdog stops its llama-server with it; the slot saved after the turn comes
+    back with the next start."""
+    d = embedded(tmp_path / "loopd")
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await log_says(d, "saved the slot of session")
+        await d.kill()
+        await d.close_clients()
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert "restored the slot of session" in d.log.read_text()
+    assert_no_loss(d, session)
+
+
+@pytest.mark.llama
+async def test_a_llama_server_that_died_comes_back_with_the_cache(tmp_path: Path) -> None:
+    d = embedded(tmp_path / "loopd")
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await log_says(d, "saved the slot of session")
+        pid = re.findall(r"llama-server is up at \S+ \(pid (\d+)\)", d.log.read_text())[-1]
+        os.kill(int(pid), signal.SIGKILL)
+        await log_says(d, "llama-server is up at", times=2)
+        await log_says(d, "restored the slot of session")
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert_no_loss(d, session)
+
+
+@pytest.mark.llama
+async def test_with_slots_saved_only_at_stop_a_kill_9_loses_the_cache_and_says_so(
+    tmp_path: Path,
+) -> None:
+    d = embedded(tmp_path / "loopd", slots='save = "stop"')
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await trio.sleep(1)  # a save after the turn would have happened by now
+        await d.kill()
+        await d.close_clients()
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert "saved the slot" not in d.log.read_text()
+    (loss,) = losses(d, session)
+    assert loss.cached < loss.expected
+
+
+@pytest.mark.llama
+async def test_a_stale_or_foreign_slot_file_is_detected_not_trusted(tmp_path: Path) -> None:
+    d = embedded(tmp_path / "loopd")
+    slot_file = d.home / "slots"
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await log_says(d, "saved the slot of session")
+        stale = tmp_path / "stale.bin"
+        shutil.copy(slot_file / f"{session}.bin", stale)
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+        assert await d.stop() == 0  # saves the slot as it is now
+        await d.close_clients()
+        # A stale file: the session grew since it was saved.
+        shutil.copy(stale, slot_file / f"{session}.bin")
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t3", "Name a tree."))[-1]["type"] == "turn_done"
+        assert await d.stop() == 0
+        await d.close_clients()
+        # Not a slot file of this model at all.
+        (slot_file / f"{session}.bin").write_bytes(b"not a slot file" * 100)
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t4", "Name a bird."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    text = d.log.read_text()
+    assert "it is stale or not this session's" in text
+    assert "could not restore the slot" in text
+    stale_loss, foreign_loss = losses(d, session)
+    assert 0 < stale_loss.cached < stale_loss.expected
+    assert foreign_loss.cached < foreign_loss.expected
+    assert conversation_problems(records(d, session)) == []
+
+
+async def test_bxctl_chat_goes_on_with_the_session_it_is_given(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two"), Reply(content="3")]))
+    client = await d.connect()
+    first = await welcome(client, {"type": "hello"})
+    await client.turn("t1", "first")
+    second = await welcome(client, {"type": "new_session"})
+    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "chat"]
+    done = await trio.run_process(
+        [*command, "--session", first, "-m", "back to the first"], capture_stdout=True
+    )
+    assert done.stdout.decode().strip() == "two"
+    assert [r.kind for r in records(d, first)].count("user") == 2
+    assert [r.kind for r in records(d, second)].count("user") == 0
+    done = await trio.run_process(
+        [*command, "--session", "nope", "-m", "hello"], capture_stderr=True, check=False
+    )
+    assert done.returncode == 2
+    assert "no session" in done.stderr.decode().lower()
+    assert NO_SLOT_FILES in d.config.read_text()  # a scripted server keeps no slot files
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_sessions_and_resume_in_the_chat(daemon: StartDaemon, tmp_path: Path) -> None:
+    replies = [Reply(content="in one"), Reply(content="in two"), Reply(content="back in one")]
+    d = await daemon(FakeLlama(replies))
+    tmux = Tmux(f"resume-{id(d):x}")
+    command = f"{sys.executable} -m bxctl --config {d.config} chat; echo BXCTL-EXIT-$?; sleep 60"
+    env = f"XDG_STATE_HOME={tmp_path / 'state'}"
+    await tmux.run(
+        "new-session", "-d", "-s", tmux.name, "-x", "120", "-y", "40", f"env {env} {command}"
+    )
+    try:
+        screen = await tmux.wait_for("/help for help")
+        first = re.findall(r"session (\S+)", screen)[0]
+        await tmux.keys("hello one", "Enter")
+        await tmux.wait_for("in one")
+        await tmux.keys("/new", "Enter")
+        await tmux.wait_for("new session")
+        await tmux.keys("hello two", "Enter")
+        await tmux.wait_for("in two")
+        await tmux.keys("/sessions", "Enter")
+        screen = await tmux.wait_for("  2. ")
+        assert f"2.   {first}" in screen
+        await tmux.keys("/resume 2", "Enter")
+        screen = await tmux.wait_for("you: hello one")
+        assert screen.count(f"session {first}") == 2  # the greeting, and the resume
+        await tmux.keys("and again", "Enter")
+        await tmux.wait_for("back in one")
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("BXCTL-EXIT-0")
+    finally:
+        await tmux.run("kill-session", "-t", tmux.name)
+    assert [r.kind for r in records(d, first)].count("user") == 2
