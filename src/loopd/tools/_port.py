@@ -180,8 +180,15 @@ _PortMessage = _Call | _Decide | _ListPending
 @dataclass
 class _Pending:
     asking: Asking
+    scope: trio.CancelScope
+    """The call's: once its caller cancels it, it waits for nothing, even before its task
+    has unwound."""
     decided: trio.Event = field(default_factory=trio.Event)
     decision: Decision = "deny"
+
+    @property
+    def waiting(self) -> bool:
+        return not (self.decided.is_set() or self.scope.cancel_called)
 
 
 class PortHandle:
@@ -242,13 +249,18 @@ class _PortActor:
                 if isinstance(message, _Call):
                     nursery.start_soon(self._serve, message)
                 elif isinstance(message, _Decide):
-                    waiting = self._pending.get((message.session, message.call))
-                    if waiting is not None and not waiting.decided.is_set():
-                        waiting.decision = message.decision
-                        waiting.decided.set()
-                    _reply(message.reply, waiting is not None)
+                    pending = self._pending.get((message.session, message.call))
+                    found = pending is not None and pending.waiting
+                    if pending is not None and found:
+                        pending.decision = message.decision
+                        pending.decided.set()
+                    _reply(message.reply, found)
                 else:
-                    mine = [p.asking for (s, _), p in self._pending.items() if s == message.session]
+                    mine = [
+                        p.asking
+                        for (s, _), p in self._pending.items()
+                        if s == message.session and p.waiting
+                    ]
                     _reply(message.reply, mine)
 
     async def _serve(self, job: _Call) -> None:
@@ -289,7 +301,7 @@ class _PortActor:
             self.approval_timeout,
         )
         key = (request.session, request.call)
-        waiting = self._pending[key] = _Pending(asking)
+        waiting = self._pending[key] = _Pending(asking, job.scope)
         try:
             await job.reply.send(asking)
             with trio.move_on_after(self.approval_timeout):
