@@ -261,11 +261,7 @@ async def test_the_chat_asks_and_y_n_a_answer(daemon: StartDaemon, tmp_path: Pat
         Reply(content="Read twice, asked once."),
     )
     tmux = Tmux(f"approve-{id(d):x}")
-    command = f"{sys.executable} -m bxctl --config {d.config} chat; echo BXCTL-EXIT-$?; sleep 60"
-    env = f"XDG_STATE_HOME={tmp_path / 'state'}"
-    await tmux.run(
-        "new-session", "-d", "-s", tmux.name, "-x", "100", "-y", "40", f"env {env} {command}"
-    )
+    await tmux.chat(d, tmp_path / "state", rows=40, columns=100)
     try:
         await tmux.wait_for("/help for help")
         await tmux.keys("what do I buy?", "Enter")

@@ -260,6 +260,15 @@ class Tmux:
     async def keys(self, *keys: str) -> None:
         await self.run("send-keys", "-t", self.name, *keys)
 
+    async def chat(self, d: Daemon, state: Path, rows: int = 30, columns: int = 100) -> None:
+        """`bxctl chat` against `d` in a new tmux session; the shell says BXCTL-EXIT-<status>
+        when it ends, and keeps the pane open."""
+        bxctl = f"{sys.executable} -m bxctl --config {d.config} chat"
+        command = f"env XDG_STATE_HOME={state} {bxctl}; echo BXCTL-EXIT-$?; sleep 60"
+        await self.run(
+            "new-session", "-d", "-s", self.name, "-x", str(columns), "-y", str(rows), command
+        )
+
     async def wait_for(self, *texts: str, timeout: float = 30) -> str:
         """The screen, once any of `texts` is on it."""
         deadline = time.monotonic() + timeout
@@ -284,11 +293,7 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         )
     )
     tmux = Tmux(f"bxctl-{id(d):x}")
-    command = f"{sys.executable} -m bxctl --config {d.config} chat; echo BXCTL-EXIT-$?; sleep 60"
-    env = f"XDG_STATE_HOME={tmp_path / 'state'}"
-    await tmux.run(
-        "new-session", "-d", "-s", tmux.name, "-x", "100", "-y", "30", f"env {env} {command}"
-    )
+    await tmux.chat(d, tmp_path / "state")
     try:
         await tmux.wait_for("/help for help")
         await tmux.keys("which tool tells the time?", "Enter")

@@ -225,11 +225,7 @@ async def test_sessions_and_resume_in_the_chat(daemon: StartDaemon, tmp_path: Pa
     replies = [Reply(content="in one"), Reply(content="in two"), Reply(content="back in one")]
     d = await daemon(FakeLlama(replies))
     tmux = Tmux(f"resume-{id(d):x}")
-    command = f"{sys.executable} -m bxctl --config {d.config} chat; echo BXCTL-EXIT-$?; sleep 60"
-    env = f"XDG_STATE_HOME={tmp_path / 'state'}"
-    await tmux.run(
-        "new-session", "-d", "-s", tmux.name, "-x", "120", "-y", "40", f"env {env} {command}"
-    )
+    await tmux.chat(d, tmp_path / "state", rows=40, columns=120)
     try:
         screen = await tmux.wait_for("/help for help")
         first = re.findall(r"session (\S+)", screen)[0]

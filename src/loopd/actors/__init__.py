@@ -29,7 +29,7 @@ from loopd.tools import open_tool_port
 from loopd.turn import Runtime
 
 from ._inference import InferenceHandle, inference_actor
-from ._session import session_actor
+from ._session import SessionActor
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
@@ -51,6 +51,7 @@ __all__ = [
     "HistoryPage",
     "InferenceHandle",
     "Published",
+    "SessionActor",
     "SessionBusy",
     "SessionHandle",
     "SessionStatus",
@@ -59,7 +60,6 @@ __all__ = [
     "TurnFailed",
     "inference_actor",
     "open_core",
-    "session_actor",
     "slot_files",
 ]
 
@@ -88,8 +88,7 @@ async def open_core(
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
         )
-        actor = partial(
-            session_actor,
+        actor = SessionActor(
             session,
             store=store,
             baseline=baseline,
@@ -98,7 +97,7 @@ async def open_core(
             slots=slots,
             queue_limit=config.channel.queue_limit,
         )
-        handle: SessionHandle = await nursery.start(actor)
+        handle: SessionHandle = await nursery.start(actor.run)
         yield handle
         nursery.cancel_scope.cancel()
 

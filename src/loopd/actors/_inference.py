@@ -14,15 +14,16 @@ pieces the server streams, one token each), keeping what was said (`loopd.infer`
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import outcome
 import trio
 
+from loopd.inbox import answer, run_for
 from loopd.infer import AnyRequest, Client, Completion, EventSink, SlotFile
 
 __all__ = ["InferenceHandle", "inference_actor"]
@@ -79,13 +80,4 @@ async def inference_actor(
     async with receive:
         async for job in receive:
             with job.reply:
-                if job.scope.cancel_called:
-                    continue  # its caller gave up while it waited
-                with job.scope:
-                    result: outcome.Outcome[Any]
-                    try:
-                        result = outcome.Value(await job.work(client))
-                    except Exception as e:  # noqa: BLE001 - the caller gets it, typed as it was
-                        result = outcome.Error(e)
-                    with contextlib.suppress(trio.BrokenResourceError):  # the caller left
-                        job.reply.send_nowait(result)
+                await run_for(job.scope, partial(job.work, client), partial(answer, job.reply))

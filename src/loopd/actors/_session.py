@@ -22,6 +22,7 @@ from loopd.calls import approval_needed
 from loopd.closing import close_interrupted_turn
 from loopd.events import TurnEvent
 from loopd.exact import past_reasoning
+from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
 from loopd.records import Baseline
 from loopd.slots import SlotFiles
@@ -29,7 +30,6 @@ from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, TurnError, run_turn
 
-from ._inbox import reply_error, reply_value
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
@@ -55,7 +55,7 @@ from ._session_inbox import (
     Unsubscribe,
 )
 
-__all__ = ["session_actor"]
+__all__ = ["SessionActor"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ class _Message:
     thinking: bool | None
 
 
-class _SessionActor:
+class SessionActor:
+    """Start it with `nursery.start(actor.run)`, which gives its handle."""
+
     def __init__(  # noqa: PLR0913 - the actor's whole world
         self,
         session: Session,
@@ -257,41 +259,20 @@ class _SessionActor:
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
 
-    def stop(self, handle: SessionHandle) -> None:  # the slot is saved by the daemon, once idle
-        for subscription in self._subscribers:
-            subscription.close()
-        handle.last_session = self.session.id
-        self.session.close()
-
-
-async def session_actor(  # noqa: PLR0913 - the actor's whole world
-    session: Session,
-    *,
-    store: Store,
-    baseline: Callable[[], Baseline],
-    runtime: Runtime,
-    port: PortHandle,
-    slots: SlotFiles,
-    queue_limit: int,
-    task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve `session` (and the sessions that replace it) until cancelled; the actor closes
-    each session it leaves, and the last one when it stops."""
-    actor = _SessionActor(
-        session,
-        store=store,
-        baseline=baseline,
-        runtime=runtime,
-        port=port,
-        slots=slots,
-        queue_limit=queue_limit,
-    )
-    send, receive = trio.open_memory_channel[SessionMessage](math.inf)
-    handle = SessionHandle(send)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor.run_turns)
-            nursery.start_soon(actor.serve, receive)
-            task_status.started(handle)
-    finally:
-        actor.stop(handle)
+    async def run(
+        self, *, task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve the session (and the sessions that replace it) until cancelled; the actor
+        closes each session it leaves, and the last one when it stops."""
+        send, receive = trio.open_memory_channel[SessionMessage](math.inf)
+        handle = SessionHandle(send)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.run_turns)
+                nursery.start_soon(self.serve, receive)
+                task_status.started(handle)
+        finally:
+            for subscription in self._subscribers:
+                subscription.close()
+            handle.last_session = self.session.id  # the slot is saved by the daemon, once idle
+            self.session.close()

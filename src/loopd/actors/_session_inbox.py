@@ -14,11 +14,10 @@ from functools import partial
 import trio
 
 from loopd.events import TurnEvent
+from loopd.inbox import Reply, ask
 from loopd.records import Decision, Record, UsageRecord
 from loopd.store import SessionInfo
 from loopd.turn import TurnOutcome
-
-from ._inbox import Reply, ask
 
 __all__ = [
     "HISTORY_PAGE",

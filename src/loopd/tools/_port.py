@@ -13,17 +13,18 @@ raises becomes `Failed` with a short message; the daemon never goes down with a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from functools import partial
+from typing import Any, Literal, Protocol
 
 import outcome
 import trio
 
+from loopd.inbox import Reply, answer, ask, reply_value, run_for
 from loopd.records import DataClass, Decision
 
 from ._entry import ToolEntry
@@ -49,8 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 # An exception's text is for the model; a traceback is for the log.
 MESSAGE_LIMIT = 500
@@ -165,13 +164,13 @@ class _Decide:
     session: str
     call: int
     decision: Decision
-    reply: trio.MemorySendChannel[bool]
+    reply: Reply[bool]
 
 
 @dataclass(frozen=True)
 class _ListPending:
     session: str
-    reply: trio.MemorySendChannel[list[Asking]]
+    reply: Reply[list[Asking]]
 
 
 _PortMessage = _Call | _Decide | _ListPending
@@ -218,17 +217,11 @@ class PortHandle:
 
     async def decide(self, session: str, call: int, decision: Decision) -> bool:
         """Answer a waiting approval; False when no call of `session` by that number waits."""
-        send, receive = trio.open_memory_channel[bool](1)
-        await self._inbox.send(_Decide(session, call, decision, send))
-        async with receive:
-            return await receive.receive()
+        return await ask(self._inbox, partial(_Decide, session, call, decision))
 
     async def pending(self, session: str) -> list[Asking]:
         """The calls of `session` waiting for approval, oldest first."""
-        send, receive = trio.open_memory_channel[list[Asking]](1)
-        await self._inbox.send(_ListPending(session, send))
-        async with receive:
-            return await receive.receive()
+        return await ask(self._inbox, partial(_ListPending, session))
 
 
 class _PortActor:
@@ -254,26 +247,18 @@ class _PortActor:
                     if pending is not None and found:
                         pending.decision = message.decision
                         pending.decided.set()
-                    _reply(message.reply, found)
+                    reply_value(message.reply, found)
                 else:
                     mine = [
                         p.asking
                         for (s, _), p in self._pending.items()
                         if s == message.session and p.waiting
                     ]
-                    _reply(message.reply, mine)
+                    reply_value(message.reply, mine)
 
     async def _serve(self, job: _Call) -> None:
         async with job.reply:
-            if job.scope.cancel_called:
-                return  # its caller gave up before it started
-            with job.scope:
-                answered: outcome.Outcome[Answered]
-                try:
-                    answered = outcome.Value(await self._answer(job))
-                except Exception as e:  # noqa: BLE001 - the caller gets it, typed as it was
-                    answered = outcome.Error(e)
-                _reply(job.reply, answered)
+            await run_for(job.scope, partial(self._answer, job), partial(answer, job.reply))
 
     async def _answer(self, job: _Call) -> Answered:
         request = job.request
@@ -338,11 +323,6 @@ def _refusal(approval: Approval, timeout: float) -> str:
     if approval.by == "timeout":
         return f"nobody approved it within {timeout:g} s"
     return "the user did not approve it"
-
-
-def _reply(channel: trio.MemorySendChannel[_T], value: _T) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):  # the asker left
-        channel.send_nowait(value)
 
 
 @asynccontextmanager
