@@ -57,9 +57,10 @@ async def log_says(d: Daemon, text: str, times: int = 1, timeout: float = 60) ->
             await trio.sleep(0.05)
 
 
-def embedded(home: Path, slots: str = "") -> Daemon:
-    """loopd with its own llama-server (the bundled one), history token-exact."""
-    d = Daemon(home, "", history="exact", slots=slots)
+def embedded(home: Path, slots: str = "", session: str = "") -> Daemon:
+    """loopd with its own llama-server (the bundled one), history token-exact; `slots` and
+    `session`: more lines of those tables."""
+    d = Daemon(home, "", history="exact", slots=slots, session=session)
     d.config.write_text(d.config.read_text().replace('url = ""\n', "") + SHORT)
     return d
 

@@ -86,7 +86,7 @@ class ManagedServer(_Table):
     model: Path | None = None
     """The GGUF model; default `$LOOPD_MODEL`."""
     n_ctx: PositiveInt = 8192
-    """Context size of the one slot, in tokens."""
+    """Context size of each slot, in tokens (the conversation's, and the side slot's)."""
     threads: PositiveInt | None = None
     """CPU threads for llama-server; unset: its own default."""
     chat_template_file: Path | None = None
@@ -122,6 +122,11 @@ class SlotsConfig(_Table):
     keep_bytes: PositiveInt = 8 * 1024**3
     """Slot files loopd keeps at most, in bytes; the oldest go first. Applies to the embedded
     llama-server's files (an external server keeps its own)."""
+    side: NonNegativeInt = 1
+    """The slot for requests besides the conversation (a compaction's summary), so the main
+    slot keeps the session's cache meanwhile. The embedded llama-server gets a slot for each
+    (`-np 2`), each with `n_ctx` tokens. A server without this slot, or `side` equal to `main`:
+    the summary runs on the main slot, after its cache is saved to the session's slot file."""
 
 
 class SessionConfig(_Table):
@@ -133,6 +138,13 @@ class SessionConfig(_Table):
     and the server's template renders it anew each time, dropping what the template drops
     (past reasoning, for many); the losses are recorded. A template loopd cannot read for an
     exact prompt (its tool calls not `name` + JSON arguments) is served as `template`."""
+    on_full: Literal["stop", "continue"] = "continue"
+    """When a message no longer fits the context: `continue` asks the model for a summary of
+    the session (on the side slot), starts a new session that continues it from that summary,
+    and answers the message there; the old log stays as it was. `stop` ends the turn with
+    `session_full`. A client can compact at any time (`/compact` in bxctl)."""
+    summary_tokens: PositiveInt = 1024
+    """Tokens a compaction's summary may take; it opens the new session's context."""
 
 
 class LoopConfig(_Table):

@@ -27,7 +27,7 @@ from loopd.actors import SessionHandle, open_core, slot_files
 from loopd.baseline import make_baseline
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.closing import close_interrupted_turn
-from loopd.config import Config, ManagedServer
+from loopd.config import Config, ManagedServer, SlotsConfig
 from loopd.infer import Client, RetryPolicy, SlotFile, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.store import Session, Store
@@ -45,8 +45,9 @@ class StartupError(Exception):
     """loopd cannot start; the message says why and what to do."""
 
 
-def launch_spec(managed: ManagedServer, state: Path) -> LaunchSpec:
-    """The embedded llama-server: from the config, else the environment, else PATH."""
+def launch_spec(managed: ManagedServer, slots: SlotsConfig, state: Path) -> LaunchSpec:
+    """The embedded llama-server: from the config, else the environment, else PATH; with
+    the slots `[slots]` names."""
     binary = managed.binary or _env_path("LOOPD_LLAMA_SERVER") or _which("llama-server")
     if binary is None:
         raise StartupError(
@@ -63,6 +64,7 @@ def launch_spec(managed: ManagedServer, state: Path) -> LaunchSpec:
         binary=binary.expanduser(),
         model=model.expanduser(),
         n_ctx=managed.n_ctx,
+        parallel=max(slots.main, slots.side) + 1,
         threads=managed.threads,
         slot_save_path=state / "slots",
         port=free_port(),
@@ -198,7 +200,7 @@ async def _serve(
         if config.server.url:
             llama = _Llama(config.server.url, await _probe(config.server.url))
         else:
-            spec = launch_spec(config.server.managed, config.store.directory.parent)
+            spec = launch_spec(config.server.managed, config.slots, config.store.directory.parent)
             log_path = config.store.directory.parent / "llama-server.log"
             await nursery.start(_keep_running, spec, log_path, restarted_send)
             llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)

@@ -15,6 +15,8 @@ __all__ = [
     "ApprovalDecided",
     "ApprovalNeeded",
     "CacheLoss",
+    "Compacting",
+    "SessionContinued",
     "ToolCallStarted",
     "ToolResult",
     "TurnEvent",
@@ -83,6 +85,26 @@ class CacheLoss(_Event):
     cached: int
 
 
+class Compacting(_Event):
+    """The model writes a summary of the session, for a new session that continues it (the
+    context is full, or a client asked with `compact`). Progress events of the summary's
+    prompt follow; its text comes with `session_continued`."""
+
+    kind: Literal["compacting"] = "compacting"
+    session: str
+    slot: int
+    """The slot the summary is written on."""
+
+
+class SessionContinued(_Event):
+    """Turns go to a new session from now on, which continues `previous` from `summary`."""
+
+    kind: Literal["session_continued"] = "session_continued"
+    previous: str
+    session: str
+    summary: str
+
+
 TurnEvent = Annotated[
     Queued
     | Waiting
@@ -95,6 +117,8 @@ TurnEvent = Annotated[
     | ApprovalNeeded
     | ApprovalDecided
     | ToolResult
-    | CacheLoss,
+    | CacheLoss
+    | Compacting
+    | SessionContinued,
     Discriminator("kind"),
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "Bye",
     "Cancel",
     "ClientMessage",
+    "Compact",
     "DaemonMessage",
     "Error",
     "Event",
@@ -75,6 +76,15 @@ class Send(_Message):
     content: str
     thinking: bool | None = None
     """Let the model reason in this turn; absent: the daemon's `[loop] thinking`."""
+
+
+class Compact(_Message):
+    """Go on in a new session that starts from the model's summary of this one. It runs like
+    a turn, by its `id`: `accepted`, then `compacting` and `session_continued` events, then
+    `turn_done` with the summary as its content (or `turn_failed`)."""
+
+    type: Literal["compact"] = "compact"
+    id: str = Field(min_length=1, max_length=200)
 
 
 class Cancel(_Message):
@@ -136,6 +146,7 @@ class Approve(_Message):
 ClientMessage = Annotated[
     Hello
     | Send
+    | Compact
     | Cancel
     | StatusRequest
     | Subscribe
@@ -252,6 +263,8 @@ class SessionInfo(_Message):
     created: str
     turns: int
     last_activity: str
+    continues: str | None = None
+    """The session this one continues (it began from a summary of it)."""
 
 
 class Sessions(_Message):

@@ -34,6 +34,7 @@ __all__ = [
     "PromptRecord",
     "Record",
     "SessionHeader",
+    "SummaryRecord",
     "ToolResultRecord",
     "TurnEndReason",
     "TurnEndRecord",
@@ -46,9 +47,10 @@ __all__ = [
     "open_approvals",
 ]
 
-FORMAT = 3
+FORMAT = 4
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
-tokens of an answer; 3 added `approval_request` and `approval` records."""
+tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
+records (a session that continues another)."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -89,6 +91,8 @@ class SessionHeader(_Record):
     loopd_version: str
     """The loopd that created the session."""
     format: int = FORMAT
+    continues: str | None = None
+    """The session this one continues (compacted into the summary its baseline carries)."""
 
 
 class UserRecord(_Record):
@@ -194,6 +198,22 @@ class ApprovalRecord(_Record):
     the turn ended first (cancelled, a limit, or loopd stopped)."""
 
 
+class SummaryRecord(_Record):
+    """How a continued session began: the model's summary of the session it continues, and
+    what the summary request cost. Produces no message: the baseline's system prompt carries
+    the summary."""
+
+    kind: Literal["summary"] = "summary"
+    session: str
+    """The session summarised."""
+    text: str
+    timings: Timings | None
+    slot: int
+    """The slot the summary was written on."""
+    omitted: int = 0
+    """Characters of the old transcript's start left out so that it fit the slot's context."""
+
+
 class TurnEndRecord(_Record):
     kind: Literal["turn_end"] = "turn_end"
     reason: TurnEndReason
@@ -209,7 +229,8 @@ Record = Annotated[
     | TurnEndRecord
     | PromptRecord
     | ApprovalRequestRecord
-    | ApprovalRecord,
+    | ApprovalRecord
+    | SummaryRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

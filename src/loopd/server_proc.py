@@ -1,6 +1,7 @@
 """A llama-server that loopd starts and stops itself: the embedded default, and the tests' server.
 
-The child gets one slot (the conversation owns it), no context shift (a full context is an
+The child gets the slots loopd uses (the conversation's, and a side slot for summaries), each
+with the whole `n_ctx`; no context shift (a full context is an
 error loopd reports, not a silent loss of the conversation's start) and a slot-save path. Its
 output goes to a log file, whose tail is shown when it fails to start.
 
@@ -64,6 +65,9 @@ class LaunchSpec:
     binary: Path
     model: Path
     n_ctx: int = 8192
+    """Tokens of context of each slot."""
+    parallel: int = 1
+    """Slots (`-np`); the server's context is `n_ctx` for each (`-c n_ctx * parallel`)."""
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int | None = None
@@ -83,9 +87,9 @@ class LaunchSpec:
             "--port",
             str(port),
             "-np",
-            "1",
+            str(self.parallel),
             "-c",
-            str(self.n_ctx),
+            str(self.n_ctx * self.parallel),
             "--jinja",
             "--no-context-shift",
             "--metrics",

@@ -98,6 +98,8 @@ class SessionInfo:
     turns: int
     last_activity: datetime
     path: Path
+    continues: str | None = None
+    """The session this one continues, if any."""
 
 
 class Session:
@@ -196,8 +198,9 @@ class Store:
             raise UnknownSession(f"{session_id!r} is not a session id")
         return self.directory / f"{session_id}{SUFFIX}"
 
-    async def create(self, baseline: Baseline) -> Session:
-        return await trio.to_thread.run_sync(self._create, baseline)
+    async def create(self, baseline: Baseline, continues: str | None = None) -> Session:
+        """A new session; `continues`: the session it goes on from (named in its header)."""
+        return await trio.to_thread.run_sync(self._create, baseline, continues)
 
     async def open(self, session_id: str) -> Session:
         return await trio.to_thread.run_sync(self._open, session_id)
@@ -229,7 +232,7 @@ class Store:
             if p.name.endswith(SUFFIX) and not p.name.startswith(".")
         )
 
-    def _create(self, baseline: Baseline) -> Session:
+    def _create(self, baseline: Baseline, continues: str | None) -> Session:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
         header = SessionHeader(
@@ -238,6 +241,7 @@ class Store:
             baseline=baseline,
             loopd_version=__version__,
             time=created,
+            continues=continues,
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"
@@ -286,8 +290,11 @@ class Store:
                 log.warning("skipping %s in the list: %s", path, e)
                 continue
             if isinstance(header, SessionHeader):
+                turns = data.count(_USER_KIND)
                 infos.append(
-                    SessionInfo(session_id, header.created, data.count(_USER_KIND), last_time, path)
+                    SessionInfo(
+                        session_id, header.created, turns, last_time, path, header.continues
+                    )
                 )
         return infos
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from loopd.baseline import make_baseline
+from loopd.compact import Compactor
 from loopd.config import Config
 from loopd.exact import ExactHistory
 from loopd.infer import Client
@@ -95,6 +96,14 @@ async def open_core(
             runtime=runtime,
             port=port,
             slots=slots,
+            compactor=Compactor(
+                inference,
+                main=config.slots.main,
+                side=config.slots.side,
+                max_tokens=config.session.summary_tokens,
+                sampling=dict(config.server.sampling),
+                on_full=config.session.on_full,
+            ),
             queue_limit=config.channel.queue_limit,
         )
         handle: SessionHandle = await nursery.start(actor.run)

@@ -56,6 +56,10 @@ class InferenceHandle:
         """Tokens the slot holds now (`Client.slot_held`)."""
         return await self._run(lambda client: client.slot_held(self.slot))
 
+    async def slot_count(self) -> int | None:
+        """How many slots the server has (`Client.slot_count`)."""
+        return await self._run(lambda client: client.slot_count())
+
     async def _run(self, work: Callable[[Client], Awaitable[T]]) -> T:
         reply_send, reply_receive = trio.open_memory_channel[outcome.Outcome[Any]](1)
         job = _Job(work, reply_send)

@@ -20,20 +20,22 @@ import trio
 
 from loopd.calls import approval_needed
 from loopd.closing import close_interrupted_turn
-from loopd.events import TurnEvent
+from loopd.compact import Compactor, SummaryFailed, continued_baseline
+from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
 from loopd.inbox import reply_error, reply_value
-from loopd.infer import slot_tokens
-from loopd.records import Baseline
+from loopd.infer import InferError, slot_tokens
+from loopd.records import Baseline, UsageRecord
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
-from loopd.turn import InferFailed, Runtime, TurnError, run_turn
+from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
     Cancel,
+    Compact,
     DuplicateTurn,
     History,
     HistoryPage,
@@ -66,8 +68,15 @@ SAVE_AFTER_IDLE = 0.5
 @dataclass
 class _Message:
     turn: str
-    content: str
-    thinking: bool | None
+    content: str | None
+    """The user's message; None: a compaction."""
+    thinking: bool | None = None
+
+    @classmethod
+    def of(cls, message: Send | Compact) -> _Message:
+        if isinstance(message, Compact):
+            return cls(message.turn, None)
+        return cls(message.turn, message.content, message.thinking)
 
 
 class SessionActor:
@@ -82,11 +91,12 @@ class SessionActor:
         runtime: Runtime,
         port: PortHandle,
         slots: SlotFiles,
+        compactor: Compactor,
         queue_limit: int,
     ) -> None:
         self.session, self.store, self.baseline = session, store, baseline
         self.runtime, self.port, self.queue_limit = runtime, port, queue_limit
-        self.slots = slots
+        self.slots, self.compactor = slots, compactor
         self._queue: deque[_Message] = deque()
         self._wake = trio.Event()
         self._subscribers: list[Subscription] = []
@@ -101,8 +111,8 @@ class SessionActor:
                     reply_error(message.reply, e)
 
     async def _take(self, message: SessionMessage) -> None:  # noqa: C901 - one per kind
-        if isinstance(message, Send):
-            reply_value(message.reply, self._submit(message))
+        if isinstance(message, Send | Compact):
+            reply_value(message.reply, self._submit(_Message.of(message)))
         elif isinstance(message, Cancel):
             reply_value(message.reply, self._cancel(message.turn))
         elif isinstance(message, NewSession):
@@ -131,7 +141,7 @@ class SessionActor:
             decided = await self.port.decide(self.session.id, message.call, message.decision)
             reply_value(message.reply, decided)
 
-    def _submit(self, message: Send) -> int:
+    def _submit(self, message: _Message) -> int:
         running = self._running[0] if self._running else None
         if message.turn == running or any(m.turn == message.turn for m in self._queue):
             raise DuplicateTurn(message.turn)
@@ -140,7 +150,7 @@ class SessionActor:
         if waiting >= self.queue_limit:
             raise Busy(f"{waiting} messages are already waiting for the running turn")
         position = len(self._queue) + (self._running is not None)
-        self._queue.append(_Message(message.turn, message.content, message.thinking))
+        self._queue.append(message)
         self._wake.set()
         return position
 
@@ -235,13 +245,16 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                outcome = await run_turn(
-                    self.session, self.runtime, message.content, on_event, thinking=message.thinking
-                )
+                if message.content is None:
+                    outcome = await self._compact(on_event)
+                else:
+                    outcome = await self._answer(message.content, message.thinking, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
                 kind = "infer" if isinstance(e, InferFailed) else e.reason
                 self._publish(Published(message.turn, TurnFailed(kind, str(e))))
+            except (InferError, SummaryFailed) as e:  # a compaction a client asked for
+                self._publish(Published(message.turn, TurnFailed("infer", str(e))))
             except StoreError as e:
                 log.exception("the session log could not be written")
                 self._publish(Published(message.turn, TurnFailed("error", str(e))))
@@ -258,6 +271,46 @@ class SessionActor:
             self._publish(
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
+
+    async def _answer(
+        self, content: str, thinking: bool | None, on_event: Callable[[TurnEvent], None]
+    ) -> TurnOutcome:
+        """One turn; where the context is full and `[session] on_full = "continue"`, the
+        session is compacted and the message answered in the session that continues it."""
+        try:
+            return await run_turn(self.session, self.runtime, content, on_event, thinking=thinking)
+        except SessionFull as full:
+            # A session holding nothing but this message has nothing to compact.
+            if self.compactor.on_full != "continue" or self.session.turns <= 1:
+                raise
+            try:
+                await self._compact(on_event)
+            except (InferError, SummaryFailed) as e:
+                raise SessionFull(f"{full}; continuing in a new session failed: {e}") from e
+        return await run_turn(self.session, self.runtime, content, on_event, thinking=thinking)
+
+    async def _compact(self, on_event: Callable[[TurnEvent], None]) -> TurnOutcome:
+        """Summarise the session and go on in a new one that continues it. The old session's
+        slot is saved before anything else overwrites it: after the summary when that ran on
+        the side slot, before it when on the main slot."""
+        old, compactor = self.session, self.compactor
+        slot = await compactor.slot()
+        on_event(Compacting(session=old.id, slot=slot))
+        if slot == compactor.main:
+            await self.slots.save(old.id)
+        summary = await compactor.summarize(old.records, slot, on_event)
+        with trio.CancelScope(shield=True):  # the new session whole, or not at all
+            new = await self.store.create(
+                continued_baseline(self.baseline(), summary.text), continues=old.id
+            )
+            self.session = new
+            old.close()
+            await new.append(summary.record(old.id, slot))
+            if slot != compactor.main:
+                await self.slots.save(old.id)
+        log.info("session %s continues %s from a summary", new.id, old.id)
+        on_event(SessionContinued(previous=old.id, session=new.id, summary=summary.text))
+        return TurnOutcome(summary.text, UsageRecord(timings=summary.completion.timings))
 
     async def run(
         self, *, task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED

@@ -125,6 +125,12 @@ class Send:
 
 
 @dataclass(frozen=True)
+class Compact:
+    turn: str
+    reply: Reply[int]
+
+
+@dataclass(frozen=True)
 class Cancel:
     turn: str
     reply: Reply[bool]
@@ -185,6 +191,7 @@ class Decide:
 
 SessionMessage = (
     Send
+    | Compact
     | Cancel
     | NewSession
     | OpenSession
@@ -209,6 +216,11 @@ class SessionHandle:
     async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
         """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
         return await ask(self._inbox, lambda r: Send(turn, content, thinking, r))
+
+    async def compact(self, turn: str) -> int:
+        """Queue a compaction (run like a turn, by the id `turn`): the model summarises the
+        session and a new one continues from the summary. Its position, as for `send`."""
+        return await ask(self._inbox, lambda r: Compact(turn, r))
 
     async def cancel(self, turn: str) -> bool:
         """Cancel a running or waiting turn; False when there is no such turn."""

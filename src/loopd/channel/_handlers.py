@@ -82,14 +82,26 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
 
 
 async def _send(client: Client, message: proto.Send) -> proto.Error | None:
-    key = client.prefix + message.id
+    return await _queue(
+        client, message.id, lambda key: client.session.send(key, message.content, message.thinking)
+    )
+
+
+async def _compact(client: Client, message: proto.Compact) -> proto.Error | None:
+    return await _queue(client, message.id, client.session.compact)
+
+
+async def _queue(
+    client: Client, turn: str, submit: Callable[[str], Awaitable[int]]
+) -> proto.Error | None:
+    """Queue a turn under the client's own id for it; `accepted` gives its place."""
     try:
-        position = await client.session.send(key, message.content, message.thinking)
+        position = await submit(client.prefix + turn)
     except DuplicateTurn:
-        return proto.Error(code="duplicate_id", message="that id is in use", id=message.id)
+        return proto.Error(code="duplicate_id", message="that id is in use", id=turn)
     except Busy as e:
-        return proto.Error(code="busy", message=str(e), id=message.id)
-    client.say(proto.Accepted(id=message.id, position=position))
+        return proto.Error(code="busy", message=str(e), id=turn)
+    client.say(proto.Accepted(id=turn, position=position))
     return None
 
 
@@ -135,6 +147,7 @@ async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
             created=s.created.isoformat(),
             turns=s.turns,
             last_activity=s.last_activity.isoformat(),
+            continues=s.continues,
         )
         for s in listed
     ]
@@ -183,6 +196,7 @@ Handler = Callable[[Client, Any], Awaitable[proto.Error | None]]
 HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.Hello: _hello,
     proto.Send: _send,
+    proto.Compact: _compact,
     proto.Cancel: _cancel,
     proto.Subscribe: _subscribe,
     proto.StatusRequest: _status,

@@ -187,16 +187,27 @@ class Client:
 
     async def slot_held(self, slot: int) -> int | None:
         """Tokens the slot's cache holds now (`GET /slots`); None when the server does not say."""
+        for entry in await self._slots() or []:
+            if isinstance(entry, dict) and entry.get("id") == slot:
+                held = entry.get("n_prompt_tokens", 0)  # absent: no request ran on it yet
+                return held if isinstance(held, int) else None
+        return None
+
+    async def slot_count(self) -> int | None:
+        """How many slots the server has (`GET /slots`); None when it does not say. It matters:
+        llama-server takes an `id_slot` past its last slot modulo their number, so a request
+        meant for a second slot of a one-slot server would overwrite the first one's cache."""
+        slots = await self._slots()
+        return None if slots is None else len(slots)
+
+    async def _slots(self) -> list[Any] | None:
         with trio.move_on_after(self.timeouts.read):
             try:
                 response = await self._http.get("/slots")
                 slots = response.json() if response.status_code == 200 else None
             except (httpx.TransportError, ValueError):
                 return None
-            for entry in slots if isinstance(slots, list) else []:
-                if isinstance(entry, dict) and entry.get("id") == slot:
-                    held = entry.get("n_prompt_tokens", 0)  # absent: no request ran on it yet
-                    return held if isinstance(held, int) else None
+            return slots if isinstance(slots, list) else None
         return None
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

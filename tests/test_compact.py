@@ -1,0 +1,193 @@
+"""Going on past a full context: a new session continues the old one from the model's summary,
+written on the side slot while the main slot keeps the old session's cache. Real `loopd serve`
+on the real llama-server and model, besides the pure parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import StartLlama
+from loopd.baseline import make_baseline
+from loopd.compact import _cut, continued_baseline, earlier_summary, transcript
+from loopd.infer import HttpError, Timings, ToolCall
+from loopd.records import (
+    AssistantRecord,
+    Record,
+    SessionHeader,
+    SummaryRecord,
+    ToolResultRecord,
+    TurnEndRecord,
+    UserRecord,
+    conversation_problems,
+)
+from loopd.store import Store
+from support.daemon import Daemon, LineClient
+from test_sessions import SHORT, assert_no_loss, embedded, records, welcome
+
+SMALL = "[server.managed]\nn_ctx = 512\n"
+"""A context that a few turns fill (the first prompt is about 130 tokens, each turn about 60)."""
+WORDY = (
+    "Here is something to remember about my garden: the {n}th row has tomatoes, beans, "
+    "carrots, leeks and a small apple tree that my grandmother planted long ago. Reply short."
+)
+
+
+def test_the_transcript_keeps_messages_and_calls_and_shortens_results() -> None:
+    log: list[Record] = [
+        SummaryRecord(session="s0", text="Earlier things.", timings=None, slot=1),
+        UserRecord(content="Read my notes."),
+        AssistantRecord(
+            content=None,
+            reasoning_content="secret thoughts",
+            tool_calls=(ToolCall(id="c1", name="find_tool", arguments='{"query": "notes"}'),),
+        ),
+        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="x" * 5000),
+        AssistantRecord(content="They say: buy milk."),
+    ]
+    text = transcript(log, earlier_summary(log))
+    assert text.splitlines()[0] == "(Summary of what came before: Earlier things.)"
+    assert "User: Read my notes." in text
+    assert 'Assistant called find_tool {"query": "notes"}' in text
+    assert "Assistant: They say: buy milk." in text
+    assert "secret thoughts" not in text
+    assert len(text) < 2300  # the 5000-character result is cut to 2000
+
+
+def test_a_continued_baseline_keeps_the_tools_and_adds_the_summary() -> None:
+    base = make_baseline("Be brief.")
+    continued = continued_baseline(base, "The user likes tomatoes.")
+    assert continued.tools == base.tools
+    assert continued.system.startswith("Be brief.\n\n")
+    assert continued.system.endswith("The user likes tomatoes.")
+
+
+def _full(n_prompt: int, n_ctx: int) -> HttpError:
+    error = {"type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": n_ctx}
+    body = {"error": error}
+    return HttpError(400, json.dumps(body))
+
+
+def test_a_transcript_that_does_not_fit_keeps_its_end_by_the_servers_count() -> None:
+    text = "\n".join(f"line {n:04d} " + "w" * 40 for n in range(1000))
+    start, max_tokens = _cut(text, 0, 1024, _full(n_prompt=20000, n_ctx=4096))
+    assert max_tokens == 1024
+    kept = text[start:]
+    assert kept.startswith("line ")  # cut at a line's start
+    # (4096 - 1024) * 0.9 / 20000 of it: about 14 %
+    assert 0.12 < len(kept) / len(text) < 0.15
+    # A small context: the summary gets a quarter of it at most.
+    _, max_tokens = _cut(text, 0, 1024, _full(n_prompt=3000, n_ctx=1024))
+    assert max_tokens == 256
+    # Without the server's figures: half.
+    start, _ = _cut(text, 0, 100, HttpError(400, "no json"))
+    assert 0.49 < len(text[start:]) / len(text) < 0.51
+
+
+async def _fill(client: LineClient, limit: int = 12) -> tuple[int, list[dict[str, object]]]:
+    """Send wordy messages until one continues the session; its number and its lines."""
+    for n in range(1, limit + 1):
+        lines = await client.turn(f"t{n}", WORDY.format(n=n), timeout=120)
+        if any(_kind(line) == "session_continued" for line in lines):
+            return n, lines
+        assert lines[-1]["type"] == "turn_done", lines[-1]
+    raise AssertionError(f"{limit} turns did not fill the context")
+
+
+def _kind(line: dict[str, object]) -> object:
+    event = line.get("event")
+    return event.get("kind") if isinstance(event, dict) else None
+
+
+def _header(d: Daemon, session: str) -> SessionHeader:
+    return Store(d.home / "sessions").read(session)[0]
+
+
+@pytest.mark.llama
+async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: Path) -> None:
+    d = embedded(tmp_path / "loopd", session="summary_tokens = 60\n")
+    d.config.write_text(d.config.read_text() + SMALL)
+    await d.start()
+    try:
+        client = await d.connect()
+        old = await welcome(client, {"type": "hello"})
+        n, lines = await _fill(client)
+        (continued,) = [line["event"] for line in lines if _kind(line) == "session_continued"]
+        assert isinstance(continued, dict)
+        new = continued["session"]
+        assert continued["previous"] == old
+        assert [_kind(line) for line in lines].index("compacting") < lines.index(
+            next(line for line in lines if _kind(line) == "session_continued")
+        )
+        assert lines[-1]["type"] == "turn_done"  # the message that did not fit, answered
+        assert (await client.turn("after", "And the first row?"))[-1]["type"] == "turn_done"
+        await client.send({"type": "sessions"})
+        listed = (await client.until("sessions"))[-1]
+        chain = {s["id"]: s["continues"] for s in listed["sessions"]}
+        assert chain == {old: None, new: old}
+        assert listed["current"] == new
+        # Switching back: the slot file saved at the switch holds the old session's cache.
+        assert await welcome(client, {"type": "open_session", "id": old}) == old
+        await client.send({"type": "status"})
+        assert (await client.until("status"))[-1]["session"] == old
+    finally:
+        await d.kill()
+        await d.close_clients()
+    text = d.log.read_text()
+    assert f"restored the slot of session {old}" in text
+    assert "is stale or not this session's" not in text
+    assert "no side slot" not in text
+    old_log, new_log = records(d, old), records(d, new)
+    assert conversation_problems(old_log) == []
+    assert conversation_problems(new_log) == []
+    assert isinstance(old_log[-1], TurnEndRecord)
+    assert old_log[-1].reason == "session_full"
+    assert [r.content for r in old_log if isinstance(r, UserRecord)][-1] == WORDY.format(n=n)
+    summary = new_log[0]
+    assert isinstance(summary, SummaryRecord)
+    assert (summary.session, summary.slot) == (old, 1)
+    assert summary.text
+    assert isinstance(summary.timings, Timings)
+    assert summary.omitted > 0  # the old session filled the context: its start was left out
+    assert summary.text in _header(d, new).baseline.system
+    assert _header(d, new).continues == old
+    assert [r.content for r in new_log if isinstance(r, UserRecord)] == [
+        WORDY.format(n=n),
+        "And the first row?",
+    ]
+    assert_no_loss(d, new)
+
+
+@pytest.mark.llama
+async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """A server with one slot takes `id_slot` 1 as slot 0: the summary would overwrite the
+    session's cache. loopd sees there is no side slot, saves the slot, and summarises there;
+    the old session comes back with no loss."""
+    server = await llama()
+    d = Daemon(tmp_path / "loopd", server.url, history="exact")
+    d.config.write_text(d.config.read_text() + SHORT)
+    await d.start()
+    try:
+        client = await d.connect()
+        old = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await client.send({"type": "compact", "id": "c1"})
+        lines = await client.until("turn_done", timeout=120)
+        (continued,) = [line["event"] for line in lines if _kind(line) == "session_continued"]
+        assert lines[-1]["content"] == continued["summary"]
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+        assert await welcome(client, {"type": "open_session", "id": old}) == old
+        assert (await client.turn("t3", "Name another colour."))[-1]["type"] == "turn_done"
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert_no_loss(d, old)
+    assert "so no side slot 1" in d.log.read_text()
+    new = continued["session"]
+    (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]
+    assert (summary.session, summary.slot, summary.omitted) == (old, 0, 0)
+    assert_no_loss(d, new)
