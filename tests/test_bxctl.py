@@ -215,7 +215,7 @@ def test_a_long_answer_shows_only_its_tail_live() -> None:
     ("kind", "hint"),
     [
         ("turn_limit", "Send another message"),
-        ("session_full", "/new starts a fresh session"),
+        ("session_full", "/compact goes on in a new session"),
         ("infer", "Is it running?"),
         ("cancelled", "Cancelled."),
     ],

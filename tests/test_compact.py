@@ -5,11 +5,16 @@ on the real llama-server and model, besides the pure parts."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
+import trio
 
-from conftest import StartLlama
+from conftest import StartDaemon, StartLlama
 from loopd.baseline import make_baseline
 from loopd.compact import _cut, continued_baseline, earlier_summary, transcript
 from loopd.infer import HttpError, Timings, ToolCall
@@ -25,6 +30,8 @@ from loopd.records import (
 )
 from loopd.store import Store
 from support.daemon import Daemon, LineClient
+from support.fake_llama import FakeLlama, Reply
+from test_bxctl import Tmux
 from test_sessions import SHORT, assert_no_loss, embedded, records, welcome
 
 SMALL = "[server.managed]\nn_ctx = 512\n"
@@ -160,6 +167,39 @@ async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: P
     assert_no_loss(d, new)
 
 
+async def _compact_and_come_back(d: Daemon) -> tuple[str, str]:
+    """A turn, `compact`, a turn in the new session, then back to the old one for a turn;
+    the two sessions' ids."""
+    client = await d.connect()
+    old = await welcome(client, {"type": "hello"})
+    assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+    await client.send({"type": "compact", "id": "c1"})
+    lines = await client.until("turn_done", timeout=120)
+    (continued,) = [line["event"] for line in lines if _kind(line) == "session_continued"]
+    assert lines[-1]["content"] == continued["summary"]
+    assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    assert await welcome(client, {"type": "open_session", "id": old}) == old
+    assert (await client.turn("t3", "Name another colour."))[-1]["type"] == "turn_done"
+    return old, continued["session"]
+
+
+@pytest.mark.llama
+async def test_compact_leaves_the_old_sessions_cache_as_it_was(tmp_path: Path) -> None:
+    """The summary runs on the side slot: the old session, reopened, costs only its new
+    tokens."""
+    d = embedded(tmp_path / "loopd")
+    await d.start()
+    try:
+        old, new = await _compact_and_come_back(d)
+    finally:
+        await d.kill()
+        await d.close_clients()
+    assert_no_loss(d, old)
+    assert_no_loss(d, new)
+    (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]
+    assert (summary.session, summary.slot, summary.omitted) == (old, 1, 0)
+
+
 @pytest.mark.llama
 async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
     llama: StartLlama, tmp_path: Path
@@ -172,22 +212,65 @@ async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
     d.config.write_text(d.config.read_text() + SHORT)
     await d.start()
     try:
-        client = await d.connect()
-        old = await welcome(client, {"type": "hello"})
-        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
-        await client.send({"type": "compact", "id": "c1"})
-        lines = await client.until("turn_done", timeout=120)
-        (continued,) = [line["event"] for line in lines if _kind(line) == "session_continued"]
-        assert lines[-1]["content"] == continued["summary"]
-        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
-        assert await welcome(client, {"type": "open_session", "id": old}) == old
-        assert (await client.turn("t3", "Name another colour."))[-1]["type"] == "turn_done"
+        old, new = await _compact_and_come_back(d)
     finally:
         await d.kill()
         await d.close_clients()
     assert_no_loss(d, old)
     assert "so no side slot 1" in d.log.read_text()
-    new = continued["session"]
     (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]
     assert (summary.session, summary.slot, summary.omitted) == (old, 0, 0)
     assert_no_loss(d, new)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_compact_in_the_chat_and_the_chain_in_sessions_and_log(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    replies = [
+        Reply(content="Tomatoes are in row three."),
+        Reply(content="The user keeps tomatoes in row three."),  # the summary
+        Reply(content="Still row three."),
+    ]
+    d = await daemon(FakeLlama(replies))
+    tmux = Tmux(f"compact-{id(d):x}")
+    await tmux.chat(d, tmp_path / "state", rows=40, columns=160)
+    try:
+        screen = await tmux.wait_for("/help for help")
+        old = re.findall(r"session (\S+)", screen)[0]
+        await tmux.keys("where are the tomatoes?", "Enter")
+        await tmux.wait_for("Tomatoes are in row three.")
+        await tmux.keys("/compact", "Enter")
+        screen = await tmux.wait_for("from a summary")
+        assert "summary: The user keeps tomatoes in row three." in screen
+        new = re.findall(r"session (\S+) continues", screen)[0]
+        await tmux.keys("and now?", "Enter")
+        await tmux.wait_for("Still row three.")
+        await tmux.keys("/sessions", "Enter")
+        screen = await tmux.wait_for("  2. ")
+        assert f"* {new}" in screen
+        assert f"continues {old}" in " ".join(screen.split())  # the line may wrap
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("BXCTL-EXIT-0")
+    finally:
+        await tmux.run("kill-session", "-t", tmux.name)
+    listed = await _bxctl(d, "sessions")
+    assert f"{new}" in listed
+    assert f"continues {old}" in listed
+    log = await _bxctl(d, "log", new)
+    order = [
+        f"session {old}",
+        "you: where are the tomatoes?",
+        f"session {new}",
+        f"summary of session {old}: The user keeps tomatoes",
+        "you: and now?",
+    ]
+    positions = [log.index(text) for text in order]
+    assert positions == sorted(positions)
+
+
+async def _bxctl(d: Daemon, *args: str) -> str:
+    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), *args]
+    wide = {**os.environ, "COLUMNS": "200"}
+    done = await trio.run_process(command, capture_stdout=True, env=wide)
+    return done.stdout.decode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +40,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /new        start a fresh session (the old one stays on disk)
   /sessions   list the sessions, numbered
   /resume N   go on with session N of that list (or an id, or `latest`), its cache restored
+  /compact    go on in a new session that starts from the model's summary of this one
+              (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
   /approve N once|session|deny   answer call N, which waits for approval
   /think off  let the model answer without reasoning first (/think on: with; /think: as
@@ -93,14 +96,8 @@ async def interactive(
         if not text.strip():
             continue
         try:
-            if text.startswith("/think"):
-                settings.thinking = _think(text, console, settings.thinking)
-            elif text.startswith("/"):
-                if not await _command(text.strip(), connection, console):
-                    break
-            else:
-                turn = f"t{next(turns)}"
-                await live_turn(connection, turn, text, console, settings)
+            if not await _take(text, connection, console, settings, turns):
+                break
         except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
             back = await _reconnect(path, console)
             if back is None:
@@ -108,6 +105,29 @@ async def interactive(
             connection = back
             console.print("(that message got no answer; send it again)", style="yellow")
     await connection.aclose()
+    return True
+
+
+async def _take(
+    text: str,
+    connection: Connection,
+    console: Console,
+    settings: Settings,
+    turns: Iterator[int],
+) -> bool:
+    """Do what a line typed at the prompt says; False to quit."""
+    if text.startswith("/think"):
+        settings.thinking = _think(text, console, settings.thinking)
+    elif text.strip() == "/compact":
+        compact: dict[str, object] = {"type": "compact", "id": f"t{next(turns)}"}
+        await live_turn(connection, compact, console, settings)
+    elif text.startswith("/"):
+        return await _command(text.strip(), connection, console)
+    else:
+        send: dict[str, object] = {"type": "send", "id": f"t{next(turns)}", "content": text}
+        if settings.thinking is not None:
+            send["thinking"] = settings.thinking
+        await live_turn(connection, send, console, settings)
     return True
 
 
@@ -204,7 +224,7 @@ async def _list_sessions(_: list[str], connection: Connection, console: Console)
     if not isinstance(answer, Sessions):
         return
     for number, s in enumerate(reversed(answer.sessions), start=1):
-        line = session_line(s.id, s.turns, s.last_activity, answer.current)
+        line = session_line(s.id, s.turns, s.last_activity, answer.current, s.continues)
         console.print(f"{number:3d}. {line}", markup=False)
 
 
@@ -274,15 +294,13 @@ class Settings:
 
 
 async def live_turn(
-    connection: Connection, turn: str, text: str, console: Console, settings: Settings
+    connection: Connection, request: dict[str, object], console: Console, settings: Settings
 ) -> None:
-    """Send one message and show its turn live; print it whole when it ends."""
+    """Send a message that runs as a turn (`send`, `compact`), show the turn live, and print
+    it whole when it ends."""
     view = TurnView(show_reasoning=settings.show_reasoning)
-    thinking = settings.thinking
-    send: dict[str, object] = {"type": "send", "id": turn, "content": text}
-    if thinking is not None:
-        send["thinking"] = thinking
-    await connection.send(send)
+    turn = str(request["id"])
+    await connection.send(request)
     lost = False
     with Live(console=console, auto_refresh=False, transient=True) as live:
         async with trio.open_nursery() as nursery:

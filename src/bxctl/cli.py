@@ -27,6 +27,7 @@ from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
 from loopd.events import ApprovalNeeded
 from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
+from loopd.records import Record, SessionHeader
 from loopd.store import Store, StoreError
 from loopd.transcript import transcript
 
@@ -276,34 +277,50 @@ async def _sessions(path: Path, store: Store) -> int:
     try:
         connection = await Connection.open(path)
     except Unreachable:
-        listed = [(s.id, s.turns, s.last_activity.isoformat()) for s in await store.sessions()]
+        listed = [
+            (s.id, s.turns, s.last_activity.isoformat(), s.continues)
+            for s in await store.sessions()
+        ]
         current = None
     else:
         answer = await connection.request({"type": "sessions"}, "sessions")
         await connection.aclose()
         if not isinstance(answer, Sessions):
             raise Unreachable(f"loopd answered {answer.type}, not sessions")
-        listed = [(s.id, s.turns, s.last_activity) for s in answer.sessions]
+        listed = [(s.id, s.turns, s.last_activity, s.continues) for s in answer.sessions]
         current = answer.current
-    for session_id, turns, last in listed:
-        print(session_line(session_id, turns, last, current))
+    for session_id, turns, last, continues in listed:
+        print(session_line(session_id, turns, last, current, continues))
     if not listed:
         print(f"no sessions in {store.directory}")
     return EXIT_OK
 
 
 def _log(store: Store, session_id: str | None) -> int:
+    """The session's transcript; one that continues another (a compaction) comes after the
+    sessions it continues, oldest first, so the whole conversation reads in one go."""
     session_id = session_id or store.latest()
     if session_id is None:
         print(f"bxctl: no sessions in {store.directory}", file=sys.stderr)
         return EXIT_FAILED
+    chain: list[tuple[SessionHeader, list[Record]]] = []
+    seen: set[str] = set()
     try:
-        header, records, _ = store.read(session_id)
+        while session_id is not None and session_id not in seen:
+            seen.add(session_id)
+            header, records, _ = store.read(session_id)
+            chain.insert(0, (header, records))
+            session_id = header.continues
     except StoreError as e:
-        print(f"bxctl: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        if not chain:
+            print(f"bxctl: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"bxctl: the session it continues is not readable: {e}", file=sys.stderr)
     console = Console()
-    console.print(f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold")
-    for line in transcript(records):
-        console.print(line)
+    for header, records in chain:
+        console.print(
+            f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold"
+        )
+        for line in transcript(records):
+            console.print(line)
     return EXIT_OK

@@ -19,7 +19,15 @@ from rich.segment import Segment
 from rich.spinner import Spinner
 from rich.text import Text
 
-from loopd.events import ApprovalDecided, ApprovalNeeded, CacheLoss, ToolCallStarted, ToolResult
+from loopd.events import (
+    ApprovalDecided,
+    ApprovalNeeded,
+    CacheLoss,
+    Compacting,
+    SessionContinued,
+    ToolCallStarted,
+    ToolResult,
+)
 from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
 from loopd.transcript import approval_line, flags
@@ -40,12 +48,16 @@ APPROVAL_KEYS = {"y": "once", "n": "deny", "a": "session"}
 HINTS = {
     "turn_limit": "The turn stopped at a limit. Send another message to go on.",
     "session_full": "The session is full: the conversation no longer fits the model's context. "
-    "/new starts a fresh session (this one stays on disk).",
+    "/compact goes on in a new session from a summary of this one; /new starts a fresh one "
+    "(this one stays on disk either way).",
     "infer": "llama-server could not answer. Is it running? `bxctl status` shows where.",
     "cancelled": "Cancelled. The log keeps everything up to here.",
     "error": "The turn failed; loopd's log says more.",
 }
 
+
+_Note = ThinkingCapped | Retrying | CacheLoss | Compacting | SessionContinued
+"""Events told as a line under the turn (or as its state)."""
 
 MEASURABLE = 0.05
 """Seconds of streaming before a tokens/s figure means anything."""
@@ -93,7 +105,7 @@ class TurnView:
         elif isinstance(message, Event):
             self._event(message.event)
 
-    def _event(self, event: object) -> None:  # noqa: C901 - one branch per event kind
+    def _event(self, event: object) -> None:
         now = time.monotonic()
         if isinstance(event, Queued):
             self.state = "queued: the model is busy"
@@ -119,15 +131,8 @@ class TurnView:
             else:
                 self.content += event.text
                 self.state = "answering"
-        elif isinstance(event, ThinkingCapped):
-            self.notes.append(Text(f"thinking capped at {event.cap} tokens", style="yellow"))
-        elif isinstance(event, Retrying):
-            self.notes.append(
-                Text(
-                    f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}",
-                    style="yellow",
-                )
-            )
+        elif isinstance(event, _Note):
+            self._note(event)
         elif isinstance(event, ToolCallStarted):
             what = f"{event.name} → {event.tool}" if event.tool else event.name
             self.tools.append(Text(f"⚙ {what} (call {event.call})", style="cyan"))
@@ -137,6 +142,28 @@ class TurnView:
         elif isinstance(event, ToolResult):
             what = flags(event.data_class, event.untrusted, event.truncated)
             self.tools.append(Text(f"  ↳ {event.preview}  [{what}]", style="dim cyan"))
+
+    def _note(self, event: _Note) -> None:
+        if isinstance(event, ThinkingCapped):
+            self.notes.append(Text(f"thinking capped at {event.cap} tokens", style="yellow"))
+        elif isinstance(event, Retrying):
+            self.notes.append(
+                Text(
+                    f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}",
+                    style="yellow",
+                )
+            )
+        elif isinstance(event, Compacting):
+            self.state = f"summarising session {event.session} to go on in a new one"
+        elif isinstance(event, SessionContinued):
+            self.notes.append(
+                Text(
+                    f"the context was compacted: session {event.session} continues "
+                    f"{event.previous} from a summary (/resume reopens the old one)",
+                    style="magenta",
+                )
+            )
+            self.notes.append(Text.assemble(("summary: ", "bold magenta"), event.summary))
         elif isinstance(event, CacheLoss):
             self.notes.append(
                 Text(
@@ -254,10 +281,18 @@ def usage_line(usage: Usage) -> Text:
     return Text(text, style="dim")
 
 
-def session_line(session_id: str, turns: int, last_activity: str, current: str | None) -> str:
-    """One session in a list; the one loopd serves is starred."""
+def session_line(
+    session_id: str,
+    turns: int,
+    last_activity: str,
+    current: str | None,
+    continues: str | None = None,
+) -> str:
+    """One session in a list; the one loopd serves is starred, and one that continues another
+    (a compaction) names it."""
     mark = "*" if session_id == current else " "
-    return f"{mark} {session_id}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
+    line = f"{mark} {session_id}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
+    return f"{line}  continues {continues}" if continues else line
 
 
 def context_line(context: int, past_reasoning: int | None) -> str:

@@ -155,7 +155,8 @@ def _sessions(config: Config) -> int:
     if not listed:
         print(f"no sessions in {store.directory}")
     for s in listed:
-        print(f"{s.id}  {s.turns:4d} turns  last {s.last_activity:%Y-%m-%d %H:%M}")
+        line = f"{s.id}  {s.turns:4d} turns  last {s.last_activity:%Y-%m-%d %H:%M}"
+        print(f"{line}  continues {s.continues}" if s.continues else line)
     return EXIT_OK
 
 

@@ -12,6 +12,7 @@ from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
     Record,
+    SummaryRecord,
     ToolResultRecord,
     TurnEndRecord,
     UsageRecord,
@@ -72,6 +73,10 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch 
             lines.append(Text(asked, style="yellow"))
         elif isinstance(record, ApprovalRecord):
             lines.append(approval_line(record.call, record.tool, record.decision, record.by))
+        elif isinstance(record, SummaryRecord):
+            left_out = f", the first {record.omitted} characters left out" if record.omitted else ""
+            said = f"summary of session {record.session}{left_out}: "
+            lines.append(Text.assemble((said, "bold magenta"), record.text))
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines

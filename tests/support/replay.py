@@ -32,6 +32,7 @@ MAX_REQUEST = 16 * 1024 * 1024
 SIDE_ENDPOINTS: dict[str, Any] = {
     "/health": {"status": "ok"},
     "/props": {"model_path": "SmolLM2-135M-Instruct.Q4_1.gguf", "total_slots": 1},
+    "/slots": [{"id": 0, "n_ctx": 8192}],  # one slot: a summary goes to the main slot
 }
 
 
