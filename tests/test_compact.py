@@ -167,6 +167,24 @@ async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: P
     assert_no_loss(d, new)
 
 
+async def test_compact_of_an_empty_session_or_with_no_summary_changes_nothing(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon(FakeLlama([Reply(content="One."), Reply(content="")]))
+    client = await d.connect()
+    session = await welcome(client, {"type": "hello"})
+    await client.send({"type": "compact", "id": "c1"})
+    failed = (await client.until("turn_failed"))[-1]
+    assert failed["kind"] == "error"
+    assert failed["message"] == "the session has nothing to summarise yet"
+    assert (await client.turn("t1", "Say one word."))[-1]["content"] == "One."
+    await client.send({"type": "compact", "id": "c2"})
+    failed = (await client.until("turn_failed"))[-1]
+    assert failed["message"] == "the model wrote an empty summary"
+    await client.send({"type": "sessions"})
+    assert [s["id"] for s in (await client.until("sessions"))[-1]["sessions"]] == [session]
+
+
 async def _compact_and_come_back(d: Daemon) -> tuple[str, str]:
     """A turn, `compact`, a turn in the new session, then back to the old one for a turn;
     the two sessions' ids."""

@@ -167,6 +167,8 @@ class Compactor:
     ) -> Summary:
         """The model's summary of `records`; raises `InferError` or `SummaryFailed`."""
         text = transcript(records, earlier_summary(records))
+        if not text:
+            raise SummaryFailed("the session has nothing to summarise yet")
         start, max_tokens = 0, self.max_tokens
 
         def pass_on(event: ChatEvent) -> None:

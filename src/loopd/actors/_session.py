@@ -253,8 +253,10 @@ class SessionActor:
             except TurnError as e:
                 kind = "infer" if isinstance(e, InferFailed) else e.reason
                 self._publish(Published(message.turn, TurnFailed(kind, str(e))))
-            except (InferError, SummaryFailed) as e:  # a compaction a client asked for
+            except InferError as e:  # a compaction a client asked for
                 self._publish(Published(message.turn, TurnFailed("infer", str(e))))
+            except SummaryFailed as e:
+                self._publish(Published(message.turn, TurnFailed("error", str(e))))
             except StoreError as e:
                 log.exception("the session log could not be written")
                 self._publish(Published(message.turn, TurnFailed("error", str(e))))
