@@ -5,6 +5,10 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 set positional-arguments := true
 
 py := ".venv/bin/python"
+# The bundled model's sampling temperature, the default of the llama-server that `serve` and
+# `chat` start (a request's own `[server] sampling` still wins): SmolLM2-135M answers simple
+# questions right only near 0 (docs/benchmarks.md, section 11).
+temperature := "0"
 # uv from PATH, else the one `setup` installs into the project's cache.
 uv := `command -v uv || echo .cache/bootstrap/bin/uv`
 
@@ -22,6 +26,7 @@ setup:
 serve *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
+    LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}" \
     .venv/bin/loopd serve "$@"
 
 # Chat with the model: starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
@@ -30,6 +35,7 @@ chat *ARGS: setup
     set -euo pipefail
     export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
     export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
+    export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}"
     if ! .venv/bin/bxctl status >/dev/null 2>&1; then
         state="${XDG_STATE_HOME:-$HOME/.local/state}/loopd"
         mkdir -p "$state"

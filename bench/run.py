@@ -28,6 +28,7 @@ import cache
 import freeze
 import history
 import memory
+import models
 import overhead
 import relay
 import slots
@@ -58,6 +59,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "history": lambda: trio.run(history.measure, *_assets()),
     "freeze": lambda: trio.run(freeze.measure),
     "slots": lambda: trio.run(slots.measure, *_assets()),
+    "models": lambda: trio.run(models.measure),
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
@@ -156,6 +158,18 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one 
             ),
             "",
             *slots.table(f),
+        ]
+    if name == "models":
+        return [
+            "## 11. The small chat models the registries ship",
+            "",
+            (
+                "Each scored through loopd on its own llama-server, two threads, temperature 0 "
+                "(bench/models.py): three facts, a request that needs a file read, and a "
+                "two-step chain over the built-in file tools; each prompt in a fresh session."
+            ),
+            "",
+            *models.table(f),
         ]
     if name == "store":
         return [

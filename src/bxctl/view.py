@@ -34,6 +34,8 @@ from loopd.transcript import approval_line, flags
 
 __all__ = [
     "APPROVAL_KEYS",
+    "DEMO_MODELS",
+    "DEMO_NOTE",
     "HINTS",
     "TurnView",
     "approval_panel",
@@ -41,6 +43,14 @@ __all__ = [
     "session_line",
     "usage_line",
 ]
+
+DEMO_MODELS = frozenset({"SmolLM2-135M-Instruct.Q4_1.gguf"})
+"""The model `just setup` bundles: too small to call tools, which the greeting says."""
+DEMO_NOTE = (
+    "This is the bundled demonstration model (SmolLM2-135M): it answers simple questions and "
+    "calls no tools. For a real one, set [server.managed] model or [server] url in "
+    "~/.config/loopd/config.toml (docs/operations.md)."
+)
 
 APPROVAL_KEYS = {"y": "once", "n": "deny", "a": "session"}
 """The keys that answer an approval, and the decision each sends."""

@@ -108,7 +108,9 @@ class ServerConfig(_Table):
     retry: RetryConfig = RetryConfig()
     sampling: dict[str, float | int | bool | str] = {}
     """Sent with every request, e.g. `{temperature = 0.7, top_p = 0.9}`; unset fields keep
-    llama-server's own defaults."""
+    llama-server's own defaults (its flags, else the model file's). `just chat` and `just
+    serve` start the embedded llama-server at temperature 0 (`LLAMA_ARG_TEMPERATURE`), where
+    the tiny bundled model answers best; set `temperature` here for a model of your own."""
 
 
 class SlotsConfig(_Table):
