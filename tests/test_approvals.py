@@ -284,7 +284,7 @@ async def test_the_chat_asks_and_y_n_a_answer(daemon: StartDaemon, tmp_path: Pat
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
-        await tmux.run("kill-session", "-t", tmux.name)
+        await tmux.close()
     assert approvals(d) == [
         (1, "read_file", "once", "user"),
         (2, "read_file", "deny", "user"),

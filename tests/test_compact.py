@@ -271,7 +271,7 @@ async def test_compact_in_the_chat_and_the_chain_in_sessions_and_log(
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
-        await tmux.run("kill-session", "-t", tmux.name)
+        await tmux.close()
     listed = await _bxctl(d, "sessions")
     assert f"{new}" in listed
     assert f"continues {old}" in listed

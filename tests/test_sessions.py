@@ -247,5 +247,5 @@ async def test_sessions_and_resume_in_the_chat(daemon: StartDaemon, tmp_path: Pa
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
-        await tmux.run("kill-session", "-t", tmux.name)
+        await tmux.close()
     assert [r.kind for r in records(d, first)].count("user") == 2

@@ -124,6 +124,20 @@ async def test_sessions_lists_turns_and_last_activity_oldest_first(tmp_path: Pat
     assert store.latest() == second.id
 
 
+async def test_a_session_that_continues_another_names_it_in_header_and_list(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as first:
+        pass
+    with await store.create(BASELINE, continues=first.id) as second:
+        pass
+    header, _, _ = store.read(second.id)
+    assert (header.continues, store.read(first.id)[0].continues) == (first.id, None)
+    listed = await store.sessions()
+    assert [(s.id, s.continues) for s in listed] == [(first.id, None), (second.id, first.id)]
+
+
 def test_session_ids_sort_by_creation_time() -> None:
     t = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     ids = [new_session_id(t + timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)]

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from loopd.infer import (
     ChatEvent,
@@ -144,7 +144,7 @@ class Compactor:
     side: int
     max_tokens: int
     sampling: dict[str, Any] = field(default_factory=dict)
-    on_full: str = "continue"
+    on_full: Literal["stop", "continue"] = "continue"
     """`[session] on_full`: `continue` compacts a session whose context is full."""
 
     async def slot(self) -> int:

@@ -9,6 +9,7 @@ from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
     Record,
+    SummaryRecord,
     ToolResultRecord,
     TurnEndRecord,
     UsageRecord,
@@ -53,6 +54,14 @@ records: st.SearchStrategy[Record] = st.one_of(
         data_class=st.sampled_from(["public", "private", "secret"]),
         untrusted=st.booleans(),
         truncated=st.booleans(),
+    ),
+    st.builds(
+        SummaryRecord,
+        session=text,
+        text=text,
+        timings=st.none() | timings,
+        slot=st.integers(0, 8),
+        omitted=small,
     ),
     st.builds(
         TurnEndRecord,
