@@ -129,9 +129,9 @@ def test_reasoning_past_the_cap_and_its_grace_must_be_cut() -> None:
     a = Assembler(thinking_cap=2)
     for _ in range(2 + THINKING_CAP_GRACE):
         a.feed(chunk({"reasoning_content": "x"}))
-    assert a.past_cap() is None
+    assert a.past_limit() is None
     a.feed(chunk({"reasoning_content": "x"}))
-    assert a.past_cap() == [ThinkingCapped(cap=2)]
+    assert a.past_limit() == [ThinkingCapped(cap=2)]
     done = a.completion(cut_by_client=True)
     assert done.finish_reason == "thinking_cap"
     assert done.thinking_capped
@@ -141,7 +141,7 @@ def test_without_a_cap_nothing_is_capped() -> None:
     a = Assembler()
     for _ in range(100):
         a.feed(chunk({"reasoning_content": "x" + BUDGET_MESSAGE}))
-    assert a.past_cap() is None
+    assert a.past_limit() is None
     assert a.finish() == []
 
 

@@ -21,7 +21,7 @@ from bxctl.chat import _think
 from bxctl.view import TurnView
 from conftest import StartDaemon
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult
-from loopd.infer import Content, Progress, Reasoning, ThinkingCapped, Waiting
+from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
 from loopd.proto import Event, TurnDone, TurnFailed, Usage
 from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
 from loopd.transcript import transcript
@@ -394,3 +394,10 @@ def test_think_sets_thinking_for_the_turns_that_follow() -> None:
     assert _think("/think", console, True) is None
     assert _think("/think maybe", console, False) is False  # unchanged, and said why
     assert "/think on, /think off" in console.export_text()
+
+
+def test_an_answer_cut_in_a_loop_says_so() -> None:
+    view = TurnView()
+    view.feed(Event(id="t", event=Content(text="She loves her cat. " * 3)))
+    view.feed(Event(id="t", event=Repeating(period=19, span=2000)))
+    assert "said the same 19 characters over and over (2000 characters): cut" in render(view)

@@ -31,6 +31,7 @@ from loopd.records import (
 from loopd.store import Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
+from test_approvals import approve, asking, ended, event, read_file
 from test_bxctl import Tmux
 from test_sessions import SHORT, assert_no_loss, embedded, records, welcome
 
@@ -292,3 +293,31 @@ async def _bxctl(d: Daemon, *args: str) -> str:
     wide = {**os.environ, "COLUMNS": "200"}
     done = await trio.run_process(command, capture_stdout=True, env=wide)
     return done.stdout.decode()
+
+
+async def test_a_tool_approved_for_the_session_stays_approved_after_a_compaction(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await asking(
+        daemon,
+        tmp_path,
+        read_file(),
+        Reply(content="Milk."),
+        Reply(content="The user buys milk; read_file is approved."),  # the summary
+        read_file("today.md", "c2"),
+        Reply(content="Still milk."),
+    )
+    client = await d.connect()
+    old = await welcome(client, {"type": "hello"})
+    await client.send({"type": "send", "id": "t1", "content": "what do I buy?"})
+    await event(client, "approval_needed")
+    await approve(client, 1, "session")
+    assert (await ended(client))["type"] == "turn_done"
+    await client.send({"type": "compact", "id": "c1"})
+    new = (await event(client, "session_continued"))["event"]["session"]
+    assert (await ended(client, "c1"))["type"] == "turn_done"
+    assert (await client.turn("t2", "and now?"))[-1]["content"] == "Still milk."
+    header, new_log = Store(d.home / "sessions").read(new)[:2]
+    assert (header.continues, header.grants) == (old, ("read_file",))
+    assert [r.content for r in new_log if isinstance(r, ToolResultRecord)] == ["buy milk"]
+    assert not [r for r in new_log if r.kind == "approval_request"]  # not asked again

@@ -16,7 +16,7 @@ from loopd.calls import REPEAT_TEXT
 from loopd.canonical import canonical
 from loopd.config import LoopConfig, Policy
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
-from loopd.infer import Client, Content, RetryPolicy, ThinkingCapped, ToolCallDelta
+from loopd.infer import Client, Content, Repeating, RetryPolicy, ThinkingCapped, ToolCallDelta
 from loopd.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
 from loopd.store import Session, Store
 from loopd.tools import PortHandle, Registry, ToolEntry, ToolFailure, ToolOutput
@@ -315,6 +315,29 @@ async def test_limit_thinking_cap_cut_by_loopd_is_a_limit_not_an_empty_answer(
     assert assistant.reasoning_content  # what it thought is kept
     assert not assistant.content
     assert h.session.records[-1].reason == "turn_limit"
+
+
+async def test_limit_an_answer_that_repeats_itself_is_cut(harness: Any) -> None:
+    loop = "Hello! " + "She loves her cat. " * 400  # 7,600 characters, a loop from the start
+    h = await harness(Reply(content=loop), Reply(content="Fine."))
+    with pytest.raises(TurnLimit, match=r"same text over and over for 1000 characters"):
+        await h.turn(repetition_cap=1000)
+    assert h.kinds() == ["user", "assistant", "usage", "turn_end"]
+    assistant = h.session.records[1]
+    assert isinstance(assistant, AssistantRecord)
+    assert assistant.content is not None
+    # What was said up to the cut stays in the log; the rest was never read.
+    assert assistant.content.startswith("Hello! She loves her cat.")
+    assert 1000 <= len(assistant.content) < 1200
+    assert [e.period for e in h.events if isinstance(e, Repeating)] == [19]
+    assert h.session.records[-1].reason == "turn_limit"
+    assert (await h.turn(repetition_cap=1000)).content == "Fine."  # the session goes on
+
+
+async def test_no_repetition_cap_lets_a_loop_run_to_its_end(harness: Any) -> None:
+    loop = "She loves her cat. " * 200
+    h = await harness(Reply(content=loop))
+    assert (await h.turn(repetition_cap=0)).content == loop
 
 
 async def test_limit_context_full(harness: Any) -> None:

@@ -12,15 +12,25 @@ from conftest import QWQ_TEMPLATE, StartLlama
 from loopd.baseline import make_baseline
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, TurnEvent
-from loopd.infer import THINKING_CAP_GRACE, Client, ThinkingCapped, slot_tokens
-from loopd.records import CacheLossRecord, UsageRecord
+from loopd.exact import ExactHistory
+from loopd.infer import (
+    THINKING_CAP_GRACE,
+    Client,
+    Progress,
+    Repeating,
+    ThinkingCapped,
+    slot_tokens,
+)
+from loopd.records import AssistantRecord, CacheLossRecord, UsageRecord
 from loopd.store import Store
 from loopd.tools import Registry
-from loopd.turn import Runtime, run_turn
+from loopd.turn import Runtime, TurnLimit, run_turn
 from support.ports import NoTools
 
 pytestmark = pytest.mark.llama
 
+LOOPING = "Write the word hello, over and over."
+"""SmolLM2 at temperature 0 writes "hello, " until `max_tokens` for this."""
 USERS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city."]
 
 
@@ -113,3 +123,36 @@ async def test_the_thinking_cap_on_a_real_server(llama: StartLlama, tmp_path: Pa
     assert capped.thinking_capped
     assert capped.reasoning_tokens < free.reasoning_tokens
     assert ThinkingCapped(cap=20) in events
+
+
+async def test_an_answer_caught_in_a_loop_is_cut_and_the_session_goes_on_cached(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """At temperature 0 SmolLM2 writes "hello" until `max_tokens` for `LOOPING`: loopd cuts it
+    after `repetition_cap` characters, and the next turn finds the cut answer in the cache."""
+    server = await llama()
+    events: list[TurnEvent] = []
+    async with Client(server.url) as client:
+        rt = Runtime(
+            loop=LoopConfig(repetition_cap=600),
+            inference=client,
+            registry=Registry(),
+            port=NoTools(),
+            sampling={"temperature": 0},
+            exact=ExactHistory(client),
+        )
+        system = make_baseline("You are a helpful assistant.")
+        with await Store(tmp_path).create(system) as session:
+            with pytest.raises(TurnLimit, match="over and over for 600 characters"):
+                await run_turn(session, rt, LOOPING, events.append)
+            await run_turn(session, rt, "Thanks.", events.append)
+            records = list(session.records)
+    cut = next(r for r in records if isinstance(r, AssistantRecord))
+    assert cut.content is not None
+    assert 600 <= len(cut.content) < 1000  # 8,192 tokens without the cap
+    assert cut.tokens is not None
+    assert len([e for e in events if isinstance(e, Repeating)]) == 1
+    first_prompt = next(e.total for e in events if isinstance(e, Progress))
+    after = [r.timings for r in records if isinstance(r, UsageRecord)][-1]
+    assert after is not None
+    assert after.cache_n >= first_prompt + len(cut.tokens) - 1  # the cut answer stayed cached

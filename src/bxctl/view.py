@@ -28,7 +28,16 @@ from loopd.events import (
     ToolCallStarted,
     ToolResult,
 )
-from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
+from loopd.infer import (
+    Content,
+    Progress,
+    Queued,
+    Reasoning,
+    Repeating,
+    Retrying,
+    ThinkingCapped,
+    Waiting,
+)
 from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
 from loopd.transcript import approval_line, flags
 
@@ -66,7 +75,7 @@ HINTS = {
 }
 
 
-_Note = ThinkingCapped | Retrying | CacheLoss | Compacting | SessionContinued
+_Note = ThinkingCapped | Repeating | Retrying | CacheLoss | Compacting | SessionContinued
 """Events told as a line under the turn (or as its state)."""
 
 MEASURABLE = 0.05
@@ -156,6 +165,14 @@ class TurnView:
     def _note(self, event: _Note) -> None:
         if isinstance(event, ThinkingCapped):
             self.notes.append(Text(f"thinking capped at {event.cap} tokens", style="yellow"))
+        elif isinstance(event, Repeating):
+            self.notes.append(
+                Text(
+                    f"the model said the same {event.period} characters over and over "
+                    f"({event.span} characters): cut",
+                    style="yellow",
+                )
+            )
         elif isinstance(event, Retrying):
             self.notes.append(
                 Text(

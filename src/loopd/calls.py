@@ -19,7 +19,6 @@ from loopd.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
     ToolResultRecord,
-    granted_tools,
 )
 from loopd.store import Session
 from loopd.tools import (
@@ -141,7 +140,7 @@ class ToolCalls:
             )
             self.on_event(approval_needed(asking))
 
-        origin = CallOrigin(self.session.id, number, granted_tools(self.session.records))
+        origin = CallOrigin(self.session.id, number, self.session.granted)
         return await answer_call(
             self.registry,
             self.port,

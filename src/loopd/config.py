@@ -160,8 +160,13 @@ class LoopConfig(_Table):
     thinking_cap: PositiveInt = 4096
     """Reasoning tokens allowed per request."""
     max_tokens: PositiveInt = 8192
-    """Tokens one answer may generate, reasoning included: a model caught repeating itself
-    stops here (`finish_reason` `length`)."""
+    """Tokens one answer may generate, reasoning included (`finish_reason` `length`)."""
+    repetition_cap: NonNegativeInt = 2000
+    """An answer (or its reasoning) whose last this many characters are one piece of text, up
+    to 400 characters long, said over and over is cut there, long before `max_tokens`: the turn
+    ends as `turn_limit`, what was said stays in the log. A small model caught in a loop
+    ("She loves her cat. She loves her cat. ...") stops after about 500 tokens instead of 8,192.
+    0: never cut."""
     tool_result_cap: PositiveInt = 16_000
     """Characters of a tool result the model sees; the rest is cut with a marker."""
     turn_timeout: PositiveFloat = 900.0

@@ -8,7 +8,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
-from loopd.infer import Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, Waiting
+from loopd.infer import (
+    Content,
+    Progress,
+    Queued,
+    Reasoning,
+    Repeating,
+    Retrying,
+    ThinkingCapped,
+    Waiting,
+)
 from loopd.records import DataClass, Decision
 
 __all__ = [
@@ -112,6 +121,7 @@ TurnEvent = Annotated[
     | Reasoning
     | Content
     | ThinkingCapped
+    | Repeating
     | Retrying
     | ToolCallStarted
     | ApprovalNeeded

@@ -75,6 +75,7 @@ class RequestOptions:
     slot: int = 0
     thinking: bool = True
     thinking_cap: int | None = None
+    repetition_cap: int | None = None
     max_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     prefill: str = ""
@@ -104,6 +105,7 @@ async def next_request(
                 slot=o.slot,
                 thinking=o.thinking,
                 thinking_cap=o.thinking_cap,
+                repetition_cap=o.repetition_cap,
                 max_tokens=o.max_tokens,
                 sampling=o.sampling,
                 prefill=o.prefill,
@@ -117,6 +119,7 @@ async def next_request(
         slot=o.slot,
         thinking=o.thinking,
         thinking_cap=o.thinking_cap,
+        repetition_cap=o.repetition_cap,
         max_tokens=o.max_tokens,
         sampling=o.sampling,
         date=date,

@@ -93,6 +93,9 @@ class SessionHeader(_Record):
     format: int = FORMAT
     continues: str | None = None
     """The session this one continues (compacted into the summary its baseline carries)."""
+    grants: tuple[str, ...] = ()
+    """Tools a person approved for the rest of the session this one continues: approved here
+    too."""
 
 
 class UserRecord(_Record):

@@ -40,6 +40,7 @@ from loopd.records import (
     UsageRecord,
     UserRecord,
     dump,
+    granted_tools,
     now,
 )
 
@@ -116,6 +117,7 @@ class Session:
             (r.call for r in records if isinstance(r, ToolResultRecord | ApprovalRequestRecord)),
             default=0,
         )
+        self._granted = set(header.grants) | granted_tools(records)
 
     @property
     def id(self) -> str:
@@ -133,6 +135,11 @@ class Session:
     @property
     def turns(self) -> int:
         return sum(isinstance(r, UserRecord) for r in self._records)
+
+    @property
+    def granted(self) -> frozenset[str]:
+        """Tools a person approved for the rest of the session (or of the one it continues)."""
+        return frozenset(self._granted)
 
     def next_call(self) -> int:
         """A number for the next tool call, unique across the session."""
@@ -155,6 +162,7 @@ class Session:
             # the log and `records` never disagree.
             await trio.to_thread.run_sync(self._write, line)
             self._records.append(record)
+            self._granted |= granted_tools([record])
 
     def _write(self, line: bytes) -> None:
         if self._fd is None:
@@ -198,9 +206,12 @@ class Store:
             raise UnknownSession(f"{session_id!r} is not a session id")
         return self.directory / f"{session_id}{SUFFIX}"
 
-    async def create(self, baseline: Baseline, continues: str | None = None) -> Session:
-        """A new session; `continues`: the session it goes on from (named in its header)."""
-        return await trio.to_thread.run_sync(self._create, baseline, continues)
+    async def create(
+        self, baseline: Baseline, continues: str | None = None, grants: frozenset[str] = frozenset()
+    ) -> Session:
+        """A new session; `continues`: the session it goes on from (named in its header), with
+        the tools approved for the rest of that session (`grants`)."""
+        return await trio.to_thread.run_sync(self._create, baseline, continues, grants)
 
     async def open(self, session_id: str) -> Session:
         return await trio.to_thread.run_sync(self._open, session_id)
@@ -232,7 +243,7 @@ class Store:
             if p.name.endswith(SUFFIX) and not p.name.startswith(".")
         )
 
-    def _create(self, baseline: Baseline, continues: str | None) -> Session:
+    def _create(self, baseline: Baseline, continues: str | None, grants: frozenset[str]) -> Session:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
         header = SessionHeader(
@@ -242,6 +253,7 @@ class Store:
             loopd_version=__version__,
             time=created,
             continues=continues,
+            grants=tuple(sorted(grants)),
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"

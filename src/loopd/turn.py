@@ -158,6 +158,12 @@ class _Turn:
         rounds = 0
         while True:
             completion, usage = await self._request()
+            if completion.finish_reason == "repetition":
+                raise TurnLimit(  # cut by loopd: what it said is in the log
+                    f"the model said the same text over and over for "
+                    f"{self.rt.loop.repetition_cap} characters; its answer was cut there "
+                    "([loop] repetition_cap)"
+                )
             if not completion.tool_calls:
                 if completion.finish_reason == "thinking_cap" and not completion.content:
                     raise TurnLimit(  # cut by loopd: the server ignored its reasoning budget
@@ -184,6 +190,7 @@ class _Turn:
             slot=rt.slot,
             thinking=self.thinking,
             thinking_cap=rt.loop.thinking_cap,
+            repetition_cap=rt.loop.repetition_cap or None,
             max_tokens=rt.loop.max_tokens,
             sampling=rt.sampling,
         )

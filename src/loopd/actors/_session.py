@@ -303,7 +303,9 @@ class SessionActor:
         summary = await compactor.summarize(old.records, slot, on_event)
         with trio.CancelScope(shield=True):  # the new session whole, or not at all
             new = await self.store.create(
-                continued_baseline(self.baseline(), summary.text), continues=old.id
+                continued_baseline(self.baseline(), summary.text),
+                continues=old.id,
+                grants=old.granted,
             )
             self.session = new
             old.close()

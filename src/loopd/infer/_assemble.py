@@ -14,6 +14,7 @@ from typing import Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ._errors import StreamBroken, StreamErrorEvent
+from ._repeat import Repetition
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -21,6 +22,7 @@ from ._types import (
     Content,
     Progress,
     Reasoning,
+    Repeating,
     ThinkingCapped,
     Timings,
     ToolCall,
@@ -108,6 +110,9 @@ class Assembler:
     """Feed it each `data:` payload; it returns the events to pass on and builds the answer."""
 
     thinking_cap: int | None = None
+    repetition_cap: int | None = None
+    """Characters of one piece of text said over and over after which the client ends the
+    stream (`loopd.infer._repeat`); None: no such cut."""
     _content: list[str] = field(default_factory=list)
     _reasoning: list[str] = field(default_factory=list)
     _calls: dict[int, _CallParts] = field(default_factory=dict)
@@ -115,6 +120,9 @@ class Assembler:
     _timings: Timings | None = None
     reasoning_tokens: int = 0
     thinking_capped: bool = False
+    _loops: dict[str, Repetition] = field(default_factory=dict)
+    _cut: str | None = None
+    """Why the client ends the stream: `thinking_cap` or `repetition`."""
 
     def feed(self, data: str) -> list[ChatEvent]:
         chunk = read_chunk(_CHUNK, data)
@@ -135,11 +143,13 @@ class Assembler:
             self._reasoning.append(delta.reasoning_content)
             self.reasoning_tokens += 1
             events.append(Reasoning(text=delta.reasoning_content))
+            self._watch("reasoning", delta.reasoning_content, events)
         elif delta.content or delta.tool_calls:
             self._reasoning_ended(events)
         if delta.content:
             self._content.append(delta.content)
             events.append(Content(text=delta.content))
+            self._watch("content", delta.content, events)
         for piece in delta.tool_calls or ():
             parts = self._calls.setdefault(piece.index, _CallParts())
             name = piece.function.name if piece.function else None
@@ -171,12 +181,25 @@ class Assembler:
         self._reasoning_ended(events)
         return events
 
-    def past_cap(self) -> list[ChatEvent] | None:
-        """None while reasoning is within bounds; once it runs past the cap and the server's
-        grace, the last events, and the client must end the stream."""
+    def _watch(self, stream: str, text: str, events: list[ChatEvent]) -> None:
+        """Cut the stream once it says the same thing over and over (`repetition_cap`)."""
+        if self.repetition_cap is None or self._cut is not None:
+            return
+        watch = self._loops.setdefault(stream, Repetition(self.repetition_cap))
+        if (period := watch.feed(text)) is not None:
+            self._cut = "repetition"
+            events.append(Repeating(period=period, span=self.repetition_cap))
+
+    def past_limit(self) -> list[ChatEvent] | None:
+        """None while the stream is within bounds; once reasoning runs past the cap and the
+        server's grace, or the answer loops (`Repeating` already passed on), the last events,
+        and the client must end the stream."""
+        if self._cut is not None:
+            return []
         cap = self.thinking_cap
         if cap is None or self.reasoning_tokens <= cap + THINKING_CAP_GRACE:
             return None
+        self._cut = "thinking_cap"
         if self.thinking_capped:
             return []
         self.thinking_capped = True
@@ -190,7 +213,7 @@ class Assembler:
                 ToolCall(id=c.id, name=c.name, arguments="".join(c.arguments))
                 for _, c in sorted(self._calls.items())
             ),
-            finish_reason="thinking_cap" if cut_by_client else self._finish_reason,
+            finish_reason=self._cut if cut_by_client and self._cut else self._finish_reason,
             timings=self._timings,
             reasoning_tokens=self.reasoning_tokens,
             thinking_capped=self.thinking_capped,

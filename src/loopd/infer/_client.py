@@ -309,7 +309,10 @@ class Client:
     ) -> Completion:
         on_event(Waiting())
         assembler: Assembler | RawAssembler
-        assembler = Assembler(thinking_cap=request.thinking_cap if request.thinking else None)
+        assembler = Assembler(
+            thinking_cap=request.thinking_cap if request.thinking else None,
+            repetition_cap=request.repetition_cap,
+        )
         if isinstance(request, PromptRequest):
             assembler = RawAssembler(OutputParser(request.format), assembler)
             for event in assembler.prime(request.prefill):
@@ -343,7 +346,7 @@ def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -
         events, done = assembler.feed(data), None
         if isinstance(assembler, RawAssembler) and assembler.done:
             done = assembler.completion()
-        elif (last := assembler.past_cap()) is not None:
+        elif (last := assembler.past_limit()) is not None:
             events, done = [*events, *last], assembler.completion(cut_by_client=True)
     for event in events:
         on_event(event)

@@ -124,8 +124,8 @@ class RawAssembler:
             self.inner._feed_delta(delta, events)  # noqa: SLF001
         return events
 
-    def past_cap(self) -> list[ChatEvent] | None:
-        return self.inner.past_cap()
+    def past_limit(self) -> list[ChatEvent] | None:
+        return self.inner.past_limit()
 
     def completion(self, *, cut_by_client: bool = False) -> Completion:
         done = self.inner.completion(cut_by_client=cut_by_client)

@@ -27,6 +27,7 @@ __all__ = [
     "PromptRequest",
     "Queued",
     "Reasoning",
+    "Repeating",
     "Retrying",
     "ThinkingCapped",
     "Timings",
@@ -55,6 +56,8 @@ class ChatRequest:
     """Ask templates that support it to think (`chat_template_kwargs.enable_thinking`)."""
     thinking_cap: int | None = None
     """Reasoning tokens allowed; sent as `reasoning_budget_tokens` and enforced by the client."""
+    repetition_cap: int | None = None
+    """Characters of one piece of text repeated after which the client ends the stream."""
     max_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     """Extra body fields such as `temperature` or `seed`; they cannot override the fields above."""
@@ -101,6 +104,7 @@ class PromptRequest:
     slot: int = 0
     thinking: bool = True
     thinking_cap: int | None = None
+    repetition_cap: int | None = None
     max_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     prefill: str = ""
@@ -251,6 +255,15 @@ class ThinkingCapped(_Model):
     cap: int
 
 
+class Repeating(_Model):
+    """The answer (or its reasoning) has said the same `period` characters over and over for
+    `span` characters: the client ends the stream, keeping what was said."""
+
+    kind: Literal["repeating"] = "repeating"
+    period: int
+    span: int
+
+
 class Retrying(_Model):
     """The request failed in a way worth retrying; the next attempt starts after `delay` s."""
 
@@ -261,6 +274,14 @@ class Retrying(_Model):
 
 
 ChatEvent = Annotated[
-    Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying,
+    Queued
+    | Waiting
+    | Progress
+    | Reasoning
+    | Content
+    | ToolCallDelta
+    | ThinkingCapped
+    | Repeating
+    | Retrying,
     Discriminator("kind"),
 ]
