@@ -27,7 +27,8 @@ LOOP = "[loop]\nmax_tokens = 100000\n"
 
 
 async def measure() -> dict[str, Any]:
-    words = " ".join(["tok"] * PIECES)
+    # Numbered, so that loopd's `repetition_cap` does not take the stream for a loop.
+    words = " ".join(f"t{n}" for n in range(PIECES))
     fake = FakeLlama([Reply(content=words), Reply(content=words)])
     server = ReplayServer([fake, fake])
     async with trio.open_nursery() as nursery:

@@ -159,7 +159,7 @@ async def test_a_client_that_stops_reading_is_dropped_and_disturbs_nobody(
     daemon: StartDaemon,
 ) -> None:
     # Paced like a fast model, and long enough to fill a deaf client's socket and outbox.
-    long = Reply(content=" ".join(["word"] * 6000), delay=0.0002)
+    long = Reply(content=" ".join(f"word{n}" for n in range(6000)), delay=0.0002)
     d = await daemon(FakeLlama([long]), FakeLlama([Reply(content="short")]))
     deaf = await d.connect()
     await deaf.send({"type": "subscribe"})  # then never reads while the turn streams
