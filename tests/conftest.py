@@ -119,5 +119,4 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
 
     yield start
     for d in started:
-        await d.kill()
-        await d.close_clients()
+        await d.end()

@@ -141,8 +141,7 @@ async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: P
         await client.send({"type": "status"})
         assert (await client.until("status"))[-1]["session"] == old
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     text = d.log.read_text()
     assert f"restored the slot of session {old}" in text
     assert "is stale or not this session's" not in text
@@ -211,8 +210,7 @@ async def test_compact_leaves_the_old_sessions_cache_as_it_was(tmp_path: Path) -
     try:
         old, new = await _compact_and_come_back(d)
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     assert_no_loss(d, old)
     assert_no_loss(d, new)
     (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]
@@ -233,8 +231,7 @@ async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
     try:
         old, new = await _compact_and_come_back(d)
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     assert_no_loss(d, old)
     assert "so no side slot 1" in d.log.read_text()
     (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]

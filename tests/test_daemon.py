@@ -283,8 +283,7 @@ async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
         usages = [r for r in records if r.kind == "usage"]
         assert len(usages) >= 2
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
 
 
 @pytest.mark.llama
@@ -307,8 +306,7 @@ async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path
         assert await d.stop() == 0
         assert not d.socket.exists()
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
 
 
 async def test_a_stop_signal_while_llama_server_starts_stops_loopd_cleanly(tmp_path: Path) -> None:
@@ -387,8 +385,7 @@ async def test_a_restart_of_loopd_keeps_its_own_llama_servers_cache(tmp_path: Pa
         client = await d.connect()
         assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     assert "restored the slot of session" in d.log.read_text()
     store = Store(d.home / "sessions")
     _, records, _ = store.read(store.latest() or "")

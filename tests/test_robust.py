@@ -85,8 +85,7 @@ async def scripted(
 
     yield start
     for d in started:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
 
 
 def call_tool(tool: str, **arguments: Any) -> str:

@@ -10,6 +10,8 @@ import re
 import shutil
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,23 @@ def embedded(home: Path, slots: str = "", session: str = "") -> Daemon:
     return d
 
 
+async def turn_kill_9_turn(d: Daemon, meanwhile: Callable[[], Awaitable[object]]) -> str:
+    """A turn, `meanwhile`, a kill -9 of loopd, a new start and a second turn; the session."""
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await meanwhile()
+        await d.end()
+        await d.start()
+        client = await d.connect()
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+    finally:
+        await d.end()
+    return session
+
+
 @pytest.mark.llama
 async def test_switching_a_b_a_keeps_each_sessions_cache(llama: StartLlama, tmp_path: Path) -> None:
     server = await llama()
@@ -85,8 +104,7 @@ async def test_switching_a_b_a_keeps_each_sessions_cache(llama: StartLlama, tmp_
         error = (await client.until("error"))[-1]
         assert error["code"] == "unknown_session"
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     assert_no_loss(d, a)
     assert_no_loss(d, b)
     assert len([r for r in records(d, a) if isinstance(r, UsageRecord)]) == 2
@@ -97,20 +115,7 @@ async def test_a_kill_9_of_loopd_loses_no_cache(tmp_path: Path) -> None:
     """loopd's watchdog stops its llama-server with it; the slot saved after the turn comes
     back with the next start."""
     d = embedded(tmp_path / "loopd")
-    await d.start()
-    try:
-        client = await d.connect()
-        session = await welcome(client, {"type": "hello"})
-        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
-        await log_says(d, "saved the slot of session")
-        await d.kill()
-        await d.close_clients()
-        await d.start()
-        client = await d.connect()
-        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
-    finally:
-        await d.kill()
-        await d.close_clients()
+    session = await turn_kill_9_turn(d, partial(log_says, d, "saved the slot of session"))
     assert "restored the slot of session" in d.log.read_text()
     assert_no_loss(d, session)
 
@@ -130,8 +135,7 @@ async def test_a_llama_server_that_died_comes_back_with_the_cache(tmp_path: Path
         await log_says(d, "restored the slot of session")
         assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     assert_no_loss(d, session)
 
 
@@ -140,20 +144,8 @@ async def test_with_slots_saved_only_at_stop_a_kill_9_loses_the_cache_and_says_s
     tmp_path: Path,
 ) -> None:
     d = embedded(tmp_path / "loopd", slots='save = "stop"')
-    await d.start()
-    try:
-        client = await d.connect()
-        session = await welcome(client, {"type": "hello"})
-        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
-        await trio.sleep(1)  # a save after the turn would have happened by now
-        await d.kill()
-        await d.close_clients()
-        await d.start()
-        client = await d.connect()
-        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
-    finally:
-        await d.kill()
-        await d.close_clients()
+    # A save after the turn would have happened within a second.
+    session = await turn_kill_9_turn(d, partial(trio.sleep, 1))
     assert "saved the slot" not in d.log.read_text()
     (loss,) = losses(d, session)
     assert loss.cached < loss.expected
@@ -187,8 +179,7 @@ async def test_a_stale_or_foreign_slot_file_is_detected_not_trusted(tmp_path: Pa
         client = await d.connect()
         assert (await client.turn("t4", "Name a bird."))[-1]["type"] == "turn_done"
     finally:
-        await d.kill()
-        await d.close_clients()
+        await d.end()
     text = d.log.read_text()
     assert "it is stale or not this session's" in text
     assert "could not restore the slot" in text

@@ -110,13 +110,15 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "sessions",
         help="list the sessions",
-        description="List the sessions, from loopd (or the store if it is not running).",
+        description="List the sessions, from loopd (or the store if it is not running), "
+        "with the session each continues after a compaction.",
     )
     log = commands.add_parser(
         "log",
         help="print a session's transcript",
         description="Print a session's transcript from the store: messages, "
-        "tool results, and the cache figures of each request.",
+        "tool results, and the cache figures of each request. A session that continues "
+        "another (a compaction) comes after the sessions it continues, oldest first.",
     )
     log.add_argument("session", nargs="?", help="a session id (default: the latest)")
     return p

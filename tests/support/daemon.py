@@ -93,6 +93,11 @@ class Daemon:
             self.process.kill()
             await self.process.wait()
 
+    async def end(self) -> None:
+        """Kill loopd (it says nothing to anyone) and close the test's connections to it."""
+        await self.kill()
+        await self.close_clients()
+
 
 class LineClient:
     """A raw client: JSON lines in and out, nothing else."""
