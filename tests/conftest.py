@@ -88,8 +88,9 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
     """Start real `loopd serve` processes on a replay server; all are killed after the test.
 
     The script is recording names and scripted `FakeLlama`s, served in order (a fake answers
-    every request that reaches it until its replies run out); `channel`, `loop` and `tools` add
-    lines to those tables of the config; other keywords are replay options for the recordings.
+    every request that reaches it until its replies run out); `channel`, `loop`, `tools` and
+    `session` add lines to those tables of the config; other keywords are replay options for
+    the recordings.
     """
     started: list[Daemon] = []
 
@@ -98,6 +99,7 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
         channel: str = "",
         loop: str = "",
         tools: str = "",
+        session: str = "",
         **replay: Any,
     ) -> Daemon:
         exchanges: list[Any] = []
@@ -108,7 +110,13 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
             if isinstance(exchange, Exchange):
                 exchange.replay.update(replay)
         await nursery.start(server.run)
-        d = Daemon(tmp_path / f"loopd-{len(started)}", server.url, channel, slots=NO_SLOT_FILES)
+        d = Daemon(
+            tmp_path / f"loopd-{len(started)}",
+            server.url,
+            channel,
+            session=session,
+            slots=NO_SLOT_FILES,
+        )
         if loop:
             d.config.write_text(d.config.read_text() + f"[loop]\n{loop}\n")
         if tools:

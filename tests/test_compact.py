@@ -318,3 +318,31 @@ async def test_a_tool_approved_for_the_session_stays_approved_after_a_compaction
     assert (header.continues, header.grants) == (old, ("read_file",))
     assert [r.content for r in new_log if isinstance(r, ToolResultRecord)] == ["buy milk"]
     assert not [r for r in new_log if r.kind == "approval_request"]  # not asked again
+
+
+@pytest.mark.parametrize("on_full", ["stop", "continue"])
+async def test_on_full_says_whether_a_full_context_ends_the_turn_or_continues(
+    daemon: StartDaemon, on_full: str
+) -> None:
+    replies = [
+        Reply(content="One."),
+        Reply(kind="context_full"),
+        Reply(content="The user asked for a word."),  # the summary, when it continues
+        Reply(content="Two."),
+    ]
+    d = await daemon(FakeLlama(replies), session=f'on_full = "{on_full}"\n')
+    client = await d.connect()
+    old = await welcome(client, {"type": "hello"})
+    assert (await client.turn("t1", "Say one word."))[-1]["content"] == "One."
+    lines = await client.turn("t2", "And another.")
+    await client.send({"type": "sessions"})
+    listed = [s["id"] for s in (await client.until("sessions"))[-1]["sessions"]]
+    if on_full == "stop":
+        assert (lines[-1]["type"], lines[-1]["kind"]) == ("turn_failed", "session_full")
+        assert listed == [old]
+    else:
+        assert lines[-1]["content"] == "Two."
+        assert len(listed) == 2
+    old_log = records(d, old)
+    assert isinstance(old_log[-1], TurnEndRecord)
+    assert old_log[-1].reason == "session_full"
