@@ -48,6 +48,9 @@ TEMPLATE_FILES = [
     TEMPLATES / "Qwen3.5-4B.jinja",
     TEMPLATES / "GLM-4.6.jinja",
     TEMPLATES / "MiniMax-M2.jinja",
+    TEMPLATES / "MiniMax-M3.jinja",
+    TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
 ]
 
 
@@ -62,6 +65,9 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
     records = await conversation(server.url, tmp_path, "exact", TURNS)
     calls = [c.name for r in records if isinstance(r, AssistantRecord) for c in r.tool_calls]
     assert calls[:2] == ["find_tool", "call_tool"]
+    # Nothing of the calls' delimiters is left over as content (a list's closing `]`).
+    made_to_call = [r for r in records if isinstance(r, AssistantRecord) and r.tool_calls][:2]
+    assert [(r.content or "").strip() for r in made_to_call] == ["", ""]
     results = [r for r in records if isinstance(r, ToolResultRecord)]
     assert "buy milk" in results[1].content
     usages = [r.timings for r in records if isinstance(r, UsageRecord)]
@@ -69,6 +75,56 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
     for previous, new in itertools.pairwise(usages):
         assert previous is not None
         assert new is not None
+        assert new.cache_n == slot_tokens(previous)
+    assert not [r for r in records if isinstance(r, CacheLossRecord)]
+    prompts = [r for r in records if isinstance(r, PromptRecord)]
+    assert [p.full for p in prompts] == [True] + [False] * (len(prompts) - 1)
+
+
+@pytest.mark.parametrize(
+    ("template", "opens", "ends"),
+    [
+        ("mistralai-Mistral-Nemo-Instruct-2407", '[TOOL_CALLS][{"name": "', "]"),
+        ("CohereForAI-c4ai-command-r-plus-tool_use", "Action:\n```json\n[\n    {\n", "]```"),
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_ACTION|>[", "]"),
+    ],
+)
+async def test_what_opens_and_closes_a_list_of_calls_is_learned(
+    llama: StartLlama, template: str, opens: str, ends: str
+) -> None:
+    """A list of calls ends with what closes the list, which is not content; an empty
+    thinking block before a call is reasoning, not part of the call's opening."""
+    server = await llama(n_ctx=4096, template=TEMPLATES / f"{template}.jinja")
+    async with Client(server.url) as client:
+        fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)
+    assert fmt.tool_call is not None
+    assert fmt.tool_call.open.startswith(opens)
+    assert fmt.tool_call.block_close == ends
+
+
+# Templates whose renderings are out of the ordinary: RWKV World always writes its generation
+# prompt unless the variable is defined; Phi-3.5 ends a conversation with its eos when no
+# answer is asked for; Command R+ writes an instruction after the whole history. They have no
+# tool calls loopd can make SmolLM2 write (Command R+'s it writes on its own, and loops), so
+# the cache figures are the test.
+ODD_RENDERINGS = [
+    TEMPLATES / "llama-cpp-rwkv-world.jinja",
+    TEMPLATES / "microsoft-Phi-3.5-mini-instruct.jinja",
+    TEMPLATES / "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+]
+
+
+@pytest.mark.parametrize("template", ODD_RENDERINGS, ids=lambda p: p.stem)
+async def test_odd_renderings_are_exact_too(
+    llama: StartLlama, tmp_path: Path, template: Path
+) -> None:
+    server = await llama(n_ctx=8192, template=template)
+    records = await conversation(
+        server.url, tmp_path, "exact", TURNS, make_prefill=None, tolerate=True
+    )
+    usages = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) >= 2
+    for previous, new in itertools.pairwise(usages):
         assert new.cache_n == slot_tokens(previous)
     assert not [r for r in records if isinstance(r, CacheLossRecord)]
     prompts = [r for r in records if isinstance(r, PromptRecord)]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.infer._format import CALL_ID, ChatFormat, ParamFormat, ToolCallFormat
+from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._parse import OutputParser, Piece
 
 QWEN = ChatFormat(
@@ -174,3 +174,60 @@ def test_several_calls_in_one_block() -> None:
     raw = f"<minimax:tool_call>\n{call}{call}</minimax:tool_call>"
     out = parse(MINIMAX, [raw])
     assert out == [Piece("call", '{"query": "files"}', "find_tool")] * 2
+
+
+NS = "]<]minimax[>["
+MINIMAX_M3 = ChatFormat(  # as learned from MiniMax-M3's template: each value closed by its key
+    generation_prompt="]~b]ai\n",
+    think=("<mm:think>", "</mm:think>"),
+    thinking_open=False,
+    content_prefixes=("</mm:think>",),
+    tool_call=ToolCallFormat(
+        open=f'{NS}<tool_call>\n{NS}<invoke name="',
+        mid='"',
+        close=f">{NS}</invoke>\n{NS}",
+        params=ParamFormat(key_open=f">{NS}<", key_end=">", value_end=f"{NS}</{PARAM_KEY}"),
+        block_close="</tool_call>",
+        again='<invoke name="',
+    ),
+)
+
+
+def test_a_value_closed_by_its_own_key() -> None:
+    """MiniMax-M3 writes `<key>value</key>`; its close begins like another argument, and a
+    value may hold what closes another key."""
+    call = (
+        f'{NS}<invoke name="call_tool">{NS}<name>read_file{NS}</name>'
+        f'{NS}<arguments>{{"path": "{NS}</name>"}}{NS}</arguments>{NS}</invoke>\n'
+    )
+    raw = f"</mm:think>{NS}<tool_call>\n{call}{call}{NS}</tool_call>"
+    out = parse(MINIMAX_M3, [raw[i : i + 7] for i in range(0, len(raw), 7)])
+    arguments = '{"name": "read_file", "arguments": {"path": "]<]minimax[>[</name>"}}'
+    assert out == [Piece("call", arguments, "call_tool")] * 2
+
+
+MISTRAL = ChatFormat(  # as learned from Mistral Nemo's template: calls in one JSON list
+    generation_prompt="",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='[TOOL_CALLS][{"name": "',
+        mid='", "arguments": ',
+        close=f', "id": "{CALL_ID}"}}',
+        block_close="]",
+        again=', {"name": "',
+    ),
+)
+
+
+def test_a_list_of_calls_closes_without_leaving_content() -> None:
+    raw = (
+        '[TOOL_CALLS][{"name": "find_tool", "arguments": {"query": "files"}, "id": "a1b2c3d4e"}, '
+        '{"name": "find_tool", "arguments": {"query": "notes"}, "id": "f5g6h7i8j"}]'
+    )
+    out = parse(MISTRAL, [raw[i : i + 3] for i in range(0, len(raw), 3)])
+    assert out == [
+        Piece("call", '{"query": "files"}', "find_tool"),
+        Piece("call", '{"query": "notes"}', "find_tool"),
+    ]

@@ -16,7 +16,7 @@ from loopd.infer import ChatFormat, Client, FormatError
 from loopd.records import Record
 from loopd.store import Store
 from loopd.tools import open_tool_port
-from loopd.turn import Runtime, TurnError, run_turn
+from loopd.turn import Runtime, TurnError, TurnLimit, run_turn
 from support.prefill import prefills
 
 SYSTEM = "You are a helpful assistant. Be brief."
@@ -50,7 +50,9 @@ async def conversation(
                 fmt = None
             calls = make_prefill and fmt and fmt.tool_call and make_prefill(fmt)
             rt = Runtime(
-                loop=LoopConfig(max_tokens=40),
+                # Room for a prefilled call's close where each delimiter is many tokens on
+                # this model (MiniMax-M3's `]<]minimax[>[` before every tag).
+                loop=LoopConfig(max_tokens=64),
                 inference=client,
                 port=port,
                 registry=port.registry,
@@ -64,6 +66,8 @@ async def conversation(
                 session = await store.open(session.id)  # a restart: everything from the log
             try:
                 await run_turn(session, rt, user, lambda _: None)
+            except TurnLimit:
+                pass  # a loop limit ended the turn (the model repeated its own call): logged
             except TurnError:
                 if not tolerate:
                     raise

@@ -45,14 +45,14 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
             return text, f"root ::= {paths} {gbnf(QUOTE_BRACE + '}' + end)}"
         if find:
             text += p.key_open + "query" + p.key_end
-            return text, f"root ::= {words} {gbnf(p.value_end + end)}"
-        text += p.key_open + "name" + p.key_end + "read_file" + p.value_end
+            return text, f"root ::= {words} {gbnf(p.end_of('query') + end)}"
+        text += p.key_open + "name" + p.key_end + "read_file" + p.end_of("name")
         text += p.key_open + "arguments" + p.key_end
         one, other = (
             gbnf(json.dumps({"path": "today.md"})),
             gbnf(json.dumps({"path": "notes/today.md"})),
         )
         objects = f"( {one} | {other} )"
-        return text, f"root ::= {objects} {gbnf(p.value_end + end)}"
+        return text, f"root ::= {objects} {gbnf(p.end_of('arguments') + end)}"
 
     return prefill

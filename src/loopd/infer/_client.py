@@ -144,11 +144,14 @@ class Client:
         date: str | None = None,
     ) -> str:
         """The prompt the server's chat template makes of these messages (`/apply-template`)."""
+        # Also as a template variable: llama-server leaves it undefined when false, and a
+        # template that defaults an undefined one to true (RWKV World's) would add it anyway.
+        kwargs = template_kwargs(thinking=thinking, date=date)
         body = {
             "messages": messages,
             "tools": tools,
             "add_generation_prompt": add_generation_prompt,
-            "chat_template_kwargs": template_kwargs(thinking=thinking, date=date),
+            "chat_template_kwargs": {**kwargs, "add_generation_prompt": add_generation_prompt},
         }
         prompt = (await self._post_json("/apply-template", body)).get("prompt")
         if not isinstance(prompt, str):

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 __all__ = [
     "CALL_ID",
+    "PARAM_KEY",
     "ChatFormat",
     "FormatError",
     "ParamFormat",
@@ -48,6 +49,7 @@ KEY = "Kz7key"
 VALUE = "Vz7value"
 KEY_2 = "Kz7other"
 VALUE_2 = "Vz7second"
+RESULT = "Rz7Result"
 
 # Thinking tags of the families llama.cpp knows; a template that renders reasoning teaches its
 # own tags, these serve the templates that never render past reasoning (QwQ, DeepSeek R1).
@@ -68,6 +70,10 @@ _SPECIAL = re.compile(r"</?[|\uff5c][^<>]{1,60}?>|</?[A-Za-z_:][\w:.\-]{0,40}>|\
 CALL_ID = "\x00id\x00"
 """Stands in a delimiter for a call id the model writes itself (Mistral's `"id": "..."`)."""
 
+PARAM_KEY = "\x00key\x00"
+"""Stands in a parameter's end for its key, where the template closes each parameter with it
+(MiniMax-M3's `<key>value</key>`)."""
+
 
 def delimiter_pattern(delimiter: str, *, spaced: bool = False) -> re.Pattern[str]:
     """A delimiter in which any run of whitespace matches any other (models vary spacing), and
@@ -86,11 +92,16 @@ class FormatError(Exception):
 @dataclass(frozen=True)
 class ParamFormat:
     """Arguments written one by one: `key_open + key + key_end + value + value_end`, each
-    value as text (GLM's `<arg_key>`, Qwen3-Coder's `<parameter=...>`, MiniMax's)."""
+    value as text (GLM's `<arg_key>`, Qwen3-Coder's `<parameter=...>`, MiniMax's); `PARAM_KEY`
+    in `value_end` stands for the key."""
 
     key_open: str
     key_end: str
     value_end: str
+
+    def end_of(self, key: str) -> str:
+        """What ends the value of `key`."""
+        return self.value_end.replace(PARAM_KEY, key)
 
 
 @dataclass(frozen=True)
@@ -155,27 +166,104 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
 
     An assistant message is never rendered last: llama-server takes a trailing assistant
     message for a prefill and leaves it open. A user message or tool results follow it."""
-    base: list[dict[str, Any]] = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": "Hello."},
-    ]
-    without = await render(base, generation_prompt=False)
-    with_prompt = await render(base, generation_prompt=True)
-    if not with_prompt.startswith(without):
-        raise FormatError("the generation prompt does not extend the rendered conversation")
-    gen = with_prompt[len(without) :]
-
-    plain = await _assistant(render, base, without, {"content": CONTENT})
+    probe = await _Probe.start(render, system)
+    gen = probe.gen
+    plain = await probe.assistant({"content": CONTENT})
     header = _clean(_common_prefix([gen, plain]))
     prefix = plain[len(header) : plain.index(CONTENT)].strip()
-    think = await _think_tags(render, base, without, gen, source)
+    think = await _think_tags(probe, source)
+    tool_call = await _tool_call_format(probe, header)
+    if tool_call and think:
+        tool_call = _without_empty_thinking(tool_call, think)
     return ChatFormat(
         generation_prompt=gen,
         think=think,
         thinking_open=think is not None and gen.rstrip().endswith(think[0]),
         content_prefixes=(prefix,) if prefix else (),
-        tool_call=await _tool_call_format(render, base, without, header),
+        tool_call=tool_call,
     )
+
+
+def _without_empty_thinking(call: ToolCallFormat, think: tuple[str, str]) -> ToolCallFormat:
+    """A call's opening without the empty reasoning block that the template writes before a
+    call without reasoning (Command R7B): that block is reasoning, parsed as such."""
+    start, end = think
+    rest = call.open[len(start) :].lstrip() if call.open.startswith(start) else ""
+    if not rest.startswith(end):
+        return call
+    return replace(call, open=rest[len(end) :].lstrip())
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Renders an assistant message after a short conversation (`base`), and finds where it
+    starts."""
+
+    render: Render
+    base: list[dict[str, Any]]
+    without: str
+    """`base` as rendered."""
+    gen: str
+    """The generation prompt after it."""
+
+    @classmethod
+    async def start(cls, render: Render, system: str) -> _Probe:
+        base: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Hello."},
+        ]
+        with_prompt = await render(base, generation_prompt=True)
+        without = _without_ending(await render(base, generation_prompt=False), with_prompt)
+        return cls(render, base, without, with_prompt[len(without) :])
+
+    async def assistant(self, message: dict[str, Any]) -> str:
+        """The text one assistant message and what follows it add after `base`. (Many
+        templates leave content out of a message with tool calls.)"""
+        calls = message.get("tool_calls", [])
+        after = _results(calls) if calls else [{"role": "user", "content": "Next."}]
+        full = await self.render(
+            [*self.base, {"role": "assistant", **message}, *after], generation_prompt=False
+        )
+        start = len(self.without) if full.startswith(self.without) else self._after_user(full)
+        if start is None or (not calls and CONTENT not in full[start:]):
+            raise FormatError("the template does not render an assistant message after the history")
+        return full[start:]
+
+    async def tool_calls(self, calls: list[dict[str, Any]]) -> str | None:
+        try:
+            return await self.assistant({"content": CONTENT, "tool_calls": calls})
+        except FormatError:
+            return None
+
+    def _after_user(self, full: str) -> int | None:
+        """Where the assistant starts when the template rewrote what came before: right after
+        the user message and its end marker. Mistral moves the tools to the last user message;
+        Command R+ writes an instruction after the whole history, a turn of its own (it opens
+        as the generation prompt does) that the longer conversation has at its end instead."""
+        user, without = "Hello.", self.without
+        if user not in without or user not in full:
+            return None
+        end_of_user = without[without.rindex(user) + len(user) :]
+        start = full.index(user) + len(user)
+        if full.startswith(end_of_user, start):
+            return start + len(end_of_user)
+        turn = _SPECIAL.match(self.gen)
+        trailer_at = end_of_user.find(turn.group(0)) if turn else -1
+        if trailer_at < 0 or not full.startswith(end_of_user[:trailer_at], start):
+            return None
+        return start + trailer_at if full.endswith(end_of_user[trailer_at:]) else None
+
+
+def _without_ending(without: str, with_prompt: str) -> str:
+    """The conversation as rendered, less an end-of-text token that a template writes only
+    when no answer is asked for (Phi-3.5 writes its eos there, where the generation prompt
+    goes otherwise): the generation prompt must extend what is left."""
+    if with_prompt.startswith(without):
+        return without
+    shared = _clean(_common_prefix([without, with_prompt]))
+    if not _SPECIAL.fullmatch(without[len(shared) :].strip()):
+        raise FormatError("the generation prompt does not extend the rendered conversation")
+    return shared
 
 
 def _call(name: str, index: int, arguments: dict[str, str] | None = None) -> dict[str, Any]:
@@ -187,45 +275,18 @@ def _call(name: str, index: int, arguments: dict[str, str] | None = None) -> dic
 
 
 def _results(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"role": "tool", "tool_call_id": c["id"], "content": "Done."} for c in calls]
+    return [{"role": "tool", "tool_call_id": c["id"], "content": RESULT} for c in calls]
 
 
-async def _assistant(
-    render: Render, base: list[dict[str, Any]], without: str, message: dict[str, Any]
-) -> str:
-    """The text one assistant message and what follows it add after `base`. (Many templates
-    leave content out of a message with tool calls.)"""
-    calls = message.get("tool_calls", [])
-    after = _results(calls) if calls else [{"role": "user", "content": "Next."}]
-    full = await render([*base, {"role": "assistant", **message}, *after], generation_prompt=False)
-    start = len(without) if full.startswith(without) else _after_user(full, without)
-    if start is None or (not calls and CONTENT not in full[start:]):
-        raise FormatError("the template does not render an assistant message after the history")
-    return full[start:]
-
-
-def _after_user(full: str, without: str) -> int | None:
-    """Where the assistant starts when the template rewrote what came before (Mistral moves the
-    tools to the last user message): right after the user message and its end marker."""
-    user = "Hello."
-    if user not in without or user not in full:
-        return None
-    end_of_user = without[without.rindex(user) + len(user) :]
-    start = full.index(user) + len(user)
-    return start + len(end_of_user) if full.startswith(end_of_user, start) else None
-
-
-async def _think_tags(
-    render: Render, base: list[dict[str, Any]], without: str, gen: str, source: str
-) -> tuple[str, str] | None:
+async def _think_tags(probe: _Probe, source: str) -> tuple[str, str] | None:
     """From the rendering of past reasoning; else a known pair the template's source names."""
     message = {"content": CONTENT, "reasoning_content": REASONING, "tool_calls": [_call(NAME, 1)]}
     try:
-        text = await _assistant(render, base, without, message)
+        text = await probe.assistant(message)
     except FormatError:
         text = ""
     for start, end in KNOWN_THINK_TAGS:
-        if gen.rstrip().endswith(start):
+        if probe.gen.rstrip().endswith(start):
             return start, end
         if REASONING in text and start in text and end in text:
             return start, end
@@ -236,22 +297,20 @@ async def _think_tags(
     # A template with its own tags: what stands between the reasoning and the content.
     at = text.index(REASONING)
     end = text[at + len(REASONING) : text.index(CONTENT)].strip()
-    start = text[len(_common_prefix([gen, text])) : at].strip()
+    start = text[len(_common_prefix([probe.gen, text])) : at].strip()
     return (start, end) if start and end else None
 
 
-async def _tool_call_format(
-    render: Render, base: list[dict[str, Any]], without: str, header: str
-) -> ToolCallFormat | None:
-    one = await _tool_calls_text(render, base, without, [_call(NAME, 1)])
+async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None:
+    one = await probe.tool_calls([_call(NAME, 1)])
     if not one or NAME not in one:
         return None  # the template has no tool calls: nobody can parse one
     located = _locate(one, NAME)
     if not located:
-        return await _param_format(render, base, without, header)
+        return await _param_format(probe, header)
     name_at, args_at, args_end = located
     after = one[args_end:]
-    two = await _tool_calls_text(render, base, without, [_call(NAME, 1), _call(NAME_2, 2)])
+    two = await probe.tool_calls([_call(NAME, 1), _call(NAME_2, 2)])
     second = two and NAME_2 in two and _locate(two, NAME)
     block_close = again = ""
     if two and second:
@@ -278,15 +337,11 @@ async def _tool_call_format(
     )
 
 
-async def _param_format(
-    render: Render, base: list[dict[str, Any]], without: str, header: str
-) -> ToolCallFormat:
+async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
     """Tool calls whose arguments are written one by one, learned from a call with two."""
     arguments = {KEY: VALUE, KEY_2: VALUE_2}
-    one = await _tool_calls_text(render, base, without, [_call(NAME, 1, arguments)])
-    two = await _tool_calls_text(
-        render, base, without, [_call(NAME, 1, arguments), _call(NAME_2, 2, arguments)]
-    )
+    one = await probe.tool_calls([_call(NAME, 1, arguments)])
+    two = await probe.tool_calls([_call(NAME, 1, arguments), _call(NAME_2, 2, arguments)])
     marks = [NAME, KEY, VALUE, KEY_2, VALUE_2]
     at = _positions(one or "", marks)
     if one is None or at is None:
@@ -296,15 +351,16 @@ async def _param_format(
     key_open = _common_suffix([name_to_key, value_to_key])
     if not key_open.strip() or key_end != key_end_2:
         raise FormatError("its tool calls' parameters follow no pattern loopd can read")
-    value_end = value_to_key[: len(value_to_key) - len(key_open)]
+    value_end = value_to_key[: len(value_to_key) - len(key_open)].replace(KEY, PARAM_KEY)
+    last_end = value_end.replace(PARAM_KEY, KEY_2)  # how the last argument ends
     after = one[at[-1] + len(VALUE_2) :]
     second = _positions(two or "", [NAME, KEY, VALUE, KEY_2, VALUE_2, NAME_2])
-    if not two or second is None or not after.startswith(value_end):
+    if not two or second is None or not after.startswith(last_end):
         raise FormatError("its tool calls' ends cannot be told apart")
     shared = _common_prefix([after, two[second[4] + len(VALUE_2) :]])
-    close = _clean(shared)[len(value_end) :]
-    block_close = _block_close(after[len(value_end) + len(close) :], cut=shared != _clean(shared))
-    again = two[second[4] + len(VALUE_2) + len(value_end) + len(close) : second[5]].strip()
+    close = _clean(shared)[len(last_end) :]
+    block_close = _block_close(after[len(last_end) + len(close) :], cut=shared != _clean(shared))
+    again = two[second[4] + len(VALUE_2) + len(last_end) + len(close) : second[5]].strip()
     start = len(header) if one.startswith(header) else 0
     open_ = one[start : at[0]]
     open_ = open_[open_.find(CONTENT) + len(CONTENT) :] if CONTENT in open_ else open_
@@ -327,9 +383,17 @@ def _clean(text: str) -> str:
 
 
 def _block_close(rest: str, *, cut: bool) -> str:
-    """After the last call of a block: the tag that closes the block, when calls share one."""
-    marker = _SPECIAL.match(rest.lstrip())
-    return marker.group(0) if cut and marker else ""
+    """After the last call of a block, what closes the block when calls share one: the text up
+    to the next special token (Command R+'s `]```` and Mistral's `]` end a list of calls), or
+    else that token, when it is where the calls part (`</minimax:tool_call>`)."""
+    rest = rest.lstrip()
+    marker = _SPECIAL.search(rest)
+    if marker is None:
+        return ""
+    text = rest[: marker.start()].strip()
+    if text:
+        return "" if RESULT in text else text
+    return marker.group(0) if cut else ""
 
 
 def _positions(text: str, marks: list[str]) -> list[int] | None:
@@ -346,15 +410,6 @@ def _positions(text: str, marks: list[str]) -> list[int] | None:
 
 def _common_suffix(texts: list[str]) -> str:
     return _common_prefix([t[::-1] for t in texts])[::-1]
-
-
-async def _tool_calls_text(
-    render: Render, base: list[dict[str, Any]], without: str, calls: list[dict[str, Any]]
-) -> str | None:
-    try:
-        return await _assistant(render, base, without, {"content": CONTENT, "tool_calls": calls})
-    except FormatError:
-        return None
 
 
 def _locate(text: str, name: str) -> tuple[int, int, int] | None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ._format import CALL_ID, ChatFormat, ToolCallFormat, delimiter_pattern
+from ._format import CALL_ID, PARAM_KEY, ChatFormat, ToolCallFormat, delimiter_pattern
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -44,8 +44,15 @@ class _ParamPatterns:
         self.first_key = _spaced_pattern(call.mid + params.key_open)
         self.key_open = _spaced_pattern(params.key_open)
         self.key_end = _spaced_pattern(params.key_end)
-        self.value_end = _spaced_pattern(params.value_end)
+        self._params = params
+        self._fixed_end = (
+            None if PARAM_KEY in params.value_end else _spaced_pattern(params.value_end)
+        )
         self.close = _spaced_pattern(call.close)
+
+    def value_end(self, key: str) -> re.Pattern[str]:
+        """What ends the value of `key` (the key itself, in templates that repeat it)."""
+        return self._fixed_end or _spaced_pattern(self._params.end_of(key))
 
 
 def _value(text: str) -> object:
@@ -220,16 +227,20 @@ class OutputParser:
         name, arguments, at = text[: first.start()].strip().strip('"'), {}, first.end()
         while True:
             key_end = p.key_end.search(text, at)
-            value_end = key_end and p.value_end.search(text, key_end.end())
-            if not key_end or not value_end:
+            if not key_end:
                 return None
             key = text[at : key_end.start()].strip().strip('"')
+            value_end = p.value_end(key).search(text, key_end.end())
+            if not value_end:
+                return None
             arguments[key] = _value(text[key_end.end() : value_end.start()])
             at = value_end.end()
+            # The close first: it may begin like another argument (MiniMax-M3's
+            # `>]<]minimax[>[</invoke>` against `>]<]minimax[>[<key`).
+            if closed := p.close.match(text, at):
+                return name, json.dumps(arguments), text[closed.end() :]
             if more := p.key_open.match(text, at):
                 at = more.end()
-            elif closed := p.close.match(text, at):
-                return name, json.dumps(arguments), text[closed.end() :]
             else:
                 return None
 
