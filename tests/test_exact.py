@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bxctl.view import context_line
+from loopd.baseline import make_baseline
 from loopd.exact import ExactHistory, past_reasoning, transcript
-from loopd.infer import ToolCall
+from loopd.infer import ChatFormat, ToolCall, ToolCallFormat
 from loopd.records import (
     AssistantRecord,
     PromptRecord,
@@ -97,3 +100,62 @@ async def test_an_end_tokens_text_is_asked_of_the_server_once() -> None:
     for _ in range(3):
         assert await exact._text(2) == "<|im_end|>"
     assert asked == [[2]]
+
+
+class GemmaLike:
+    """Renders as Gemma 4's template does where it matters here: calls, then their results,
+    then the content, all in the model's turn. (A stand-in for the server, whose template
+    SmolLM2 cannot be made to answer with content beside a call.)"""
+
+    async def apply_template(
+        self, messages: list[dict[str, Any]], _tools: list[Any], **_: object
+    ) -> str:
+        out, content = "", ""
+        for m in messages:
+            if m["role"] == "assistant":
+                out += "<|turn>model\n"
+                for call in m.get("tool_calls", []):
+                    out += f"<|tool_call>call:{call['function']['name']}{{}}<tool_call|>"
+                content = m["content"] or ""
+            elif m["role"] == "tool":
+                out += (
+                    f'<|tool_response>response:r{{value:<|"|>{m["content"]}<|"|>}}<tool_response|>'
+                )
+            else:
+                out += f"{content}<turn|>\n" if content else ""
+                out += f"<|turn>{m['role']}\n{m['content']}<turn|>\n"
+                content = ""
+        return out + (f"{content}<turn|>\n" if content else "")
+
+    async def detokenize(self, _tokens: list[int]) -> str:
+        return "<turn|>"
+
+
+async def test_content_written_after_the_calls_is_not_where_the_answer_ends() -> None:
+    """Gemma 4 writes an answer's content after its calls and their results: the text after
+    an answer with both is the results, as the model goes on in its turn."""
+    exact = ExactHistory(GemmaLike())  # type: ignore[arg-type]
+    fmt = ChatFormat(
+        generation_prompt="<|turn>model\n",
+        think=None,
+        thinking_open=False,
+        content_prefixes=(),
+        tool_call=ToolCallFormat(
+            open="<|tool_call>call:",
+            mid="",
+            close="<tool_call|>",
+            notation="gemma",
+            content_last=True,
+        ),
+    )
+    baseline = make_baseline("Be brief.")
+    exact._formats[(baseline.system, True)] = fmt
+    call = ToolCall(id="c1", name="find_tool", arguments="{}")
+    records: list[Record] = [
+        UserRecord(content="Hi."),
+        PromptRecord(text="<|turn>user\nHi.<turn|>\n<|turn>model\n", full=True),
+        AssistantRecord(content="Let me look.", tool_calls=(call,), tokens=(5, 6, 7), ended=False),
+        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="found"),
+    ]
+    nxt = await exact.next_prompt(baseline, records, thinking=True)
+    assert nxt.record.text == '<|tool_response>response:r{value:<|"|>found<|"|>}<tool_response|>'

@@ -51,6 +51,7 @@ TEMPLATE_FILES = [
     TEMPLATES / "MiniMax-M3.jinja",
     TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+    TEMPLATES / "google-gemma-4-31B-it.jinja",
 ]
 
 
@@ -87,13 +88,18 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
         ("mistralai-Mistral-Nemo-Instruct-2407", '[TOOL_CALLS][{"name": "', "]"),
         ("CohereForAI-c4ai-command-r-plus-tool_use", "Action:\n```json\n[\n    {\n", "]```"),
         ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_ACTION|>[", "]"),
+        ("Kimi-K2-Instruct", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+        ("GLM-4.7-Flash", "<tool_call>", ""),
+        ("google-gemma-4-31B-it", "<|tool_call>call:", ""),
     ],
 )
-async def test_what_opens_and_closes_a_list_of_calls_is_learned(
+async def test_what_opens_and_closes_a_block_of_calls_is_learned(
     llama: StartLlama, template: str, opens: str, ends: str
 ) -> None:
-    """A list of calls ends with what closes the list, which is not content; an empty
-    thinking block before a call is reasoning, not part of the call's opening."""
+    """A block of calls ends with what closes it, which is not content; an empty thinking
+    block before a call is reasoning, not part of the call's opening. What opens the results
+    (GLM's `<|observation|>`, Gemma's `<|tool_response>`) closes nothing: the model stops
+    there, and the next request starts with it."""
     server = await llama(n_ctx=4096, template=TEMPLATES / f"{template}.jinja")
     async with Client(server.url) as client:
         fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
+from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
 
 QWEN = ChatFormat(
@@ -231,3 +233,40 @@ def test_a_list_of_calls_closes_without_leaving_content() -> None:
         Piece("call", '{"query": "files"}', "find_tool"),
         Piece("call", '{"query": "notes"}', "find_tool"),
     ]
+
+
+GEMMA_4 = ChatFormat(  # as learned from Gemma 4's template: arguments in its own notation
+    generation_prompt="<|turn>model\n",
+    think=("<|channel>thought", "<channel|>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<|tool_call>call:", mid="", close="<tool_call|>", notation="gemma", content_last=True
+    ),
+)
+
+
+def test_arguments_in_gemmas_own_notation_become_json() -> None:
+    q = '<|"|>'
+    raw = (
+        f"<|channel>thought\nRead it.<channel|><|tool_call>call:call_tool{{arguments:{{path:{q}"
+        f"a, b.md{q},depth:2,all:true,tags:[{q}x{q},null]}},name:{q}read_file{q}}}<tool_call|>"
+    )
+    out = parse(GEMMA_4, [raw[i : i + 4] for i in range(0, len(raw), 4)])
+    arguments = {
+        "arguments": {"path": "a, b.md", "depth": 2, "all": True, "tags": ["x", None]},
+        "name": "read_file",
+    }
+    assert out == [
+        Piece("reasoning", "\nRead it."),
+        Piece("call", json.dumps(arguments), "call_tool"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{path:<|"|>a.md}', "{path:2", '{:<|"|>a<|"|>}', "{path 2}", "[1, 2]", '{a:[<|"|>x<|"|>}'],
+)
+def test_what_is_not_gemmas_notation_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"\w"):
+        decode_arguments("gemma", text, 0)

@@ -20,7 +20,6 @@ prompt wrote it once, when the session's first request was made.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ from loopd.infer import (
     HttpError,
     PromptPiece,
     PromptRequest,
+    ToolCallFormat,
+    decode_arguments,
     delimiter_pattern,
     learn_format,
 )
@@ -226,7 +227,8 @@ class ExactHistory:
         pieces, answer = built
         at = max(i for i, r in enumerate(records) if r is answer)
         # Shaped like the answer: some templates write calls only when there is no content.
-        content = ANSWER if answer.content or not answer.tool_calls else None
+        content_first = not (fmt.tool_call and fmt.tool_call.content_last)
+        content = ANSWER if not answer.tool_calls or (answer.content and content_first) else None
         stand_in: dict[str, Any] = {"role": "assistant", "content": content}
         if answer.tool_calls:
             stand_in["tool_calls"] = messages(baseline, [answer])[1]["tool_calls"]
@@ -298,7 +300,7 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
             raise FormatError(f"the template left out the call of {call.name}")
         at = name + len(call.name)
         if call_format.params is None:  # JSON arguments: they may hold the closing text
-            at = _after_json(rendered, rendered.find("{", at), call.name)
+            at = _after_arguments(rendered, rendered.find("{", at), call.name, call_format)
         if (
             matched := close.search(rendered, at)
             if call_format.params
@@ -312,9 +314,9 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
     return at
 
 
-def _after_json(rendered: str, start: int, name: str) -> int:
-    """Where the JSON arguments that start at `start` end."""
+def _after_arguments(rendered: str, start: int, name: str, call: ToolCallFormat) -> int:
+    """Where the arguments that start at `start` end."""
     try:
-        return json.JSONDecoder().raw_decode(rendered, max(start, 0))[1]
-    except json.JSONDecodeError as e:
+        return decode_arguments(call.notation, rendered, max(start, 0))[1]
+    except ValueError as e:
         raise FormatError(f"the template wrote the arguments of {name} oddly") from e

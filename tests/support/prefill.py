@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from loopd.infer import CALL_ID, ChatFormat
+from loopd.infer import CALL_ID, GEMMA_QUOTE, ChatFormat
 from loopd.records import Record, ToolResultRecord, UserRecord
 
 QUOTE_BRACE = '"}'
@@ -30,6 +30,34 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
     paths = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
     p = call.params
 
+    def arguments(find: bool) -> tuple[str, str]:
+        """The start of the arguments, and a grammar for their rest and the call's close."""
+        if call.notation == "gemma":  # keys bare and in order, strings between <|"|>
+            q = GEMMA_QUOTE
+            if find:
+                return "{query:" + q, f"root ::= {words} {gbnf(q + '}' + end)}"
+            return (
+                "{arguments:{path:" + q,
+                f"root ::= {paths} {gbnf(f'{q}}},name:{q}read_file{q}}}{end}')}",
+            )
+        if p is None and find:
+            return '{"query": "', f"root ::= {words} {gbnf(QUOTE_BRACE + end)}"
+        if p is None:
+            head = '{"name": "read_file", "arguments": {"path": "'
+            return head, f"root ::= {paths} {gbnf(QUOTE_BRACE + '}' + end)}"
+        if find:
+            return (
+                p.key_open + "query" + p.key_end,
+                f"root ::= {words} {gbnf(p.end_of('query') + end)}",
+            )
+        head = p.key_open + "name" + p.key_end + "read_file" + p.end_of("name")
+        head += p.key_open + "arguments" + p.key_end
+        one, other = (
+            gbnf(json.dumps({"path": "today.md"})),
+            gbnf(json.dumps({"path": "notes/today.md"})),
+        )
+        return head, f"root ::= ( {one} | {other} ) {gbnf(p.end_of('arguments') + end)}"
+
     def prefill(records: list[Record]) -> tuple[str, str]:
         last = records[-1]
         results = sum(isinstance(r, ToolResultRecord) for r in records)
@@ -37,22 +65,8 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
         read = isinstance(last, ToolResultRecord) and results == 1
         if not (find or read):
             return "", ""
-        text = close_thinking + call.open + ("find_tool" if find else "call_tool") + call.mid
-        if p is None and find:
-            return text + '{"query": "', f"root ::= {words} {gbnf(QUOTE_BRACE + end)}"
-        if p is None:
-            text += '{"name": "read_file", "arguments": {"path": "'
-            return text, f"root ::= {paths} {gbnf(QUOTE_BRACE + '}' + end)}"
-        if find:
-            text += p.key_open + "query" + p.key_end
-            return text, f"root ::= {words} {gbnf(p.end_of('query') + end)}"
-        text += p.key_open + "name" + p.key_end + "read_file" + p.end_of("name")
-        text += p.key_open + "arguments" + p.key_end
-        one, other = (
-            gbnf(json.dumps({"path": "today.md"})),
-            gbnf(json.dumps({"path": "notes/today.md"})),
-        )
-        objects = f"( {one} | {other} )"
-        return text, f"root ::= {objects} {gbnf(p.end_of('arguments') + end)}"
+        head, grammar = arguments(find)
+        name = "find_tool" if find else "call_tool"
+        return close_thinking + call.open + name + call.mid + head, grammar
 
     return prefill

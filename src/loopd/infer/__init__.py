@@ -22,6 +22,7 @@ from ._format import (
     delimiter_pattern,
     learn_format,
 )
+from ._notation import GEMMA_QUOTE, decode_arguments
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -45,6 +46,7 @@ from ._types import (
 __all__ = [
     "BUDGET_MESSAGE",
     "CALL_ID",
+    "GEMMA_QUOTE",
     "THINKING_CAP_GRACE",
     "AnyRequest",
     "CacheOutcome",
@@ -82,6 +84,7 @@ __all__ = [
     "ToolCallFormat",
     "Waiting",
     "cache_outcome",
+    "decode_arguments",
     "delimiter_pattern",
     "is_context_full",
     "is_retryable",

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, get_args
+
+from ._notation import GEMMA_QUOTE, Notation, decode_arguments
 
 __all__ = [
     "CALL_ID",
@@ -63,8 +65,10 @@ KNOWN_THINK_TAGS = (
 )
 
 # Strings that look like one special token: <|x|> (also with DeepSeek's full-width bars), <x>,
-# </x>, [X], [/X].
-_SPECIAL = re.compile(r"</?[|\uff5c][^<>]{1,60}?>|</?[A-Za-z_:][\w:.\-]{0,40}>|\[/?[A-Z_]{2,30}\]")
+# </x>, Gemma 4's <x|>, [X], [/X].
+_SPECIAL = re.compile(
+    r"</?[|\uff5c][^<>]{1,60}?>|</?[A-Za-z_:][\w:.\-]{0,40}\|?>|\[/?[A-Z_]{2,30}\]"
+)
 
 
 CALL_ID = "\x00id\x00"
@@ -118,6 +122,10 @@ class ToolCallFormat:
     again: str = ""
     """What opens a call that follows another in the same block (`<invoke name="`), when that
     is not `open`."""
+    notation: Notation = "json"
+    """How JSON arguments are written (Gemma 4 has its own)."""
+    content_last: bool = False
+    """The template writes a message's content after its calls and their results (Gemma 4)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,8 @@ class ChatFormat:
             texts += self.think
         if self.tool_call:
             texts += [self.tool_call.open, self.tool_call.close]
+            if self.tool_call.notation == "gemma":
+                texts.append(GEMMA_QUOTE)
         return special_markers(texts)
 
 
@@ -167,8 +177,7 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
     An assistant message is never rendered last: llama-server takes a trailing assistant
     message for a prefill and leaves it open. A user message or tool results follow it."""
     probe = await _Probe.start(render, system)
-    gen = probe.gen
-    plain = await probe.assistant({"content": CONTENT})
+    gen, plain = probe.gen, probe.plain
     header = _clean(_common_prefix([gen, plain]))
     prefix = plain[len(header) : plain.index(CONTENT)].strip()
     think = await _think_tags(probe, source)
@@ -205,6 +214,8 @@ class _Probe:
     """`base` as rendered."""
     gen: str
     """The generation prompt after it."""
+    plain: str = ""
+    """An answer of plain content after it, and what follows."""
 
     @classmethod
     async def start(cls, render: Render, system: str) -> _Probe:
@@ -214,7 +225,14 @@ class _Probe:
         ]
         with_prompt = await render(base, generation_prompt=True)
         without = _without_ending(await render(base, generation_prompt=False), with_prompt)
-        return cls(render, base, without, with_prompt[len(without) :])
+        probe = cls(render, base, without, with_prompt[len(without) :])
+        return replace(probe, plain=await probe.assistant({"content": CONTENT}))
+
+    def ends_message(self, tag: str) -> bool:
+        """`tag` is what ends a message of plain content (`<|im_end|>`)."""
+        after = self.plain[self.plain.index(CONTENT) + len(CONTENT) :]
+        marker = _SPECIAL.search(after)
+        return marker is not None and marker.group(0) == tag
 
     async def assistant(self, message: dict[str, Any]) -> str:
         """The text one assistant message and what follows it add after `base`. (Many
@@ -294,9 +312,12 @@ async def _think_tags(probe: _Probe, source: str) -> tuple[str, str] | None:
             return start, end
     if REASONING not in text or CONTENT not in text:
         return None
-    # A template with its own tags: what stands between the reasoning and the content.
+    # A template with its own tags: what stands between the reasoning and the content, or the
+    # call, where that comes first (Gemma 4 writes content last): its first special token.
     at = text.index(REASONING)
-    end = text[at + len(REASONING) : text.index(CONTENT)].strip()
+    end = text[at + len(REASONING) : text.index(CONTENT)].split(NAME)[0].strip()
+    if NAME in text[at : text.index(CONTENT)] and (tag := _SPECIAL.search(end)):
+        end = tag.group(0)
     start = text[len(_common_prefix([probe.gen, text])) : at].strip()
     return (start, end) if start and end else None
 
@@ -308,7 +329,7 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
     located = _locate(one, NAME)
     if not located:
         return await _param_format(probe, header)
-    name_at, args_at, args_end = located
+    name_at, args_at, args_end, notation = located
     after = one[args_end:]
     two = await probe.tool_calls([_call(NAME, 1), _call(NAME_2, 2)])
     second = two and NAME_2 in two and _locate(two, NAME)
@@ -316,7 +337,7 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
     if two and second:
         shared = _common_prefix([after, two[second[2] :]])
         close = _clean(shared)
-        block_close = _block_close(after[len(close) :], cut=shared != close)
+        block_close = _block_close(probe, after[len(close) :], cut=shared != close)
         again = two[second[2] + len(close) : two.index(NAME_2)].strip()
     else:  # one call per message: the close runs up to the next special token
         marker = _SPECIAL.search(after)
@@ -334,6 +355,8 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
         close=close.replace(first_id, CALL_ID),
         block_close=block_close,
         again=again if block_close else "",
+        notation=notation,
+        content_last=one.find(CONTENT) > name_at,
     )
 
 
@@ -359,7 +382,9 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
         raise FormatError("its tool calls' ends cannot be told apart")
     shared = _common_prefix([after, two[second[4] + len(VALUE_2) :]])
     close = _clean(shared)[len(last_end) :]
-    block_close = _block_close(after[len(last_end) + len(close) :], cut=shared != _clean(shared))
+    block_close = _block_close(
+        probe, after[len(last_end) + len(close) :], cut=shared != _clean(shared)
+    )
     again = two[second[4] + len(VALUE_2) + len(last_end) + len(close) : second[5]].strip()
     start = len(header) if one.startswith(header) else 0
     open_ = one[start : at[0]]
@@ -382,10 +407,13 @@ def _clean(text: str) -> str:
     return text[:opened] if opened > text.rfind(">") else text
 
 
-def _block_close(rest: str, *, cut: bool) -> str:
+def _block_close(probe: _Probe, rest: str, *, cut: bool) -> str:
     """After the last call of a block, what closes the block when calls share one: the text up
     to the next special token (Command R+'s `]```` and Mistral's `]` end a list of calls), or
-    else that token, when it is where the calls part (`</minimax:tool_call>`)."""
+    else that token, when it is where the calls part and it closes the block
+    (`</minimax:tool_call>`, `<|tool_calls_section_end|>`). Not a token that ends the message
+    or opens the results (`<|im_end|>`, `<|observation|>`, Gemma 4's `<|tool_response>`): the
+    model may stop at one, and what follows its answer starts with it."""
     rest = rest.lstrip()
     marker = _SPECIAL.search(rest)
     if marker is None:
@@ -393,7 +421,10 @@ def _block_close(rest: str, *, cut: bool) -> str:
     text = rest[: marker.start()].strip()
     if text:
         return "" if RESULT in text else text
-    return marker.group(0) if cut else ""
+    tag = marker.group(0)
+    closing = tag.startswith(("</", "[/")) or (tag.endswith("|>") and not tag.startswith("<|"))
+    closing = closing or ("end" in tag.lower() and not probe.ends_message(tag))
+    return tag if cut and closing else ""
 
 
 def _positions(text: str, marks: list[str]) -> list[int] | None:
@@ -412,8 +443,8 @@ def _common_suffix(texts: list[str]) -> str:
     return _common_prefix([t[::-1] for t in texts])[::-1]
 
 
-def _locate(text: str, name: str) -> tuple[int, int, int] | None:
-    """Where the name is, and where its JSON arguments start and end."""
+def _locate(text: str, name: str) -> tuple[int, int, int, Notation] | None:
+    """Where the name is, where its arguments start and end, and their notation."""
     name_at = text.find(name)
     key_at = text.find(KEY, name_at)
     if name_at < 0 or key_at < 0:
@@ -421,10 +452,11 @@ def _locate(text: str, name: str) -> tuple[int, int, int] | None:
     args_at = text.rfind("{", name_at, key_at)
     if args_at < 0:
         return None
-    try:
-        value, args_end = json.JSONDecoder().raw_decode(text, args_at)
-    except json.JSONDecodeError:
-        return None
-    if value != {KEY: VALUE}:
-        return None
-    return name_at, args_at, args_end
+    for notation in get_args(Notation):
+        try:
+            value, args_end = decode_arguments(notation, text, args_at)
+        except ValueError:
+            continue
+        if value == {KEY: VALUE}:
+            return name_at, args_at, args_end, notation
+    return None

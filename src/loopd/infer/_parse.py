@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._format import CALL_ID, PARAM_KEY, ChatFormat, ToolCallFormat, delimiter_pattern
+from ._notation import decode_arguments
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -27,7 +28,8 @@ OPEN_WINDOW = 200
 class Piece:
     kind: Literal["reasoning", "content", "call"]
     text: str
-    """Reasoning or content text; for a call, its JSON arguments exactly as written."""
+    """Reasoning or content text; for a call, its JSON arguments exactly as written (in JSON,
+    when the template has its own notation)."""
     name: str = ""
 
 
@@ -244,32 +246,35 @@ class OutputParser:
             else:
                 return None
 
-    def _parse_call(self, final: bool) -> tuple[str, str, str] | None:  # noqa: PLR0911 - one per way a call can be unfinished
+    def _parse_call(self, final: bool) -> tuple[str, str, str] | None:
         if self._params is not None:
             return self._parse_params()
-        text = self._buffer
-        if self._mid is None:
-            return None
-        mid = self._mid.search(text)
-        if mid is None:
-            return None
-        name = text[: mid.start()].strip().strip('"')
-        args_at = text.find("{", mid.start())
-        if args_at < 0 or not name or text[mid.end() : args_at].strip():
+        call, text = self.fmt.tool_call, self._buffer
+        assert call is not None  # noqa: S101 - only called in a call
+        if self._mid is not None:
+            mid = self._mid.search(text)
+            if mid is None:
+                return None
+            name, args_from = text[: mid.start()], mid.end()
+        else:  # the arguments follow the name directly (Gemma 4's `call:name{...}`)
+            args_from = text.find("{")
+            name = text[: max(args_from, 0)]
+        name = name.strip().strip('"')
+        args_at = text.find("{", args_from)
+        if args_at < 0 or not name or text[args_from:args_at].strip():
             return None
         try:
-            value, args_end = json.JSONDecoder().raw_decode(text, args_at)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(value, dict):
+            value, args_end = decode_arguments(call.notation, text, args_at)
+        except ValueError:
             return None
         rest = text[args_end:]
         if self._close is not None:
             close = self._close.match(rest.lstrip())
             if close is not None:
                 rest = rest.lstrip()[close.end() :]
-            elif final and self.fmt.tool_call.close.strip().startswith(rest.strip()):  # type: ignore[union-attr]
+            elif final and call.close.strip().startswith(rest.strip()):
                 rest = ""  # the model stopped before its closing tag: the call is whole
             else:
                 return None
-        return name, text[args_at:args_end], rest
+        written = text[args_at:args_end] if call.notation == "json" else json.dumps(value)
+        return name, written, rest

@@ -1,0 +1,105 @@
+"""How a template writes a tool call's arguments: JSON, or Gemma 4's own notation.
+
+Gemma 4 writes `{path:<|"|>a.md<|"|>,depth:2}`: keys bare, strings between `<|"|>` tokens,
+numbers, booleans, lists and objects as in JSON otherwise. Both decode to the same JSON
+object, which is what a tool gets. Sans-IO.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+__all__ = ["GEMMA_QUOTE", "Notation", "decode_arguments"]
+
+Notation = Literal["json", "gemma"]
+
+GEMMA_QUOTE = '<|"|>'
+
+_SCALAR = re.compile(r"[^,}\]]*")
+
+
+def decode_arguments(notation: Notation, text: str, at: int) -> tuple[dict[str, object], int]:
+    """The object that starts at `text[at]`, and where it ends; `ValueError` when it is not
+    one, or not whole yet."""
+    if notation == "json":
+        value, end = json.JSONDecoder().raw_decode(text, at)
+    else:
+        value, end = _gemma(text, at)
+    if not isinstance(value, dict):
+        raise ValueError("the arguments are not an object")  # noqa: TRY004 - one error for all
+    return value, end
+
+
+def _gemma(text: str, at: int) -> tuple[object, int]:
+    at = _skip_space(text, at)
+    if text.startswith(GEMMA_QUOTE, at):
+        end = text.find(GEMMA_QUOTE, at + len(GEMMA_QUOTE))
+        if end < 0:
+            raise ValueError("a string not closed")
+        return text[at + len(GEMMA_QUOTE) : end], end + len(GEMMA_QUOTE)
+    opening = text[at : at + 1]
+    if opening == "{":
+        return _gemma_object(text, at + 1)
+    if opening == "[":
+        return _gemma_list(text, at + 1)
+    scalar = _SCALAR.match(text, at)
+    assert scalar is not None  # noqa: S101 - the pattern matches the empty string
+    raw = scalar.group(0).strip()
+    if not raw or scalar.end() >= len(text):
+        raise ValueError("no value, or one that may go on")
+    try:
+        return json.loads(raw), scalar.end()
+    except json.JSONDecodeError:
+        return raw, scalar.end()
+
+
+def _gemma_object(text: str, at: int) -> tuple[dict[str, object], int]:
+    out: dict[str, object] = {}
+    at = _skip_space(text, at)
+    if text.startswith("}", at):
+        return out, at + 1
+    while True:
+        at = _skip_space(text, at)
+        if text.startswith(GEMMA_QUOTE, at):
+            key, at = _gemma(text, at)
+        else:
+            colon = text.find(":", at)
+            if colon < 0:
+                raise ValueError("a key without its value")
+            key, at = text[at:colon].strip(), colon
+        at = _skip_space(text, at)
+        if not text.startswith(":", at) or not isinstance(key, str) or not key:
+            raise ValueError("not a key and a value")
+        out[key], at = _gemma(text, at + 1)
+        at = _skip_space(text, at)
+        if text.startswith(",", at):
+            at += 1
+        elif text.startswith("}", at):
+            return out, at + 1
+        else:
+            raise ValueError("an object not closed")
+
+
+def _gemma_list(text: str, at: int) -> tuple[list[object], int]:
+    out: list[object] = []
+    at = _skip_space(text, at)
+    if text.startswith("]", at):
+        return out, at + 1
+    while True:
+        item, at = _gemma(text, at)
+        out.append(item)
+        at = _skip_space(text, at)
+        if text.startswith(",", at):
+            at += 1
+        elif text.startswith("]", at):
+            return out, at + 1
+        else:
+            raise ValueError("a list not closed")
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
