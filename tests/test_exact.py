@@ -159,3 +159,56 @@ async def test_content_written_after_the_calls_is_not_where_the_answer_ends() ->
     ]
     nxt = await exact.next_prompt(baseline, records, thinking=True)
     assert nxt.record.text == '<|tool_response>response:r{value:<|"|>found<|"|>}<tool_response|>'
+
+
+class FunctionaryLike:
+    """Renders as Functionary v3.1's template does: a call message ends with `<|eom_id|>`,
+    the token the model stops at after its calls."""
+
+    async def apply_template(
+        self, messages: list[dict[str, Any]], _tools: list[Any], **_: object
+    ) -> str:
+        head = "<|start_header_id|>{}<|end_header_id|>\n\n"
+        out = ""
+        for m in messages:
+            if m["role"] == "assistant":
+                calls = "".join(
+                    f"<function={c['function']['name']}>{{}}</function>" for c in m["tool_calls"]
+                )
+                out += head.format("assistant") + calls + "<|eom_id|>"
+            else:
+                role = "ipython" if m["role"] == "tool" else m["role"]
+                out += head.format(role) + m["content"] + "<|eot_id|>"
+        return out + head.format("assistant")
+
+    async def detokenize(self, _tokens: list[int]) -> str:
+        return "<|eom_id|>"
+
+
+async def test_the_token_the_model_stopped_at_stays_when_the_template_closes_calls_with_it() -> (
+    None
+):
+    """Where a template writes the model's end-of-generation token after its calls, that token
+    is in the slot: the next request starts after it, and nothing is trimmed, whatever was
+    learned of the block's close."""
+    exact = ExactHistory(FunctionaryLike())  # type: ignore[arg-type]
+    call_format = ToolCallFormat(
+        open="<function=", mid=">", close="</function>", block_close="<|eom_id|>"
+    )
+    fmt = ChatFormat("", None, False, (), call_format)
+    baseline = make_baseline("Be brief.")
+    exact._formats[(baseline.system, True)] = fmt
+    call = ToolCall(id="c1", name="find_tool", arguments="{}")
+    records: list[Record] = [
+        UserRecord(content="Hi."),
+        PromptRecord(text="prompt", full=True),
+        AssistantRecord(content=None, tool_calls=(call,), tokens=(5, 6, 128008), ended=True),
+        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="found"),
+    ]
+    nxt = await exact.next_prompt(baseline, records, thinking=True)
+    assert nxt.record.trim == 0
+    assert nxt.record.text == (
+        "<|start_header_id|>ipython<|end_header_id|>\n\nfound<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert nxt.pieces == ["prompt", 5, 6, 128008, nxt.record.text]

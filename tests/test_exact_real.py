@@ -52,6 +52,7 @@ TEMPLATE_FILES = [
     TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
     TEMPLATES / "google-gemma-4-31B-it.jinja",
+    TEMPLATES / "LFM2.5-8B-A1B.jinja",
 ]
 
 
@@ -87,10 +88,11 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
     [
         ("mistralai-Mistral-Nemo-Instruct-2407", '[TOOL_CALLS][{"name": "', "]"),
         ("CohereForAI-c4ai-command-r-plus-tool_use", "Action:\n```json\n[\n    {\n", "]```"),
-        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_ACTION|>[", "]"),
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_ACTION|>[", "]<|END_ACTION|>"),
         ("Kimi-K2-Instruct", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
         ("GLM-4.7-Flash", "<tool_call>", ""),
         ("google-gemma-4-31B-it", "<|tool_call>call:", ""),
+        ("LFM2.5-8B-A1B", "<|tool_call_start|>[", "]<|tool_call_end|>"),
     ],
 )
 async def test_what_opens_and_closes_a_block_of_calls_is_learned(

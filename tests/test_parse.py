@@ -270,3 +270,39 @@ def test_arguments_in_gemmas_own_notation_become_json() -> None:
 def test_what_is_not_gemmas_notation_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"\w"):
         decode_arguments("gemma", text, 0)
+
+
+LFM2 = ChatFormat(  # as learned from LFM2.5's template: calls written as Python
+    generation_prompt="<|im_start|>assistant\n",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<|tool_call_start|>[",
+        mid="",
+        close="",
+        block_close="]<|tool_call_end|>",
+        again=",",
+        notation="python",
+    ),
+)
+
+
+def test_calls_written_as_python_become_json() -> None:
+    raw = (
+        "Looking.<|tool_call_start|>[find_tool(query='a) b'), call_tool(name='read_file', "
+        'arguments={"path": "a.md", "all": true, "depth": null})]<|tool_call_end|>'
+    )
+    out = parse(LFM2, [raw[i : i + 5] for i in range(0, len(raw), 5)])
+    arguments = {"name": "read_file", "arguments": {"path": "a.md", "all": True, "depth": None}}
+    assert out == [
+        Piece("content", "Looking."),
+        Piece("call", '{"query": "a) b"}', "find_tool"),
+        Piece("call", json.dumps(arguments), "call_tool"),
+    ]
+
+
+@pytest.mark.parametrize("text", ["(1, a=2)", "(a=b)", "(a=1", "(**k)", "[a=1]", "(a={**k})"])
+def test_what_is_not_a_python_call_of_literals_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"\w"):
+        decode_arguments("python", text, 0)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopd.baseline import messages
 from loopd.infer import (
+    OPENING,
     AnyRequest,
     ChatFormat,
     ChatRequest,
@@ -242,7 +243,7 @@ class ExactHistory:
             baseline, conversation, generation_prompt=True, thinking=thinking
         )
         try:
-            text = rendered[_end_of_answer(rendered, answer, fmt) :]
+            cut = _end_of_answer(rendered, answer, fmt)
         except FormatError as e:
             log.warning("this request goes as messages: %s", e)
             raise
@@ -250,10 +251,13 @@ class ExactHistory:
         trim = 0
         if answer.ended and tokens and isinstance(tokens[-1], int):
             end = await self._text(tokens[-1])
-            if end and text.startswith(end):
-                text = text[len(end) :]
+            if end and rendered.endswith(end, 0, cut):
+                cut -= len(end)  # what closed the calls is the token the model stopped at
+            if end and rendered.startswith(end, cut):
+                cut += len(end)
             else:  # the template ends an answer its own way; that token is not in the slot
                 trim = 1
+        text = rendered[cut:]
         record = PromptRecord(text=text, trim=trim)
         return NextPrompt([*pieces, *tokens[: len(tokens) - trim], text], record, fmt)
 
@@ -300,7 +304,8 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
             raise FormatError(f"the template left out the call of {call.name}")
         at = name + len(call.name)
         if call_format.params is None:  # JSON arguments: they may hold the closing text
-            at = _after_arguments(rendered, rendered.find("{", at), call.name, call_format)
+            opening = rendered.find(OPENING[call_format.notation], at)
+            at = _after_arguments(rendered, opening, call.name, call_format)
         if (
             matched := close.search(rendered, at)
             if call_format.params

@@ -22,7 +22,7 @@ from ._format import (
     delimiter_pattern,
     learn_format,
 )
-from ._notation import GEMMA_QUOTE, decode_arguments
+from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -47,6 +47,7 @@ __all__ = [
     "BUDGET_MESSAGE",
     "CALL_ID",
     "GEMMA_QUOTE",
+    "OPENING",
     "THINKING_CAP_GRACE",
     "AnyRequest",
     "CacheOutcome",

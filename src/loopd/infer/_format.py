@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, get_args
 
-from ._notation import GEMMA_QUOTE, Notation, decode_arguments
+from ._notation import GEMMA_QUOTE, OPENING, Notation, decode_arguments
 
 __all__ = [
     "CALL_ID",
@@ -123,7 +123,7 @@ class ToolCallFormat:
     """What opens a call that follows another in the same block (`<invoke name="`), when that
     is not `open`."""
     notation: Notation = "json"
-    """How JSON arguments are written (Gemma 4 has its own)."""
+    """How the arguments are written (Gemma 4 has its own notation, LFM2 Python's)."""
     content_last: bool = False
     """The template writes a message's content after its calls and their results (Gemma 4)."""
 
@@ -228,11 +228,11 @@ class _Probe:
         probe = cls(render, base, without, with_prompt[len(without) :])
         return replace(probe, plain=await probe.assistant({"content": CONTENT}))
 
-    def ends_message(self, tag: str) -> bool:
-        """`tag` is what ends a message of plain content (`<|im_end|>`)."""
+    def message_end(self) -> list[str]:
+        """The special tokens between a message's content and the next message's
+        (`<|im_end|>`, `<|im_start|>`)."""
         after = self.plain[self.plain.index(CONTENT) + len(CONTENT) :]
-        marker = _SPECIAL.search(after)
-        return marker is not None and marker.group(0) == tag
+        return _SPECIAL.findall(after[: after.find("Next.")])
 
     async def assistant(self, message: dict[str, Any]) -> str:
         """The text one assistant message and what follows it add after `base`. (Many
@@ -408,23 +408,24 @@ def _clean(text: str) -> str:
 
 
 def _block_close(probe: _Probe, rest: str, *, cut: bool) -> str:
-    """After the last call of a block, what closes the block when calls share one: the text up
-    to the next special token (Command R+'s `]```` and Mistral's `]` end a list of calls), or
-    else that token, when it is where the calls part and it closes the block
-    (`</minimax:tool_call>`, `<|tool_calls_section_end|>`). Not a token that ends the message
-    or opens the results (`<|im_end|>`, `<|observation|>`, Gemma 4's `<|tool_response>`): the
-    model may stop at one, and what follows its answer starts with it."""
+    """After the last call of a block, what closes the block when calls share one: text up to
+    the next special token (Mistral's `]`, Command R+'s `]````), and that token too when it
+    closes the block, i.e. the message ends right after it (LFM2's `]<|tool_call_end|>`, Kimi's
+    `<|tool_calls_section_end|>`). Not a token that ends the message itself (`<|im_end|>`) or
+    opens the results (GLM's `<|observation|>`, Gemma 4's `<|tool_response>`)."""
     rest = rest.lstrip()
     marker = _SPECIAL.search(rest)
     if marker is None:
         return ""
     text = rest[: marker.start()].strip()
+    if RESULT in text:
+        return ""
+    tag, ends = marker.group(0), probe.message_end()
+    after = rest[marker.end() :].lstrip()
+    closes = tag not in ends and any(after.startswith(e) for e in ends) if ends else cut
     if text:
-        return "" if RESULT in text else text
-    tag = marker.group(0)
-    closing = tag.startswith(("</", "[/")) or (tag.endswith("|>") and not tag.startswith("<|"))
-    closing = closing or ("end" in tag.lower() and not probe.ends_message(tag))
-    return tag if cut and closing else ""
+        return rest[: marker.end()].strip() if closes else text
+    return tag if cut and closes else ""
 
 
 def _positions(text: str, marks: list[str]) -> list[int] | None:
@@ -449,10 +450,10 @@ def _locate(text: str, name: str) -> tuple[int, int, int, Notation] | None:
     key_at = text.find(KEY, name_at)
     if name_at < 0 or key_at < 0:
         return None
-    args_at = text.rfind("{", name_at, key_at)
-    if args_at < 0:
-        return None
     for notation in get_args(Notation):
+        args_at = text.rfind(OPENING[notation], name_at, key_at)
+        if args_at < 0:
+            continue
         try:
             value, args_end = decode_arguments(notation, text, args_at)
         except ValueError:

@@ -1,19 +1,24 @@
-"""How a template writes a tool call's arguments: JSON, or Gemma 4's own notation.
+"""How a template writes a tool call's arguments: JSON, Gemma 4's own notation, or Python.
 
 Gemma 4 writes `{path:<|"|>a.md<|"|>,depth:2}`: keys bare, strings between `<|"|>` tokens,
-numbers, booleans, lists and objects as in JSON otherwise. Both decode to the same JSON
-object, which is what a tool gets. Sans-IO.
+numbers, booleans, lists and objects as in JSON otherwise. LFM2 writes a Python call,
+`read_file(path='a.md', depth=2)`. All decode to the same JSON object, which is what a tool
+gets. Sans-IO.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Literal
 
-__all__ = ["GEMMA_QUOTE", "Notation", "decode_arguments"]
+__all__ = ["GEMMA_QUOTE", "OPENING", "Notation", "decode_arguments"]
 
-Notation = Literal["json", "gemma"]
+Notation = Literal["json", "gemma", "python"]
+
+OPENING: dict[Notation, str] = {"json": "{", "gemma": "{", "python": "("}
+"""What the arguments start with."""
 
 GEMMA_QUOTE = '<|"|>'
 
@@ -25,8 +30,10 @@ def decode_arguments(notation: Notation, text: str, at: int) -> tuple[dict[str, 
     one, or not whole yet."""
     if notation == "json":
         value, end = json.JSONDecoder().raw_decode(text, at)
-    else:
+    elif notation == "gemma":
         value, end = _gemma(text, at)
+    else:
+        value, end = _python(text, at)
     if not isinstance(value, dict):
         raise ValueError("the arguments are not an object")  # noqa: TRY004 - one error for all
     return value, end
@@ -103,3 +110,40 @@ def _skip_space(text: str, at: int) -> int:
     while at < len(text) and text[at].isspace():
         at += 1
     return at
+
+
+def _python(text: str, at: int) -> tuple[dict[str, object], int]:
+    """`(key=value, ...)` with Python literals (LFM2.5's calls): up to the first `)` after
+    which the whole is a call of keywords."""
+    if not text.startswith("(", at):
+        raise ValueError("no arguments")
+    end = text.find(")", at)
+    while end >= 0:
+        try:
+            tree = ast.parse("f" + text[at : end + 1], mode="eval").body
+        except SyntaxError:
+            end = text.find(")", end + 1)
+            continue
+        if not isinstance(tree, ast.Call) or tree.args or any(k.arg is None for k in tree.keywords):
+            raise ValueError("not keyword arguments")
+        try:
+            return {str(k.arg): _literal(k.value) for k in tree.keywords}, end + 1
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+            raise ValueError("a value that is not a literal") from e
+    raise ValueError("arguments not closed")
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> object:
+    """A Python literal, where an object may be written as JSON (`{"a": true}`)."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("a ** in a literal")
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_literal(e) for e in node.elts]
+    return ast.literal_eval(node)

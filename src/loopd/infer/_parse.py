@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ._format import CALL_ID, PARAM_KEY, ChatFormat, ToolCallFormat, delimiter_pattern
-from ._notation import decode_arguments
+from ._notation import OPENING, decode_arguments
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -257,10 +257,10 @@ class OutputParser:
                 return None
             name, args_from = text[: mid.start()], mid.end()
         else:  # the arguments follow the name directly (Gemma 4's `call:name{...}`)
-            args_from = text.find("{")
+            args_from = text.find(OPENING[call.notation])
             name = text[: max(args_from, 0)]
         name = name.strip().strip('"')
-        args_at = text.find("{", args_from)
+        args_at = text.find(OPENING[call.notation], args_from)
         if args_at < 0 or not name or text[args_from:args_at].strip():
             return None
         try:
