@@ -6,7 +6,7 @@ from typing import Any
 
 from bxctl.view import context_line
 from loopd.baseline import make_baseline
-from loopd.exact import ExactHistory, past_reasoning, transcript
+from loopd.exact import ExactHistory, NextPrompt, past_reasoning, transcript
 from loopd.infer import ChatFormat, ToolCall, ToolCallFormat
 from loopd.records import (
     AssistantRecord,
@@ -131,33 +131,33 @@ class GemmaLike:
         return "<turn|>"
 
 
+async def next_after_a_call(
+    client: object, call_format: ToolCallFormat, answer: AssistantRecord
+) -> NextPrompt:
+    """The request after `answer`, a find_tool call, and its result, in this format."""
+    exact = ExactHistory(client)  # type: ignore[arg-type]
+    baseline = make_baseline("Be brief.")
+    exact._formats[(baseline.system, True)] = ChatFormat("", None, False, (), call_format)
+    records: list[Record] = [
+        UserRecord(content="Hi."),
+        PromptRecord(text="prompt", full=True),
+        answer,
+        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="found"),
+    ]
+    return await exact.next_prompt(baseline, records, thinking=True)
+
+
+FIND = ToolCall(id="c1", name="find_tool", arguments="{}")
+
+
 async def test_content_written_after_the_calls_is_not_where_the_answer_ends() -> None:
     """Gemma 4 writes an answer's content after its calls and their results: the text after
     an answer with both is the results, as the model goes on in its turn."""
-    exact = ExactHistory(GemmaLike())  # type: ignore[arg-type]
-    fmt = ChatFormat(
-        generation_prompt="<|turn>model\n",
-        think=None,
-        thinking_open=False,
-        content_prefixes=(),
-        tool_call=ToolCallFormat(
-            open="<|tool_call>call:",
-            mid="",
-            close="<tool_call|>",
-            notation="gemma",
-            content_last=True,
-        ),
+    gemma = ToolCallFormat(
+        open="<|tool_call>call:", mid="", close="<tool_call|>", notation="gemma", content_last=True
     )
-    baseline = make_baseline("Be brief.")
-    exact._formats[(baseline.system, True)] = fmt
-    call = ToolCall(id="c1", name="find_tool", arguments="{}")
-    records: list[Record] = [
-        UserRecord(content="Hi."),
-        PromptRecord(text="<|turn>user\nHi.<turn|>\n<|turn>model\n", full=True),
-        AssistantRecord(content="Let me look.", tool_calls=(call,), tokens=(5, 6, 7), ended=False),
-        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="found"),
-    ]
-    nxt = await exact.next_prompt(baseline, records, thinking=True)
+    answer = AssistantRecord(content="Let me look.", tool_calls=(FIND,), tokens=(5, 6, 7))
+    nxt = await next_after_a_call(GemmaLike(), gemma, answer)
     assert nxt.record.text == '<|tool_response>response:r{value:<|"|>found<|"|>}<tool_response|>'
 
 
@@ -191,21 +191,11 @@ async def test_the_token_the_model_stopped_at_stays_when_the_template_closes_cal
     """Where a template writes the model's end-of-generation token after its calls, that token
     is in the slot: the next request starts after it, and nothing is trimmed, whatever was
     learned of the block's close."""
-    exact = ExactHistory(FunctionaryLike())  # type: ignore[arg-type]
     call_format = ToolCallFormat(
         open="<function=", mid=">", close="</function>", block_close="<|eom_id|>"
     )
-    fmt = ChatFormat("", None, False, (), call_format)
-    baseline = make_baseline("Be brief.")
-    exact._formats[(baseline.system, True)] = fmt
-    call = ToolCall(id="c1", name="find_tool", arguments="{}")
-    records: list[Record] = [
-        UserRecord(content="Hi."),
-        PromptRecord(text="prompt", full=True),
-        AssistantRecord(content=None, tool_calls=(call,), tokens=(5, 6, 128008), ended=True),
-        ToolResultRecord(call=1, tool_call_id="c1", name="find_tool", content="found"),
-    ]
-    nxt = await exact.next_prompt(baseline, records, thinking=True)
+    answer = AssistantRecord(content=None, tool_calls=(FIND,), tokens=(5, 6, 128008), ended=True)
+    nxt = await next_after_a_call(FunctionaryLike(), call_format, answer)
     assert nxt.record.trim == 0
     assert nxt.record.text == (
         "<|start_header_id|>ipython<|end_header_id|>\n\nfound<|eot_id|>"

@@ -80,13 +80,9 @@ def _gemma_object(text: str, at: int) -> tuple[dict[str, object], int]:
         if not text.startswith(":", at) or not isinstance(key, str) or not key:
             raise ValueError("not a key and a value")
         out[key], at = _gemma(text, at + 1)
-        at = _skip_space(text, at)
-        if text.startswith(",", at):
-            at += 1
-        elif text.startswith("}", at):
-            return out, at + 1
-        else:
-            raise ValueError("an object not closed")
+        closed, at = _after_item(text, at, "}")
+        if closed:
+            return out, at
 
 
 def _gemma_list(text: str, at: int) -> tuple[list[object], int]:
@@ -97,13 +93,19 @@ def _gemma_list(text: str, at: int) -> tuple[list[object], int]:
     while True:
         item, at = _gemma(text, at)
         out.append(item)
-        at = _skip_space(text, at)
-        if text.startswith(",", at):
-            at += 1
-        elif text.startswith("]", at):
-            return out, at + 1
-        else:
-            raise ValueError("a list not closed")
+        closed, at = _after_item(text, at, "]")
+        if closed:
+            return out, at
+
+
+def _after_item(text: str, at: int, closer: str) -> tuple[bool, int]:
+    """Past the comma before the next item (False), or past the closer (True)."""
+    at = _skip_space(text, at)
+    if text.startswith(",", at):
+        return False, at + 1
+    if text.startswith(closer, at):
+        return True, at + 1
+    raise ValueError(f"no {closer} closes it")
 
 
 def _skip_space(text: str, at: int) -> int:
