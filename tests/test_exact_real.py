@@ -93,6 +93,11 @@ async def test_exact_history_recomputes_nothing_the_slot_holds(
         ("GLM-4.7-Flash", "<tool_call>", ""),
         ("google-gemma-4-31B-it", "<|tool_call>call:", ""),
         ("LFM2.5-8B-A1B", "<|tool_call_start|>[", "]<|tool_call_end|>"),
+        (
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+            "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>",
+            "<\uff5ctool\u2581calls\u2581end\uff5c>",
+        ),
     ],
 )
 async def test_what_opens_and_closes_a_block_of_calls_is_learned(

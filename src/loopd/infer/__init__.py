@@ -20,8 +20,8 @@ from ._format import (
     FormatError,
     ToolCallFormat,
     delimiter_pattern,
-    learn_format,
 )
+from ._learn import learn_format
 from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
 from ._types import (
     BUDGET_MESSAGE,
