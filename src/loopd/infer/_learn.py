@@ -49,6 +49,8 @@ VALUE = "Vz7value"
 KEY_2 = "Kz7other"
 VALUE_2 = "Vz7second"
 RESULT = "Rz7Result"
+HELLO, NEXT = "Hello.", "Next."
+"""The user's message before the probed answer, and after it."""
 
 # Thinking tags of the families llama.cpp knows; a template that renders reasoning teaches its
 # own tags, these serve the templates that never render past reasoning (QwQ, DeepSeek R1).
@@ -119,7 +121,7 @@ class _Probe:
     async def start(cls, render: Render, system: str) -> _Probe:
         base: list[dict[str, Any]] = [
             {"role": "system", "content": system},
-            {"role": "user", "content": "Hello."},
+            {"role": "user", "content": HELLO},
         ]
         with_prompt = await render(base, generation_prompt=True)
         without = _without_ending(await render(base, generation_prompt=False), with_prompt)
@@ -130,13 +132,13 @@ class _Probe:
         """The special tokens between a message's content and the next message's
         (`<|im_end|>`, `<|im_start|>`)."""
         after = self.plain[self.plain.index(CONTENT) + len(CONTENT) :]
-        return SPECIAL.findall(after[: after.find("Next.")])
+        return SPECIAL.findall(after[: after.find(NEXT)])
 
     async def assistant(self, message: dict[str, Any]) -> str:
         """The text one assistant message and what follows it add after `base`. (Many
         templates leave content out of a message with tool calls.)"""
         calls = message.get("tool_calls", [])
-        after = _results(calls) if calls else [{"role": "user", "content": "Next."}]
+        after = _results(calls) if calls else [{"role": "user", "content": NEXT}]
         full = await self.render(
             [*self.base, {"role": "assistant", **message}, *after], generation_prompt=False
         )
@@ -156,7 +158,7 @@ class _Probe:
         the user message and its end marker. Mistral moves the tools to the last user message;
         Command R+ writes an instruction after the whole history, a turn of its own (it opens
         as the generation prompt does) that the longer conversation has at its end instead."""
-        user, without = "Hello.", self.without
+        user, without = HELLO, self.without
         if user not in without or user not in full:
             return None
         end_of_user = without[without.rindex(user) + len(user) :]

@@ -47,14 +47,17 @@ class _ParamPatterns:
         self.key_open = _spaced_pattern(params.key_open)
         self.key_end = _spaced_pattern(params.key_end)
         self._params = params
-        self._fixed_end = (
-            None if PARAM_KEY in params.value_end else _spaced_pattern(params.value_end)
-        )
+        self._value_ends: dict[str, re.Pattern[str]] = {}
         self.close = _spaced_pattern(call.close)
 
     def value_end(self, key: str) -> re.Pattern[str]:
-        """What ends the value of `key` (the key itself, in templates that repeat it)."""
-        return self._fixed_end or _spaced_pattern(self._params.end_of(key))
+        """What ends the value of `key` (the key itself, in templates that repeat it); built
+        once per key, as the call is parsed again at each piece."""
+        if PARAM_KEY not in self._params.value_end:
+            key = ""
+        if key not in self._value_ends:
+            self._value_ends[key] = _spaced_pattern(self._params.end_of(key))
+        return self._value_ends[key]
 
 
 def _value(text: str) -> object:
@@ -251,16 +254,17 @@ class OutputParser:
             return self._parse_params()
         call, text = self.fmt.tool_call, self._buffer
         assert call is not None  # noqa: S101 - only called in a call
+        opening = OPENING[call.notation]
         if self._mid is not None:
             mid = self._mid.search(text)
             if mid is None:
                 return None
             name, args_from = text[: mid.start()], mid.end()
         else:  # the arguments follow the name directly (Gemma 4's `call:name{...}`)
-            args_from = text.find(OPENING[call.notation])
-            name = text[: max(args_from, 0)]
+            args_from = max(text.find(opening), 0)
+            name = text[:args_from]
         name = name.strip().strip('"')
-        args_at = text.find(OPENING[call.notation], args_from)
+        args_at = text.find(opening, args_from)
         if args_at < 0 or not name or text[args_from:args_at].strip():
             return None
         try:
