@@ -139,7 +139,8 @@ class SessionConfig(_Table):
     server recomputes nothing it holds (docs/cache.md). `template`: history goes as messages
     and the server's template renders it anew each time, dropping what the template drops
     (past reasoning, for many); the losses are recorded. A template loopd cannot read for an
-    exact prompt (its tool calls not `name` + JSON arguments) is served as `template`."""
+    exact prompt (its tool calls in none of the shapes docs/cache.md lists) is served as
+    `template`."""
     on_full: Literal["stop", "continue"] = "continue"
     """When a message no longer fits the context: `continue` asks the model for a summary of
     the session (on the side slot), starts a new session that continues it from that summary,

@@ -98,7 +98,7 @@ class ChatFormat:
     """What a template writes before content (harmony's final channel header)."""
     tool_call: ToolCallFormat | None
     """None when the template has no tool calls (`learn_format` refuses a template whose tool
-    calls are not a name and JSON arguments: loopd could not read them)."""
+    calls follow none of the shapes it knows: loopd could not read them)."""
 
     def markers(self) -> list[str]:
         """Every delimiter the parser looks for, to be sent as `preserved_tokens` so the server
