@@ -62,10 +62,12 @@ stop:
 device-check *ARGS: setup
     {{py}} scripts/device_check.py "$@"
 
-# Run the whole test suite (real llama-server tests included)
+# Run the whole test suite (real llama-server tests and llama.cpp's own parser cases included)
 test *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
+    LOOPD_TEMPLATES="$(UV="{{uv}}" {{py}} scripts/assets.py templates-path)" \
+    LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
     {{py}} -m pytest "$@"
 
 # Format the code

