@@ -52,7 +52,7 @@ def test_cases_are_skipped_only_for_what_loopd_does_not_have() -> None:
 
 def _differs(fmt: ChatFormat, case: Case) -> str | None:
     for piece in (3, 0):
-        got = parse(fmt, case.input, piece)
+        got = parse(fmt, case, piece)
         if got != case.expect:
             how = f"{piece} at a time" if piece else "whole"
             return f"{case.id} ({how}): expected {case.expect}, got {got}"

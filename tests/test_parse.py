@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
+from loopd.infer._schema import ArgumentTypes
 
 QWEN = ChatFormat(
     generation_prompt="<|im_start|>assistant\n",
@@ -38,8 +39,8 @@ LLAMA = ChatFormat(
 )
 
 
-def parse(fmt: ChatFormat, pieces: list[str]) -> list[Piece]:
-    parser = OutputParser(fmt)
+def parse(fmt: ChatFormat, pieces: list[str], tools: ArgumentTypes | None = None) -> list[Piece]:
+    parser = OutputParser(fmt, tools)
     out = [p for text in pieces for p in parser.feed(text)] + parser.finish()
     merged: list[Piece] = []
     for p in out:
@@ -169,6 +170,71 @@ def test_parameters_written_one_by_one() -> None:
     assert out == [
         Piece("call", '{"name": "read_file", "arguments": {"path": "a.md"}}', "call_tool")
     ]
+
+
+def _tool(name: str, **properties: object) -> dict[str, object]:
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": {"properties": properties}},
+    }
+
+
+SCHEMAS = ArgumentTypes(
+    [
+        _tool(
+            "set",
+            count={"type": "integer"},
+            ratio={"type": "number"},
+            on={"type": "boolean"},
+            note={"type": "string"},
+            maybe={"type": ["string", "null"]},
+            limit={"oneOf": [{"type": "integer"}, {"$ref": "#/$defs/max"}]},
+            tags={"anyOf": [{"type": "array"}, {"type": "string"}]},
+            kind={"enum": ["a", "b"]},
+        )
+    ]
+)
+
+
+def _params(**values: str) -> str:
+    written = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    return f"<tool_call>\n<function=set>\n{written}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "value"),
+    [
+        ("count", "42", 42),
+        ("ratio", "3.5", 3.5),
+        ("on", "true", True),
+        ("note", "42", "42"),
+        ("note", "null", "null"),
+        ("maybe", "null", None),
+        ("maybe", "42", "42"),
+        ("limit", '{"max": 3}', {"max": 3}),
+        ("tags", '["x"]', ["x"]),
+        ("tags", "{}", "{}"),
+        ("kind", "1", "1"),
+        ("count", "many", "many"),
+        ("unknown", "42", "42"),
+        ("unknown", '{"a": 1}', {"a": 1}),
+    ],
+)
+def test_a_value_written_as_text_is_typed_by_the_tools_schema(
+    key: str, text: str, value: object
+) -> None:
+    """As llama.cpp reads it: JSON where the schema allows no string, text where it allows only
+    strings, JSON of another of its types where it allows both; a parameter no schema names,
+    an object or a list when it is one."""
+    (call,) = parse(QWEN_CODER, [_params(**{key: text})], SCHEMAS)
+    assert json.loads(call.text) == {key: value}
+
+
+def test_a_value_keeps_the_newline_it_ends_with() -> None:
+    """Only the newline the template writes before `</parameter>` is a delimiter's: a file's
+    last newline in an edit stays in it."""
+    (call,) = parse(QWEN_CODER, [_params(note="#include\n")], SCHEMAS)
+    assert json.loads(call.text) == {"note": "#include\n"}
 
 
 def test_several_calls_in_one_block() -> None:

@@ -112,6 +112,7 @@ async def next_request(
                 sampling=o.sampling,
                 prefill=o.prefill,
                 grammar=o.grammar,
+                tools=baseline.tools,
             )
             return request, record
     prefill = [{"role": "assistant", "content": o.prefill}] if o.prefill else []

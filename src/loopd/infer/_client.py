@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._parse import OutputParser
 from ._raw import RawAssembler
+from ._schema import ArgumentTypes
 from ._types import (
     ChatEvent,
     ChatRequest,
@@ -317,7 +318,8 @@ class Client:
             repetition_cap=request.repetition_cap,
         )
         if isinstance(request, PromptRequest):
-            assembler = RawAssembler(OutputParser(request.format), assembler)
+            parser = OutputParser(request.format, ArgumentTypes(request.tools))
+            assembler = RawAssembler(parser, assembler)
             for event in assembler.prime(request.prefill):
                 on_event(event)
         try:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from ._format import CALL_ID, PARAM_KEY, ChatFormat, ToolCallFormat, delimiter_pattern
 from ._notation import OPENING, decode_arguments
+from ._schema import ArgumentTypes
 
 __all__ = ["OutputParser", "Piece"]
 
@@ -46,6 +47,8 @@ class _ParamPatterns:
         self.first_key = _spaced_pattern(call.mid + params.key_open)
         self.key_open = _spaced_pattern(params.key_open)
         self.key_end = _spaced_pattern(params.key_end)
+        self.value_start = params.key_end[len(params.key_end.rstrip()) :]
+        """What the template writes between a key's end and its value (Qwen3-Coder's `\n`)."""
         self._params = params
         self._value_ends: dict[str, re.Pattern[str]] = {}
         self.close = _spaced_pattern(call.close)
@@ -59,16 +62,13 @@ class _ParamPatterns:
             self._value_ends[key] = _spaced_pattern(self._params.end_of(key))
         return self._value_ends[key]
 
-
-def _value(text: str) -> object:
-    """An argument written as text: an object or a list when it is one in JSON (a tool's
-    `arguments`), else the text itself."""
-    text = text.strip("\n")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict | list) else text
+    def kept_of(self, value_end: re.Match[str]) -> int:
+        """How much of the whitespace a value's end matched belongs to the value: all but what
+        the template itself writes there (`#include\n` in `#include\n\n</parameter>`)."""
+        matched = value_end.group(0)
+        spaces = len(matched) - len(matched.lstrip())
+        own = self._params.value_end
+        return max(0, spaces - (len(own) - len(own.lstrip())))
 
 
 def _held(text: str, delimiter: str) -> int:
@@ -80,8 +80,9 @@ def _held(text: str, delimiter: str) -> int:
 
 
 class OutputParser:
-    def __init__(self, fmt: ChatFormat) -> None:
+    def __init__(self, fmt: ChatFormat, types: ArgumentTypes | None = None) -> None:
         self.fmt = fmt
+        self._types = types or ArgumentTypes()
         self._state: Literal["start", "reasoning", "content", "call"] = (
             "reasoning" if fmt.thinking_open else "start"
         )
@@ -235,10 +236,13 @@ class OutputParser:
             if not key_end:
                 return None
             key = text[at : key_end.start()].strip().strip('"')
-            value_end = p.value_end(key).search(text, key_end.end())
+            start = key_end.end()
+            start += len(p.value_start) if text.startswith(p.value_start, start) else 0
+            value_end = p.value_end(key).search(text, start)
             if not value_end:
                 return None
-            arguments[key] = _value(text[key_end.end() : value_end.start()])
+            value = text[start : value_end.start() + p.kept_of(value_end)]
+            arguments[key] = self._types.value(name, key, value)
             at = value_end.end()
             # The close first: it may begin like another argument (MiniMax-M3's
             # `>]<]minimax[>[</invoke>` against `>]<]minimax[>[<key`).

@@ -111,6 +111,9 @@ class PromptRequest:
     """Text the answer starts with, already at the end of `prompt`: parsed as the model's."""
     grammar: str = ""
     """A GBNF grammar the generated text must follow (tests make a small model finish a call)."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """The tools the prompt offers: their schemas type the values of parameters written as
+    text."""
 
     def body(self) -> bytes:
         fmt = self.format
