@@ -64,6 +64,49 @@ KNOWN_THINK_TAGS = (
 )
 
 
+# Call syntaxes of the families whose templates never render a past call (so it cannot be read
+# off a rendering), each known by what its template's source says, as llama.cpp knows them
+# (`common_chat_templates_apply` in its common/chat.cpp).
+KNOWN_CALLS = (
+    (  # LFM2 and LFM2.5: a Python list of calls
+        "List of tools",
+        ToolCallFormat(
+            open="<|tool_call_start|>[",
+            mid="",
+            close="",
+            block_close="]<|tool_call_end|>",
+            again=",",
+            notation="python",
+        ),
+    ),
+    (  # Granite 3.3: its tool section says "<|tool_call|> followed by a JSON list"
+        "<|tool_call|> followed by a JSON list",
+        ToolCallFormat(
+            open='<|tool_call|>[{"name": "',
+            mid='", "arguments": ',
+            close="}",
+            block_close="]",
+            again=', {"name": "',
+        ),
+    ),
+    (  # DeepSeek R1: each call's JSON arguments in a fenced block
+        "tool\u2581calls\u2581begin",
+        ToolCallFormat(
+            open="<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>"
+            "function<\uff5ctool\u2581sep\uff5c>",
+            mid="\n```json\n",
+            close="\n```<\uff5ctool\u2581call\u2581end\uff5c>",
+            block_close="<\uff5ctool\u2581calls\u2581end\uff5c>",
+            again="<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>",
+        ),
+    ),
+)
+
+
+def _known_calls(source: str) -> ToolCallFormat | None:
+    return next((fmt for marker, fmt in KNOWN_CALLS if marker in source), None)
+
+
 def _common_prefix(texts: list[str]) -> str:
     """The longest string all of `texts` start with (character by character, unlike paths)."""
     first, last = min(texts), max(texts)
@@ -81,7 +124,12 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
     header = _clean(_common_prefix([gen, plain]))
     prefix = plain[len(header) : plain.index(CONTENT)].strip()
     think = await _think_tags(probe, source)
-    tool_call = await _tool_call_format(probe, header)
+    tool_call = await _tool_call_format(probe, header) or _known_calls(source)
+    if tool_call is None and "tools" in source:
+        raise FormatError(
+            "the template offers tools but writes no past call, and its call syntax is of no "
+            "family loopd knows: loopd could not tell the model's calls from content"
+        )
     if tool_call and think:
         tool_call = _without_empty_thinking(tool_call, think)
     return ChatFormat(
