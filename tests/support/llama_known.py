@@ -62,14 +62,6 @@ BY_REASON: dict[str, list[str]] = {
         "Kimi-K3#7",
         "Kimi-K3#8",
     ],
-    "the call index learned into the delimiter": [
-        "Kimi-K2-Thinking#4",
-        "Kimi-K2-Thinking#5",
-        "Kimi-K2-Thinking#9",
-        "Kimi-K2-Thinking#10",
-        "Kimi-K2-Thinking#11",
-        "Kimi-K2-Thinking#12",
-    ],
     "a call inside reasoning that was never closed": [
         "Qwen3.5-4B#10",
         "Qwen3.5-4B#11",
@@ -82,6 +74,11 @@ BY_REASON: dict[str, list[str]] = {
         "MiniMax-M3#12",
         "MiniMax-M3#13",
         "MiniMax-M3#15",
+    ],
+    "the call index learned into the delimiter": [
+        "Kimi-K2-Thinking#10",
+        "Kimi-K2-Thinking#11",
+        "Kimi-K2-Thinking#12",
     ],
     "a call without its opener": [
         "Qwen3-Coder#2",

@@ -296,6 +296,8 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
     if not open_.strip():
         raise FormatError("nothing in its tool calls tells them from content")
     mid = one[name_at + len(NAME) : args_at]
+    if two and second and (other := _locate(two[second[2] :], NAME_2)):
+        mid = _numbered(mid, two[second[2] :][other[0] + len(NAME_2) : other[1]])
     first_id = _call(NAME, 1)["id"]
     return ToolCallFormat(
         open=open_.lstrip().replace(first_id, CALL_ID),
@@ -347,6 +349,15 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
         block_close=block_close,
         again=again if block_close else "",
     )
+
+
+def _numbered(first: str, second: str) -> str:
+    """A call's delimiter with the place where two calls differ by a number (Kimi's
+    `functions.NAME:0`, `:1`) standing for any id the model writes."""
+    head = _common_prefix([first, second])
+    tail = _common_suffix([first[len(head) :], second[len(head) :]])
+    differs = first[len(head) : len(first) - len(tail)]
+    return head + CALL_ID + tail if differs.isdigit() else first
 
 
 def _clean(text: str) -> str:
