@@ -31,8 +31,7 @@ from ._errors import (
     StreamBroken,
     is_retryable,
 )
-from ._parse import OutputParser
-from ._raw import RawAssembler
+from ._raw import RawAssembler, parser_for
 from ._schema import ArgumentTypes
 from ._types import (
     ChatEvent,
@@ -318,7 +317,7 @@ class Client:
             repetition_cap=request.repetition_cap,
         )
         if isinstance(request, PromptRequest):
-            parser = OutputParser(request.format, ArgumentTypes(request.tools))
+            parser = parser_for(request.format, ArgumentTypes(request.tools))
             assembler = RawAssembler(parser, assembler)
             for event in assembler.prime(request.prefill):
                 on_event(event)

@@ -30,7 +30,9 @@ SPECIAL = re.compile(
 
 
 CALL_ID = "\x00id\x00"
-"""Stands in a delimiter for a call id the model writes itself (Mistral's `"id": "..."`)."""
+"""Stands in a delimiter for a word the model writes itself, which varies from call to call:
+a call id (Mistral's `"id": "..."`), an index (Kimi's `:0`), a value's type (DeepSeek's
+`string="true"`)."""
 
 PARAM_KEY = "\x00key\x00"
 """Stands in a parameter's end for its key, where the template closes each parameter with it
@@ -99,6 +101,12 @@ class ChatFormat:
     tool_call: ToolCallFormat | None
     """None when the template has no tool calls (`learn_format` refuses a template whose tool
     calls follow none of the shapes it knows: loopd could not read them)."""
+
+    @property
+    def harmony(self) -> bool:
+        """gpt-oss's message format: channels, recipients and several messages in one answer
+        (`_harmony`), not a pair of tags."""
+        return self.think is not None and self.think[0].startswith("<|channel|>")
 
     def markers(self) -> list[str]:
         """Every delimiter the parser looks for, to be sent as `preserved_tokens` so the server

@@ -232,7 +232,7 @@ def _without_ending(without: str, with_prompt: str) -> str:
     return shared
 
 
-def _call(name: str, index: int, arguments: dict[str, str] | None = None) -> dict[str, Any]:
+def _call(name: str, index: int, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": f"c0000000{index}",
         "type": "function",
@@ -297,7 +297,7 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
         raise FormatError("nothing in its tool calls tells them from content")
     mid = one[name_at + len(NAME) : args_at]
     if two and second and (other := _locate(two[second[2] :], NAME_2)):
-        mid = _numbered(mid, two[second[2] :][other[0] + len(NAME_2) : other[1]])
+        mid = _varying(mid, two[second[2] :][other[0] + len(NAME_2) : other[1]])
     first_id = _call(NAME, 1)["id"]
     return ToolCallFormat(
         open=open_.lstrip().replace(first_id, CALL_ID),
@@ -324,6 +324,7 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
     key_open = _common_suffix([name_to_key, value_to_key])
     if not key_open.strip() or key_end != key_end_2:
         raise FormatError("its tool calls' parameters follow no pattern loopd can read")
+    key_end = await _typed_key_end(probe, key_end)
     value_end = value_to_key[: len(value_to_key) - len(key_open)].replace(KEY, PARAM_KEY)
     last_end = value_end.replace(PARAM_KEY, KEY_2)  # how the last argument ends
     after = one[at[-1] + len(VALUE_2) :]
@@ -351,13 +352,29 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
     )
 
 
-def _numbered(first: str, second: str) -> str:
-    """A call's delimiter with the place where two calls differ by a number (Kimi's
-    `functions.NAME:0`, `:1`) standing for any id the model writes."""
+async def _typed_key_end(probe: _Probe, key_end: str) -> str:
+    """A key's end where the template marks the value's type in it (DeepSeek V3.2's
+    `" string="true">`, `" string="false">` for a list or a number): the mark matches any."""
+    listed = await probe.tool_calls([_call(NAME, 1, {KEY: [VALUE], KEY_2: VALUE_2})])
+    if listed is None or KEY not in listed:
+        return key_end
+    after = listed[listed.index(KEY) + len(KEY) :]
+    value_at = after.find(json.dumps([VALUE]))
+    return _varying(key_end, after[:value_at]) if value_at > 0 else key_end
+
+
+def _varying(first: str, second: str) -> str:
+    """A delimiter where two renderings differ by one word (Kimi's call index `:0`, `:1`;
+    DeepSeek's `string="true"`, `"false"`): that word matches any the model writes."""
     head = _common_prefix([first, second])
     tail = _common_suffix([first[len(head) :], second[len(head) :]])
+    while head and head[-1].isalnum():  # the whole word varies, not its end
+        head = head[:-1]
+    while tail and tail[0].isalnum():
+        tail = tail[1:]
     differs = first[len(head) : len(first) - len(tail)]
-    return head + CALL_ID + tail if differs.isdigit() else first
+    other = second[len(head) : len(second) - len(tail)]
+    return head + CALL_ID + tail if differs.isalnum() and other.isalnum() else first
 
 
 def _clean(text: str) -> str:

@@ -1,5 +1,6 @@
 """Turning `/completion`'s stream into the same events and completion as the chat endpoint's,
-without any I/O: the raw text goes through `OutputParser`, the token ids are kept exactly.
+without any I/O: the raw text goes through the format's parser (`parser_for`), the token ids are
+kept exactly.
 
 Each chunk names the tokens generated so far (`tokens_predicted`) and carries the id of the
 newest. llama-server sends no chunk for a token that ends in the middle of a UTF-8 character,
@@ -23,10 +24,18 @@ from ._assemble import (
     _ToolCallPiece,
     read_chunk,
 )
+from ._format import ChatFormat
+from ._harmony import HarmonyParser
 from ._parse import OutputParser, Piece
+from ._schema import ArgumentTypes
 from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings
 
-__all__ = ["RawAssembler"]
+__all__ = ["RawAssembler", "parser_for"]
+
+
+def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputParser | HarmonyParser:
+    """The parser of a format: harmony's messages, or the learned delimiters."""
+    return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types)
 
 
 class _RawChunk(_Loose):
@@ -45,7 +54,7 @@ _CHUNK = TypeAdapter(_RawChunk)
 
 @dataclass
 class RawAssembler:
-    parser: OutputParser
+    parser: OutputParser | HarmonyParser
     inner: Assembler
     tokens: list[PromptPiece] = field(default_factory=list)
     done: bool = False
