@@ -237,6 +237,39 @@ def test_a_value_keeps_the_newline_it_ends_with() -> None:
     assert json.loads(call.text) == {"note": "#include\n"}
 
 
+CALL = '<tool_call>\n{"name": "find_tool", "arguments": {"query": "x"}}\n</tool_call>'
+
+
+def test_a_call_in_reasoning_never_closed_ends_the_reasoning() -> None:
+    """As llama.cpp reads it: the answer ends with the reasoning open, so the call is one."""
+    raw = f"Let me look.\n{CALL}\nDone."
+    assert parse(QWQ, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == [
+        Piece("reasoning", "Let me look.\n"),
+        Piece("call", '{"query": "x"}', "find_tool"),
+        Piece("content", "Done."),
+    ]
+
+
+def test_a_call_in_reasoning_that_closes_after_it_is_reasoning() -> None:
+    raw = f"Let me look.\n{CALL}\nNo.</think>Blue."
+    assert parse(QWQ, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == [
+        Piece("reasoning", f"Let me look.\n{CALL}\nNo."),
+        Piece("content", "Blue."),
+    ]
+
+
+def test_a_call_without_the_tag_that_opens_its_block() -> None:
+    """Qwen3-Coder's `<function=...>` without `<tool_call>` first, as models write it."""
+    raw = (
+        "Calling.\n<function=find_tool>\n<parameter=query>\nx\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    assert parse(QWEN_CODER, [raw[i : i + 4] for i in range(0, len(raw), 4)]) == [
+        Piece("content", "Calling.\n"),
+        Piece("call", '{"query": "x"}', "find_tool"),
+    ]
+
+
 def test_several_calls_in_one_block() -> None:
     call = '<invoke name="find_tool">\n<parameter name="query">files</parameter>\n</invoke>\n'
     raw = f"<minimax:tool_call>\n{call}{call}</minimax:tool_call>"

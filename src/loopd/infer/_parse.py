@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ._format import CALL_ID, PARAM_KEY, ChatFormat, ToolCallFormat, delimiter_pattern
+from ._format import CALL_ID, PARAM_KEY, SPECIAL, ChatFormat, ToolCallFormat, delimiter_pattern
 from ._notation import OPENING, decode_arguments
 from ._schema import ArgumentTypes
 
@@ -71,6 +71,22 @@ class _ParamPatterns:
         return max(0, spaces - (len(own) - len(own.lstrip())))
 
 
+def _opener(delimiter: str) -> tuple[str, re.Pattern[str]]:
+    """What a call opens with: the text to look for first (its first word), and the whole."""
+    return delimiter.split(maxsplit=1)[0].split(CALL_ID, maxsplit=1)[0], delimiter_pattern(
+        delimiter
+    )
+
+
+def _short_open(opening: str) -> str:
+    """A call's opening without the tag that opens a block of calls, which models leave out
+    (Qwen3-Coder's `<function=` without `<tool_call>`, Kimi's `<|tool_call_begin|>` without
+    `<|tool_calls_section_begin|>`); "" where nothing tag-like is left."""
+    first = SPECIAL.match(opening)
+    rest = opening[first.end() :].lstrip() if first else ""
+    return rest if rest.startswith("<") else ""
+
+
 def _held(text: str, delimiter: str) -> int:
     """How many characters at the end of `text` could begin `delimiter`."""
     for size in range(min(len(text), len(delimiter)), 0, -1):
@@ -89,8 +105,9 @@ class OutputParser:
         self._buffer = ""
         self._content_started = False
         call = fmt.tool_call
-        self._open = delimiter_pattern(call.open) if call else None
-        self._open_head = call.open.split()[0].split(CALL_ID)[0] if call else ""
+        self._openers = (
+            [_opener(o) for o in (call.open, _short_open(call.open)) if o] if call else []
+        )
         self._opened = ""
         self._wrote_content = False
         self._params = _ParamPatterns(call) if call and call.params else None
@@ -131,6 +148,9 @@ class OutputParser:
             self._state = "content"
 
     def _reasoning(self, out: list[Piece], final: bool) -> None:
+        """Reasoning runs to its end tag. A call that opens inside it is held: as llama.cpp
+        reads it, the call stays reasoning when the end tag comes after it, and ends the
+        reasoning when the answer ends with the reasoning never closed."""
         assert self.fmt.think is not None  # noqa: S101 - only entered with tags
         end = self.fmt.think[1]
         at = self._buffer.find(end)
@@ -140,7 +160,14 @@ class OutputParser:
             self._buffer = self._buffer[at + len(end) :]
             self._state = "content"
             return
-        keep = 0 if final else _held(self._buffer, end)
+        if (call_at := self._next_open(final)[0]) >= 0:
+            if call_at:
+                out.append(Piece("reasoning", self._buffer[:call_at]))
+                self._buffer = self._buffer[call_at:]
+            if final:
+                self._state, self._content_started = "content", True
+            return
+        keep = 0 if final else max([_held(self._buffer, end), *self._held_openers()])
         if len(self._buffer) > keep:
             out.append(Piece("reasoning", self._buffer[: len(self._buffer) - keep]))
             self._buffer = self._buffer[len(self._buffer) - keep :]
@@ -185,21 +212,35 @@ class OutputParser:
             return
         if self._state != "content" or not self._content_begins(final):
             return
-        at = self._buffer.find(self._open_head) if self._open else -1
+        at, opened = self._next_open(final)
         if at >= 0:
-            opened = self._open.match(self._buffer, at)  # type: ignore[union-attr]
-            if opened is None and not final and len(self._buffer) - at < OPEN_WINDOW:
-                self._emit_content(out, at)  # the head of a call, or not: the next piece says
-                return
-            if opened is not None:
-                self._emit_content(out, at)
+            self._emit_content(out, at)
+            if opened is not None:  # else the head of a call, or not: the next piece says
                 self._opened = opened.group(0)
                 self._buffer = self._buffer[opened.end() - at :]
                 self._state = "call"
-                return
-            at = -1
-        keep = 0 if final or not self._open else _held(self._buffer, self._open_head)
+            return
+        keep = 0 if final else max([0, *self._held_openers()])
         self._emit_content(out, len(self._buffer) - keep)
+
+    def _next_open(self, final: bool) -> tuple[int, re.Match[str] | None]:
+        """Where the first call opens in the buffer, and its opening; the opening is None while
+        the text there could still become one. (-1, None) where no call opens."""
+        found: tuple[int, re.Match[str] | None] = (-1, None)
+        for head, pattern in self._openers:
+            at = self._buffer.find(head)
+            while at >= 0 and (found[0] < 0 or at < found[0]):
+                if opened := pattern.match(self._buffer, at):
+                    found = (at, opened)
+                    break
+                if not final and len(self._buffer) - at < OPEN_WINDOW:
+                    found = (at, None)
+                    break
+                at = self._buffer.find(head, at + 1)
+        return found
+
+    def _held_openers(self) -> list[int]:
+        return [_held(self._buffer, head) for head, _ in self._openers]
 
     def _emit_content(self, out: list[Piece], end: int) -> None:
         if end > 0:
