@@ -237,6 +237,20 @@ def test_a_value_keeps_the_newline_it_ends_with() -> None:
     assert json.loads(call.text) == {"note": "#include\n"}
 
 
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_special_tokens_that_end_the_answer_are_not_content(size: int) -> None:
+    """As llama.cpp reads it; one in the middle of the answer stays."""
+    raw = "Hi <|x|> there.<|END_RESPONSE|>\n<|im_end|>"
+    pieces = parse(QWEN, [raw[i : i + size] for i in range(0, len(raw), size)])
+    assert pieces == [Piece("content", "Hi <|x|> there.")]
+
+
+def test_a_marker_of_the_generation_prompt_written_again_is_not_content() -> None:
+    raw = "<|im_start|>assistant\nParis."
+    fmt = ChatFormat("<|im_start|>assistant\n", None, False, (), None)
+    assert parse(fmt, [raw]) == [Piece("content", "assistant\nParis.")]
+
+
 CALL = '<tool_call>\n{"name": "find_tool", "arguments": {"query": "x"}}\n</tool_call>'
 
 

@@ -20,6 +20,15 @@ from ._schema import ArgumentTypes
 
 __all__ = ["OutputParser", "Piece"]
 
+# A run of special tokens at the end of an answer (`<|END_TEXT|>`, `<|eot|>`, Gemma's
+# `<channel|>`): the model's end of message, which llama.cpp leaves out of content. On a real
+# server most end generation and never reach the parser; those that do not are dropped here.
+_MARKER = r"\s*(?:<[|\uff5c][^<>]{1,60}?>|<[A-Za-z_]\w{0,40}\|>)"
+END_MARKERS = re.compile(rf"(?:{_MARKER})+\s*$")
+# While the answer goes on: what may still turn out to be such a run, held back until the next
+# piece says (whitespace, tokens, the start of one).
+MAYBE_END = re.compile(rf"(?:{_MARKER})*\s*(?:<[|\uff5c]?[^<>\s]{{0,60}})?$")
+
 # How far past the head of a tool call's opening ("<tool_call>") the rest of it must appear
 # before the text is taken for content after all.
 OPEN_WINDOW = 200
@@ -178,6 +187,12 @@ class OutputParser:
         if self._content_started:
             return True
         head = self._buffer.lstrip()
+        # A marker of the generation prompt written again (Command R+'s `<|CHATBOT_TOKEN|>`).
+        for marker in SPECIAL.findall(self.fmt.generation_prompt):
+            if head.startswith(marker):
+                head = head[len(marker) :].lstrip()
+            elif marker.startswith(head) and not final:
+                return False
         for prefix in self.fmt.content_prefixes:
             if head.startswith(prefix):
                 head = head[len(prefix) :].lstrip()
@@ -220,7 +235,14 @@ class OutputParser:
                 self._buffer = self._buffer[opened.end() - at :]
                 self._state = "call"
             return
-        keep = 0 if final else max([0, *self._held_openers()])
+        if final:
+            ending = END_MARKERS.search(self._buffer)
+            self._emit_content(out, ending.start() if ending else len(self._buffer))
+            self._buffer = ""
+            return
+        maybe = MAYBE_END.search(self._buffer)
+        ending_at = maybe.start() if maybe else len(self._buffer)
+        keep = max([len(self._buffer) - ending_at, *self._held_openers()])
         self._emit_content(out, len(self._buffer) - keep)
 
     def _next_open(self, final: bool) -> tuple[int, re.Match[str] | None]:
