@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator
 from loopd.canonical import canonical
 
 from ._format import ChatFormat
+from ._grammar import call_grammar
 
 __all__ = [
     "BUDGET_MESSAGE",
@@ -110,10 +111,11 @@ class PromptRequest:
     prefill: str = ""
     """Text the answer starts with, already at the end of `prompt`: parsed as the model's."""
     grammar: str = ""
-    """A GBNF grammar the generated text must follow (tests make a small model finish a call)."""
+    """A GBNF grammar the generated text must follow (tests make a small model finish a call);
+    without one, a lazy grammar of the tools' calls (`call_grammar`)."""
     tools: tuple[dict[str, Any], ...] = ()
-    """The tools the prompt offers: their schemas type the values of parameters written as
-    text."""
+    """The tools the prompt offers: their schemas constrain a call's arguments and type the
+    values of parameters written as text."""
 
     def body(self) -> bytes:
         fmt = self.format
@@ -132,6 +134,11 @@ class PromptRequest:
         }
         if self.grammar:
             payload["grammar"] = self.grammar
+        elif (calls := call_grammar(fmt, self.tools)) is not None:
+            # As the chat endpoint does: once a call opens, its syntax and arguments are
+            # constrained, so even a small model writes a call loopd can read.
+            payload |= calls.request_fields()
+            payload["preserved_tokens"] = list(dict.fromkeys([*fmt.markers(), *calls.preserved]))
         if self.thinking and self.thinking_cap is not None and fmt.think:
             payload["reasoning_budget_tokens"] = self.thinking_cap
             payload["reasoning_budget_start_tag"] = fmt.think[0]

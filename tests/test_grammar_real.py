@@ -1,0 +1,121 @@
+"""The call grammar on a real llama-server (SmolLM2-135M on the CPU) under real templates.
+
+SmolLM2 never opens a call by itself, so the lazy trigger does not fire here: the grammar's
+constrained part is shown by applying the same grammar from the answer's first token (the
+model must write a call), and every template's token-exact request with the lazy grammar is
+shown to be accepted by the server (the grammar compiles, its trigger is a preserved token).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TEMPLATES, StartLlama
+from loopd.baseline import TOOLS, make_baseline
+from loopd.exact import ExactHistory
+from loopd.infer import ChatFormat, Client, Completion, PromptRequest
+from loopd.infer._grammar import call_grammar
+
+pytestmark = pytest.mark.llama
+
+# SmolLM2 at temperature 0 says one thing over and over; a repetition penalty lets it finish
+# a string within the token budget.
+SAMPLING = {"temperature": 0, "repeat_penalty": 1.5, "repeat_last_n": 256}
+
+# Templates whose calls are a name and JSON arguments, on which SmolLM2 under the grammar ends
+# its strings within the budget (under Qwen3's and Hermes 2 Pro's it writes one string until
+# the budget runs out: the grammar holds, the call is never closed).
+JSON_CALLS = [
+    "Qwen-Qwen2.5-7B-Instruct",
+    "Qwen-QwQ-32B",
+    "meta-llama-Llama-3.1-8B-Instruct",
+    "mistralai-Mistral-Nemo-Instruct-2407",
+    "Kimi-K2-Instruct",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "CohereForAI-c4ai-command-r-plus-tool_use",
+]
+OTHER_JSON_CALLS = ["Qwen-Qwen3-0.6B", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"]
+PARAMETER_CALLS = ["Qwen3.5-4B", "GLM-4.6", "MiniMax-M2", "MiniMax-M3"]
+
+
+async def _answer(
+    llama: StartLlama, template: str, *, forced: bool | None
+) -> tuple[ChatFormat, Completion]:
+    """One token-exact answer to a question about notes: `forced`, the call grammar from the
+    first token; False, no grammar at all; None, the lazy grammar loopd sends."""
+    server = await llama(n_ctx=4096, template=TEMPLATES / f"{template}.jinja")
+    async with Client(server.url) as client:
+        fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=False)
+        prompt = await client.apply_template(
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Notes?"}],
+            list(TOOLS),
+            add_generation_prompt=True,
+            thinking=False,
+        )
+        grammar = call_grammar(fmt, TOOLS)
+        assert grammar is not None
+        request = PromptRequest(
+            prompt=[prompt],
+            format=fmt,
+            tools=TOOLS if forced is not False else (),
+            grammar=grammar.gbnf if forced else "",
+            max_tokens=300,
+            sampling=SAMPLING,
+            thinking=False,
+        )
+        return fmt, await client.chat(request, lambda _: None)
+
+
+def _are_calls(done: Completion) -> bool:
+    """One call or more (the grammar lets a model write several), each with the arguments its
+    tool's schema asks for."""
+    for call in done.tool_calls:
+        arguments = json.loads(call.arguments)
+        if call.name == "find_tool":
+            ok = isinstance(arguments.get("query"), str)
+        else:
+            ok = isinstance(arguments.get("name"), str) and isinstance(
+                arguments.get("arguments"), dict
+            )
+        if not ok:
+            return False
+    return bool(done.tool_calls)
+
+
+@pytest.mark.parametrize("template", JSON_CALLS)
+async def test_under_the_call_grammar_the_model_writes_a_call_loopd_reads(
+    llama: StartLlama, template: str
+) -> None:
+    _, done = await _answer(llama, template, forced=True)
+    assert _are_calls(done), done
+
+
+async def test_without_the_grammar_the_model_writes_no_call(llama: StartLlama) -> None:
+    """What the test above shows is the grammar's doing."""
+    _, done = await _answer(llama, JSON_CALLS[0], forced=False)
+    assert not done.tool_calls
+
+
+@pytest.mark.parametrize("template", JSON_CALLS + OTHER_JSON_CALLS + PARAMETER_CALLS)
+async def test_the_server_takes_the_lazy_grammar_of_every_template(
+    llama: StartLlama, template: str
+) -> None:
+    """A grammar that did not compile, or a trigger that is not a preserved token, is a 400."""
+    _, done = await _answer(llama, template, forced=None)
+    assert done.finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.mark.parametrize("template", PARAMETER_CALLS)
+async def test_under_the_grammar_parameters_follow_the_templates_syntax(
+    llama: StartLlama, template: str
+) -> None:
+    """SmolLM2 rarely ends a text value within the budget; what it writes is the template's
+    opening, a tool's name and its first key, or a whole call."""
+    fmt, done = await _answer(llama, template, forced=True)
+    assert fmt.tool_call is not None
+    assert fmt.tool_call.params is not None
+    written = (done.content or "").lstrip()
+    opening = fmt.tool_call.open.lstrip() + "find_tool" + fmt.tool_call.mid
+    assert done.tool_calls or written.startswith(opening) or "call_tool" in written
