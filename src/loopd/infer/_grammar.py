@@ -170,7 +170,10 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     delimiters = [call.open, call.close, call.block_close, call.again, call.mid]
     if call.params:
         delimiters += [call.params.key_open, call.params.key_end, call.params.value_end]
-    preserved = tuple(dict.fromkeys(m for d in delimiters for m in SPECIAL.findall(d)))
+    # The trigger too: llama-server refuses a trigger that is one token and not preserved
+    # (Functionary v3.2's `>>>`); a word of several tokens is preserved as nothing.
+    specials = (m for d in delimiters for m in SPECIAL.findall(d))
+    preserved = tuple(dict.fromkeys([trigger, *specials]))
     return CallGrammar(rules.text(), trigger, preserved)
 
 
