@@ -99,6 +99,7 @@ bench *NAMES: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" UV="{{uv}}" \
     LOOPD_TEMPLATES="$(UV="{{uv}}" {{py}} scripts/assets.py templates-path)" \
+    LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
     PYTHONPATH=tests:bench {{py}} bench/run.py "$@"
 
 # Write the generated docs (config reference, protocol schemas) from the code

@@ -11,6 +11,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     history   time to first token against the length of the history
     templates every chat template: token-exact history against history as messages
     freeze    how long `status` waits while a tool call burns its whole deadline
+    parser    llama.cpp's own parser cases read by loopd's parser; its cost per streamed piece
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import history
 import memory
 import models
 import overhead
+import parser
 import relay
 import slots
 import store
@@ -63,10 +65,16 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
+    "parser": lambda: trio.run(
+        parser.measure,
+        *_assets(),
+        Path(os.environ["LOOPD_TEMPLATES"]),
+        Path(os.environ["LOOPD_CHAT_CASES"]),
+    ),
 }
 
 
-def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one per figure
+def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 - one per figure
     if name == "cache":
         return [
             "## 1-2. Tokens processed per request against the minimum",
@@ -132,6 +140,18 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911 - one 
             ),
             "",
             *templates.table(f),
+        ]
+    if name == "parser":
+        return [
+            "## 12. llama.cpp's own parser cases, read by loopd's parser",
+            "",
+            (
+                "Every case of llama.cpp's tests/test-chat.cpp read with the format loopd learns "
+                "from a real llama-server on the case's template, three characters at a time and "
+                "whole (bench/parser.py, as tests/test_llama_cases.py reads them)."
+            ),
+            "",
+            *parser.table(f),
         ]
     if name == "freeze":
         return [
