@@ -8,30 +8,9 @@ import pytest
 
 from loopd.baseline import TOOLS
 from loopd.infer import PromptRequest
-from loopd.infer._format import ChatFormat, ParamFormat, ToolCallFormat
+from loopd.infer._format import ChatFormat, ToolCallFormat
 from loopd.infer._grammar import _Rules, call_grammar
-
-QWEN = ChatFormat(
-    generation_prompt="<|im_start|>assistant\n",
-    think=None,
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open='<tool_call>\n{"name": "', mid='", "arguments": ', close="}\n</tool_call>"
-    ),
-)
-QWEN_CODER = ChatFormat(
-    generation_prompt="<|im_start|>assistant\n",
-    think=None,
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open="<tool_call>\n<function=",
-        mid="",
-        close=">\n</function>\n</tool_call>",
-        params=ParamFormat(key_open=">\n<parameter=", key_end=">\n", value_end="\n</parameter"),
-    ),
-)
+from support.formats import QWEN, QWEN_CODER
 
 
 def test_a_json_call_is_the_templates_opening_a_tool_and_its_schema() -> None:

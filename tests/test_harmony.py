@@ -10,6 +10,7 @@ from loopd.infer._format import ChatFormat, ToolCallFormat
 from loopd.infer._harmony import HarmonyParser
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
+from support.formats import merged
 
 GPT_OSS = ChatFormat(  # as learned from gpt-oss's template
     generation_prompt="<|start|>assistant",
@@ -28,13 +29,7 @@ def read(text: str, size: int = 0) -> list[Piece]:
     parser = HarmonyParser(GPT_OSS)
     step = size or max(len(text), 1)
     out = [p for at in range(0, len(text), step) for p in parser.feed(text[at : at + step])]
-    merged: list[Piece] = []
-    for p in out + parser.finish():
-        if merged and p.kind != "call" and merged[-1].kind == p.kind:
-            merged[-1] = Piece(p.kind, merged[-1].text + p.text)
-        else:
-            merged.append(p)
-    return merged
+    return merged(out + parser.finish())
 
 
 def test_a_harmony_format_gets_the_harmony_parser() -> None:

@@ -13,16 +13,8 @@ from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, Too
 from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
 from loopd.infer._schema import ArgumentTypes
+from support.formats import QWEN, QWEN_CODER, merged
 
-QWEN = ChatFormat(
-    generation_prompt="<|im_start|>assistant\n",
-    think=("<think>", "</think>"),
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open='<tool_call>\n{"name": "', mid='", "arguments": ', close="}\n</tool_call>"
-    ),
-)
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
     think=("<think>", "</think>"),
@@ -41,14 +33,7 @@ LLAMA = ChatFormat(
 
 def parse(fmt: ChatFormat, pieces: list[str], tools: ArgumentTypes | None = None) -> list[Piece]:
     parser = OutputParser(fmt, tools)
-    out = [p for text in pieces for p in parser.feed(text)] + parser.finish()
-    merged: list[Piece] = []
-    for p in out:
-        if merged and p.kind != "call" and merged[-1].kind == p.kind:
-            merged[-1] = Piece(p.kind, merged[-1].text + p.text)
-        else:
-            merged.append(p)
-    return merged
+    return merged([p for text in pieces for p in parser.feed(text)] + parser.finish())
 
 
 def test_reasoning_then_content() -> None:
@@ -133,18 +118,6 @@ def test_plain_text_is_content(fmt: ChatFormat) -> None:
     assert parse(fmt, ["Just ", "words", "\n\nmore"]) == [Piece(expected, "Just words\n\nmore")]
 
 
-QWEN_CODER = ChatFormat(
-    generation_prompt="<|im_start|>assistant\n",
-    think=None,
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open="<tool_call>\n<function=",
-        mid="",
-        close=">\n</function>\n</tool_call>",
-        params=ParamFormat(key_open=">\n<parameter=", key_end=">\n", value_end="\n</parameter"),
-    ),
-)
 MINIMAX = ChatFormat(
     generation_prompt="]~b]ai\n",
     think=None,

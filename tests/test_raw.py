@@ -12,7 +12,7 @@ from loopd.infer._assemble import Assembler
 from loopd.infer._parse import OutputParser
 from loopd.infer._raw import RawAssembler
 from loopd.infer._types import one_prompt
-from test_parse import QWEN
+from support.formats import QWEN
 
 
 def chunk(content: str, tokens: list[int], predicted: int, **extra: Any) -> str:

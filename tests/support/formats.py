@@ -1,0 +1,42 @@
+"""Formats as loopd learns them from real templates, and a way to read a parser's pieces, for
+the sans-IO parser and grammar tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from loopd.infer._format import ChatFormat, ParamFormat, ToolCallFormat
+from loopd.infer._parse import Piece
+
+QWEN = ChatFormat(
+    generation_prompt="<|im_start|>assistant\n",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='<tool_call>\n{"name": "', mid='", "arguments": ', close="}\n</tool_call>"
+    ),
+)
+QWEN_CODER = ChatFormat(
+    generation_prompt="<|im_start|>assistant\n",
+    think=None,
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<tool_call>\n<function=",
+        mid="",
+        close=">\n</function>\n</tool_call>",
+        params=ParamFormat(key_open=">\n<parameter=", key_end=">\n", value_end="\n</parameter"),
+    ),
+)
+
+
+def merged(pieces: Iterable[Piece]) -> list[Piece]:
+    """Pieces as a reader sees them: text of one kind joined, each call on its own."""
+    out: list[Piece] = []
+    for p in pieces:
+        if out and p.kind != "call" and out[-1].kind == p.kind:
+            out[-1] = Piece(p.kind, out[-1].text + p.text)
+        else:
+            out.append(p)
+    return out
