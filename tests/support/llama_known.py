@@ -20,11 +20,6 @@ BY_REASON: dict[str, list[str]] = {
         "MiniMax-M3#13",
         "MiniMax-M3#15",
     ],
-    "stray or doubled markers: Gemma 4's empty thought channel": [
-        "google-gemma-4-31B-it#23",
-        "google-gemma-4-31B-it#24",
-        "google-gemma-4-31B-it#25",
-    ],
     "the probe's name learned into the delimiter": [
         "muse-glimmer#1",
         "muse-glimmer#2",
@@ -33,6 +28,9 @@ BY_REASON: dict[str, list[str]] = {
     "plain-text reasoning marker not learned": [
         "Apriel-1.6-15b-Thinker-fixed#0",
         "Apriel-1.6-15b-Thinker-fixed#1",
+    ],
+    "stray or doubled markers: Gemma 4's empty thought channel": [
+        "google-gemma-4-31B-it#25",
     ],
     "a call inside reasoning that was never closed": [
         "Kimi-K2-Thinking#11",

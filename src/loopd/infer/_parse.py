@@ -21,13 +21,18 @@ from ._schema import ArgumentTypes
 __all__ = ["OutputParser", "Piece"]
 
 # A run of special tokens at the end of an answer (`<|END_TEXT|>`, `<|eot|>`, Gemma's
-# `<channel|>`): the model's end of message, which llama.cpp leaves out of content. On a real
-# server most end generation and never reach the parser; those that do not are dropped here.
-_MARKER = r"\s*(?:<[|\uff5c][^<>]{1,60}?>|<[A-Za-z_]\w{0,40}\|>)"
+# `<channel|>`), each maybe with a name and a closing token (Kimi-K3's
+# `<|close|>response<|sep|>`, Gemma's empty `<|channel>thought\n<channel|>`): the model's end of
+# message, which llama.cpp leaves out of content. On a real server most end generation and
+# never reach the parser; those that do not are dropped here.
+_TAG = r"<[|\uff5c][^<>]{1,60}?>|<[A-Za-z_]\w{0,40}\|>"
+_MARKER = rf"\s*(?:{_TAG})(?:\w{{1,20}}\s*(?:{_TAG}))?"
 END_MARKERS = re.compile(rf"(?:{_MARKER})+\s*$")
 # While the answer goes on: what may still turn out to be such a run, held back until the next
-# piece says (whitespace, tokens, the start of one).
-MAYBE_END = re.compile(rf"(?:{_MARKER})*\s*(?:<[|\uff5c]?[^<>\s]{{0,60}})?$")
+# piece says (whitespace, tokens, a token and the start of its name, the start of a token).
+MAYBE_END = re.compile(
+    rf"(?:{_MARKER})*\s*(?:(?:{_TAG})\w{{0,20}}\s*)?(?:<[|\uff5c]?[^<>\s]{{0,60}})?$"
+)
 
 # How far past the head of a tool call's opening ("<tool_call>") the rest of it must appear
 # before the text is taken for content after all.
