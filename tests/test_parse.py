@@ -203,6 +203,33 @@ def test_a_value_written_as_text_is_typed_by_the_tools_schema(
     assert json.loads(call.text) == {key: value}
 
 
+def test_an_object_or_a_list_written_as_nested_tags() -> None:
+    """MiniMax-M3's: where the schema allows no string, typed by its parts; else text."""
+    tools = ArgumentTypes(
+        [
+            _tool(
+                "f",
+                point={"type": "object", "properties": {"x": {"type": "number"}}},
+                tags={"type": "array", "items": {"type": "string"}},
+                label={"anyOf": [{"type": "string"}, {"type": "object"}]},
+            )
+        ]
+    )
+    values = {
+        "point": f"{NS}<x>1.5{NS}</x>",
+        "tags": f"{NS}<item>1{NS}</item>{NS}<item>b{NS}</item>",
+        "label": f"{NS}<text>hi{NS}</text>",
+    }
+    written = "".join(f">{NS}<{k}>{v}{NS}</{k}" for k, v in values.items())
+    raw = f'{NS}<tool_call>\n{NS}<invoke name="f"{written}>{NS}</invoke>\n{NS}</tool_call>'
+    (call,) = parse(MINIMAX_M3, [raw[i : i + 7] for i in range(0, len(raw), 7)], tools)
+    assert json.loads(call.text) == {
+        "point": {"x": 1.5},
+        "tags": ["1", "b"],
+        "label": values["label"],
+    }
+
+
 def test_a_value_keeps_the_newline_it_ends_with() -> None:
     """Only the newline the template writes before `</parameter>` is a delimiter's: a file's
     last newline in an edit stays in it."""

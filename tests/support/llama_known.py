@@ -14,12 +14,6 @@ BY_REASON: dict[str, list[str]] = {
         "Kimi-K3#7",
         "Kimi-K3#8",
     ],
-    "MiniMax-M3's nested object and list values (tags inside a value)": [
-        "MiniMax-M3#11",
-        "MiniMax-M3#12",
-        "MiniMax-M3#13",
-        "MiniMax-M3#15",
-    ],
     "the probe's name learned into the delimiter": [
         "muse-glimmer#1",
         "muse-glimmer#2",

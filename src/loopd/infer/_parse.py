@@ -61,6 +61,9 @@ class _ParamPatterns:
         self.first_key = _spaced_pattern(call.mid + params.key_open)
         self.key_open = _spaced_pattern(params.key_open)
         self.key_end = _spaced_pattern(params.key_end)
+        self.tags = params.value_end.split("</")[0] if PARAM_KEY in params.value_end else ""
+        """The prefix of the tags an object or a list is written in, where each value is closed
+        by its own key (MiniMax-M3's `]<]minimax[>[`)."""
         self.value_start = params.key_end[len(params.key_end.rstrip()) :]
         """What the template writes between a key's end and its value (Qwen3-Coder's `\n`)."""
         self._params = params
@@ -310,7 +313,7 @@ class OutputParser:
             if not value_end:
                 return None
             value = text[start : value_end.start() + p.kept_of(value_end)]
-            arguments[key] = self._types.value(name, key, value)
+            arguments[key] = self._types.value(name, key, value, tags=p.tags)
             at = value_end.end()
             # The close first: it may begin like another argument (MiniMax-M3's
             # `>]<]minimax[>[</invoke>` against `>]<]minimax[>[<key`).
