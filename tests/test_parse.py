@@ -85,20 +85,40 @@ def test_a_format_without_an_opening_tag() -> None:
     assert out == [Piece("call", '{"query": "files"}', "find_tool")]
 
 
-MISTRAL = ChatFormat(
-    generation_prompt="",
-    think=None,
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open='[TOOL_CALLS][{"name": "', mid='", "arguments": ', close=f', "id": "{CALL_ID}"}}'
-    ),
-)
-
-
 def test_a_call_id_the_model_writes_matches_any_id() -> None:
     raw = '[TOOL_CALLS][{"name": "find_tool", "arguments": {"query": "x"}, "id": "Ab3dE6gH9"}]'
     assert parse(MISTRAL, [raw])[0] == Piece("call", '{"query": "x"}', "find_tool")
+
+
+def test_a_call_id_the_model_leaves_out() -> None:
+    """As llama.cpp reads it (Apriel 1.5 and Mistral write `"id"` in their templates)."""
+    raw = '[TOOL_CALLS][{"name": "find_tool", "arguments": {"query": "x"}}]'
+    assert parse(MISTRAL, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == [
+        Piece("call", '{"query": "x"}', "find_tool")
+    ]
+
+
+def test_a_calls_close_left_out_before_the_next_call() -> None:
+    """As llama.cpp reads Kimi's `{...}<|tool_call_begin|>`: the next call opens."""
+    kimi = ChatFormat(
+        "",
+        None,
+        False,
+        (),
+        ToolCallFormat(
+            open="<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+            mid=f":{CALL_ID}<|tool_call_argument_begin|>",
+            close="<|tool_call_end|>",
+            block_close="<|tool_calls_section_end|>",
+            again="<|tool_call_begin|>functions.",
+        ),
+    )
+    call = '<|tool_call_begin|>functions.f:%d<|tool_call_argument_begin|>{"n": %d}'
+    raw = "<|tool_calls_section_begin|>" + call % (0, 1) + call % (1, 2) + "<|tool_call_end|>"
+    assert parse(kimi, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == [
+        Piece("call", '{"n": 1}', "f"),
+        Piece("call", '{"n": 2}', "f"),
+    ]
 
 
 def test_text_that_looks_like_a_tag_but_is_not_is_content() -> None:
@@ -228,6 +248,33 @@ def test_an_object_or_a_list_written_as_nested_tags() -> None:
         "tags": ["1", "b"],
         "label": values["label"],
     }
+
+
+def test_a_call_with_no_arguments_closes_where_a_key_would_open() -> None:
+    raw = f'{NS}<tool_call>\n{NS}<invoke name="f">{NS}</invoke>\n{NS}</tool_call>'
+    assert parse(MINIMAX_M3, [raw[i : i + 5] for i in range(0, len(raw), 5)]) == [
+        Piece("call", "{}", "f")
+    ]
+
+
+def test_a_value_in_cdata_holds_anything() -> None:
+    """MiniCPM5's: the closing tag inside it is text."""
+    fmt = ChatFormat(
+        "",
+        None,
+        False,
+        (),
+        ToolCallFormat(
+            open='<function name="',
+            mid='"',
+            close="></function>",
+            params=ParamFormat(key_open='><param name="', key_end='">', value_end="</param"),
+        ),
+    )
+    raw = '<function name="f"><param name="x"><![CDATA[a</param> b]]></param></function>'
+    assert parse(fmt, [raw[i : i + 4] for i in range(0, len(raw), 4)]) == [
+        Piece("call", '{"x": "a</param> b"}', "f")
+    ]
 
 
 def test_a_value_keeps_the_newline_it_ends_with() -> None:

@@ -26,23 +26,11 @@ BY_REASON: dict[str, list[str]] = {
     "stray or doubled markers: Gemma 4's empty thought channel": [
         "google-gemma-4-31B-it#25",
     ],
-    "a call inside reasoning that was never closed": [
-        "Kimi-K2-Thinking#11",
-    ],
     "the block close learned too literally (]\\n``` with other whitespace)": [
         "CohereForAI-c4ai-command-r-plus-tool_use#1",
     ],
-    "a call with no arguments": [
-        "MiniMax-M3#4",
-    ],
     "the call's opener (>>>) is in the generation prompt": [
         "meetkai-functionary-medium-v3.2#1",
-    ],
-    "CDATA values": [
-        "openbmb-MiniCPM5-1B#4",
-    ],
-    'the close learned with an "id" it requires': [
-        "unsloth-Apriel-1.5#1",
     ],
 }
 KNOWN = {case: reason for reason, cases in BY_REASON.items() for case in cases}

@@ -39,14 +39,26 @@ PARAM_KEY = "\x00key\x00"
 (MiniMax-M3's `<key>value</key>`)."""
 
 
+# A call id written as a JSON member (Mistral's and Apriel's `, "id": "..."`): models leave it
+# out, and llama.cpp reads the call without it.
+_ID_MEMBER = re.compile(r',\s*"id"\s*:\s*"\x00id\x00"')
+
+
 def delimiter_pattern(delimiter: str, *, spaced: bool = False) -> re.Pattern[str]:
-    """A delimiter in which any run of whitespace matches any other (models vary spacing), and
-    a call id matches any id; `spaced`: whitespace before it too."""
-    parts = []
-    for word in delimiter.split():
-        pieces = [re.escape(p) for p in word.split(CALL_ID)]
-        parts.append(r"[^\s\"]*".join(pieces))
-    return re.compile((r"\s*" if spaced else "") + r"\s*".join(parts))
+    """A delimiter in which any run of whitespace matches any other (models vary spacing), a
+    call id matches any id, and an id member may be left out; `spaced`: whitespace before it
+    too."""
+
+    def words(text: str) -> str:
+        parts = []
+        for word in text.split():
+            pieces = [re.escape(p) for p in word.split(CALL_ID)]
+            parts.append(r"[^\s\"]*".join(pieces))
+        return r"\s*".join(parts)
+
+    chunks = _ID_MEMBER.split(delimiter)
+    pattern = r'(?:\s*,\s*"id"\s*:\s*"[^\s\"]*")?\s*'.join(words(c) for c in chunks)
+    return re.compile((r"\s*" if spaced else "") + pattern)
 
 
 class FormatError(Exception):

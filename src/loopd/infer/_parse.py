@@ -34,6 +34,9 @@ MAYBE_END = re.compile(
     rf"(?:{_MARKER})*\s*(?:(?:{_TAG})\w{{0,20}}\s*)?(?:<[|\uff5c]?[^<>\s]{{0,60}})?$"
 )
 
+# A value between these is text, whatever it holds (a closing tag too).
+CDATA = ("<![CDATA[", "]]>")
+
 # How far past the head of a tool call's opening ("<tool_call>") the rest of it must appear
 # before the text is taken for content after all.
 OPEN_WINDOW = 200
@@ -269,6 +272,16 @@ class OutputParser:
                 at = self._buffer.find(head, at + 1)
         return found
 
+    def _next_call_opens(self, rest: str) -> bool:
+        """The next call of a block opens right away: this one's close was left out, as
+        llama.cpp reads it (Kimi's `{...}<|tool_call_begin|>`)."""
+        call, head = self.fmt.tool_call, rest.lstrip()
+        again = call.again if call else ""
+        return bool(head) and (
+            bool(again and head.startswith(again))
+            or any(head.startswith(h) for h, _ in self._openers)
+        )
+
     def _held_openers(self) -> list[int]:
         return [_held(self._buffer, head) for head, _ in self._openers]
 
@@ -297,7 +310,9 @@ class OutputParser:
         p, text = self._params, self._buffer
         assert p is not None  # noqa: S101 - only called with parameters
         first, closed = p.first_key.search(text), p.close.search(text)
-        if first is None or (closed is not None and closed.start() < first.start()):
+        # A call with no arguments closes where the first key would open (MiniMax-M3's
+        # `">NS</invoke>` against `">NS<key>`).
+        if first is None or (closed is not None and closed.start() < first.end()):
             if closed is None:
                 return None
             return text[: closed.start()].strip().strip('"'), "{}", text[closed.end() :]
@@ -309,10 +324,14 @@ class OutputParser:
             key = text[at : key_end.start()].strip().strip('"')
             start = key_end.end()
             start += len(p.value_start) if text.startswith(p.value_start, start) else 0
-            value_end = p.value_end(key).search(text, start)
+            cdata = text.startswith(CDATA[0], start)  # MiniCPM5: a value that holds anything
+            stop = text.find(CDATA[1], start) if cdata else start
+            value_end = p.value_end(key).search(text, stop) if stop >= 0 else None
             if not value_end:
                 return None
             value = text[start : value_end.start() + p.kept_of(value_end)]
+            if cdata:
+                value = value.strip().removeprefix(CDATA[0]).removesuffix(CDATA[1])
             arguments[key] = self._types.value(name, key, value, tags=p.tags)
             at = value_end.end()
             # The close first: it may begin like another argument (MiniMax-M3's
@@ -353,7 +372,7 @@ class OutputParser:
                 rest = rest.lstrip()[close.end() :]
             elif final and call.close.strip().startswith(rest.strip()):
                 rest = ""  # the model stopped before its closing tag: the call is whole
-            else:
+            elif not self._next_call_opens(rest):
                 return None
         written = text[args_at:args_end] if call.notation == "json" else json.dumps(value)
         return name, written, rest
