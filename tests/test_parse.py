@@ -250,6 +250,27 @@ def test_an_object_or_a_list_written_as_nested_tags() -> None:
     }
 
 
+def test_a_block_close_with_other_whitespace_is_not_content() -> None:
+    """Command R+ closes its list with `]````; models write `]\n````."""
+    fmt = ChatFormat(
+        "",
+        None,
+        False,
+        (),
+        ToolCallFormat(
+            open='Action:\n```json\n[\n    {\n        "tool_name": "',
+            mid='",\n        "parameters": ',
+            close="\n    }",
+            block_close="]```",
+            again=',\n    {\n        "tool_name": "',
+        ),
+    )
+    raw = 'Action:\n```json\n[{"tool_name": "f", "parameters": {"a": 1}}]\n```'
+    assert parse(fmt, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == [
+        Piece("call", '{"a": 1}', "f")
+    ]
+
+
 def test_a_call_with_no_arguments_closes_where_a_key_would_open() -> None:
     raw = f'{NS}<tool_call>\n{NS}<invoke name="f">{NS}</invoke>\n{NS}</tool_call>'
     assert parse(MINIMAX_M3, [raw[i : i + 5] for i in range(0, len(raw), 5)]) == [

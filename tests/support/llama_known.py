@@ -26,9 +26,6 @@ BY_REASON: dict[str, list[str]] = {
     "stray or doubled markers: Gemma 4's empty thought channel": [
         "google-gemma-4-31B-it#25",
     ],
-    "the block close learned too literally (]\\n``` with other whitespace)": [
-        "CohereForAI-c4ai-command-r-plus-tool_use#1",
-    ],
     "the call's opener (>>>) is in the generation prompt": [
         "meetkai-functionary-medium-v3.2#1",
     ],

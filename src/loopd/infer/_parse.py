@@ -107,6 +107,21 @@ def _short_open(opening: str) -> str:
     return rest if rest.startswith("<") else ""
 
 
+def _loose_prefix(text: str, marker: str) -> int | None:
+    """Where `marker` ends at the start of `text`, whitespace anywhere aside (Command R+'s
+    `]```` written `]\n````); -1 while `text` could still become it; None where it cannot."""
+    target, got = "".join(marker.split()), ""
+    for at, char in enumerate(text):
+        if char.isspace():
+            continue
+        got += char
+        if got == target:
+            return at + 1
+        if not target.startswith(got):
+            return None
+    return -1
+
+
 def _held(text: str, delimiter: str) -> int:
     """How many characters at the end of `text` could begin `delimiter`."""
     for size in range(min(len(text), len(delimiter)), 0, -1):
@@ -223,12 +238,13 @@ class OutputParser:
             self._in_block = False
             return True
         for marker, state in ((call.again, "call"), (call.block_close, "content")):
-            if marker and head.startswith(marker):
-                self._buffer, self._state = head[len(marker) :], state  # type: ignore[assignment]
+            end = _loose_prefix(head, marker) if marker else None
+            if end is not None and end >= 0:
+                self._buffer, self._state = head[end:], state  # type: ignore[assignment]
                 self._opened = marker
                 self._in_block = state == "call"
                 return True
-            if marker and marker.startswith(head) and not final:
+            if end is not None and not final:
                 return False
         self._in_block = False
         return True
