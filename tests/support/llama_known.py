@@ -3,19 +3,7 @@ why (tests/test_llama_cases.py). The list only shrinks: a case read right fails 
 it is taken off."""
 
 BY_REASON: dict[str, list[str]] = {
-    "reasoning opened by the generation prompt not learned": [
-        "Kimi-K3#0",
-        "Kimi-K3#1",
-        "Kimi-K3#2",
-        "Kimi-K3#3",
-        "Kimi-K3#4",
-        "Kimi-K3#5",
-        "Kimi-K3#6",
-        "Kimi-K3#7",
-        "Kimi-K3#8",
-    ],
     "the probe's name learned into the delimiter": [
-        "muse-glimmer#1",
         "muse-glimmer#2",
         "muse-glimmer#6",
     ],

@@ -61,6 +61,7 @@ KNOWN_THINK_TAGS = (
     ("<|START_THINKING|>", "<|END_THINKING|>"),
     ("◁think▷", "◁/think▷"),
     ("<|channel|>analysis<|message|>", "<|end|>"),
+    ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
 )
 
 
@@ -124,6 +125,8 @@ async def learn_format(render: Render, system: str, source: str = "") -> ChatFor
     header = _clean(_common_prefix([gen, plain]))
     prefix = plain[len(header) : plain.index(CONTENT)].strip()
     think = await _think_tags(probe, source)
+    if think and prefix.startswith(think[1]) and prefix[len(think[1]) :].strip():
+        prefix = prefix[len(think[1]) :].strip()  # Kimi-K3's think close, then its own prefix
     tool_call = await _tool_call_format(probe, header) or _known_calls(source)
     if tool_call is None and "tools" in source:
         raise FormatError(
@@ -342,13 +345,20 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
     open_ = open_[open_.find(CONTENT) + len(CONTENT) :] if CONTENT in open_ else open_
     if not open_.strip() or not close.strip():
         raise FormatError("nothing in its tool calls tells them from content")
+    mid = name_to_key[: len(name_to_key) - len(key_open)]
+    name_to_key_2 = two[second[5] + len(NAME_2) :].split(KEY, 1)[0]
+    if name_to_key_2.endswith(key_open):  # Kimi-K3's call index (`index="1"`, `"2"`)
+        mid = _varying(mid, name_to_key_2[: len(name_to_key_2) - len(key_open)])
+    # What opens a call after another, where a block has no close of its own but opens its
+    # calls otherwise than its first (Kimi-K3's `<|open|>call tool="`).
+    again_alone = bool(again) and again != open_.strip()
     return ToolCallFormat(
         open=open_.lstrip(),
-        mid=name_to_key[: len(name_to_key) - len(key_open)],
+        mid=mid,
         close=close,
         params=ParamFormat(key_open=key_open, key_end=key_end, value_end=value_end),
         block_close=block_close,
-        again=again if block_close else "",
+        again=again if block_close or again_alone else "",
     )
 
 

@@ -189,6 +189,11 @@ class OutputParser:
         assert self.fmt.think is not None  # noqa: S101 - only entered with tags
         end = self.fmt.think[1]
         at = self._buffer.find(end)
+        # Content that starts without the end tag ends reasoning too (Kimi-K3's
+        # `<|open|>response<|sep|>` right after a generation prompt that opened reasoning).
+        starts = [(i, p) for p in self.fmt.content_prefixes if (i := self._buffer.find(p)) >= 0]
+        if starts and (at < 0 or min(starts)[0] < at):
+            at, end = min(starts)[0], ""
         if at >= 0:
             if at:
                 out.append(Piece("reasoning", self._buffer[:at]))
@@ -202,7 +207,8 @@ class OutputParser:
             if final:
                 self._state, self._content_started = "content", True
             return
-        keep = 0 if final else max([_held(self._buffer, end), *self._held_openers()])
+        held = [_held(self._buffer, t) for t in (end, *self.fmt.content_prefixes)]
+        keep = 0 if final else max([*held, *self._held_openers()])
         if len(self._buffer) > keep:
             out.append(Piece("reasoning", self._buffer[: len(self._buffer) - keep]))
             self._buffer = self._buffer[len(self._buffer) - keep :]
@@ -213,13 +219,17 @@ class OutputParser:
         if self._content_started:
             return True
         head = self._buffer.lstrip()
-        # A marker of the generation prompt written again (Command R+'s `<|CHATBOT_TOKEN|>`).
+        # A marker of the generation prompt written again (Command R+'s `<|CHATBOT_TOKEN|>`),
+        # where it does not begin the content prefix (Kimi-K3's `<|open|>response<|sep|>`).
+        prefixes = self.fmt.content_prefixes
         for marker in SPECIAL.findall(self.fmt.generation_prompt):
+            if any(p.startswith(marker) for p in prefixes):
+                continue
             if head.startswith(marker):
                 head = head[len(marker) :].lstrip()
             elif marker.startswith(head) and not final:
                 return False
-        for prefix in self.fmt.content_prefixes:
+        for prefix in prefixes:
             if head.startswith(prefix):
                 head = head[len(prefix) :].lstrip()
             elif prefix.startswith(head) and not final:
