@@ -3,15 +3,15 @@ why (tests/test_llama_cases.py). The list only shrinks: a case read right fails 
 it is taken off."""
 
 BY_REASON: dict[str, list[str]] = {
-    "the probe's name learned into the delimiter": [
+    "muse-glimmer's several messages (to=user, to=self) not read as messages": [
         "muse-glimmer#2",
         "muse-glimmer#6",
     ],
-    "plain-text reasoning marker not learned": [
+    "Apriel 1.6's reasoning, opened by plain text in its generation prompt, not learned": [
         "Apriel-1.6-15b-Thinker-fixed#0",
         "Apriel-1.6-15b-Thinker-fixed#1",
     ],
-    "stray or doubled markers: Gemma 4's empty thought channel": [
+    "a doubled <|channel> before Gemma 4's empty thought channel": [
         "google-gemma-4-31B-it#25",
     ],
     "the call's opener (>>>) is in the generation prompt": [
