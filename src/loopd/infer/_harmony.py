@@ -22,7 +22,7 @@ import re
 from typing import Literal
 
 from ._format import ChatFormat
-from ._parse import Piece
+from ._parse import Piece, _held
 
 __all__ = ["HarmonyParser"]
 
@@ -37,14 +37,6 @@ CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 RECIPIENT = re.compile(r"to=([^\s<]+)")
 
 Kind = Literal["reasoning", "content", "call", "drop"]
-
-
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    """How many characters at the end of `text` could begin one of `markers`."""
-    for size in range(min(len(text), max(map(len, markers))), 0, -1):
-        if any(m.startswith(text[-size:]) for m in markers):
-            return size
-    return 0
 
 
 def _kind(header: str) -> tuple[Kind, str]:
@@ -120,7 +112,7 @@ class HarmonyParser:
             skip = 0 if marker == "<|start|>" else len(marker)
             self._buffer, self._state = self._buffer[at + skip :], "header"
             return
-        keep = 0 if final else _held(self._buffer, ENDS)
+        keep = 0 if final else max(_held(self._buffer, end) for end in ENDS)
         self._emit(out, self._buffer[: len(self._buffer) - keep])
         self._buffer = self._buffer[len(self._buffer) - keep :]
         if final:
