@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bxctl.view import context_line
 from loopd.baseline import make_baseline
 from loopd.exact import ExactHistory, NextPrompt, past_reasoning, transcript
-from loopd.infer import ChatFormat, ToolCall, ToolCallFormat
+from loopd.infer import ChatFormat, FormatError, ToolCall, ToolCallFormat
 from loopd.records import (
     AssistantRecord,
     PromptRecord,
@@ -202,3 +204,46 @@ async def test_the_token_the_model_stopped_at_stays_when_the_template_closes_cal
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
     assert nxt.pieces == ["prompt", 5, 6, 128008, nxt.record.text]
+
+
+class DropsAnswersWithCalls:
+    """Renders only the messages of a template that leaves out a whole answer with calls."""
+
+    async def apply_template(
+        self, messages: list[dict[str, Any]], _tools: list[Any], **_: object
+    ) -> str:
+        kept = [m for m in messages if not m.get("tool_calls")]
+        return "".join(f"<{m['role']}>{m['content']}</s>" for m in kept) + "<assistant>"
+
+    async def detokenize(self, _tokens: list[int]) -> str:
+        return "</s>"
+
+
+async def test_a_template_that_drops_an_answer_with_calls_is_refused_not_guessed() -> None:
+    """Where a template renders no past call, the answer ends after its content; where it
+    leaves out the whole answer there is no such place, and the request goes as messages."""
+    known = ToolCallFormat(open="<call>", mid="", close="</call>", rendered=False)
+    answer = AssistantRecord(content=None, tool_calls=(FIND,), tokens=(5, 6, 7), ended=True)
+    with pytest.raises(FormatError, match="left out an answer that made calls"):
+        await next_after_a_call(DropsAnswersWithCalls(), known, answer)
+
+
+class DropsCalls(DropsAnswersWithCalls):
+    async def apply_template(
+        self, messages: list[dict[str, Any]], _tools: list[Any], **_: object
+    ) -> str:
+        out = "".join(f"<{m['role']}>{m['content'] or ''}</s>" for m in messages)
+        return out + "<assistant>"
+
+    async def detokenize(self, _tokens: list[int]) -> str:
+        return "<|eos|>"
+
+
+async def test_the_models_own_calls_stay_where_the_template_renders_none() -> None:
+    """LFM2.5-Instruct, Granite 3.3 and DeepSeek R1 render no past call: the next request
+    holds the model's tokens, then the template's text after the answer."""
+    known = ToolCallFormat(open="<call>", mid="", close="</call>", rendered=False)
+    answer = AssistantRecord(content=None, tool_calls=(FIND,), tokens=(5, 6, 7), ended=True)
+    nxt = await next_after_a_call(DropsCalls(), known, answer)
+    assert nxt.record.trim == 1  # the model's end token is not the template's `</s>`
+    assert nxt.pieces == ["prompt", 5, 6, "</s><tool>found</s><assistant>"]

@@ -53,6 +53,7 @@ TEMPLATE_FILES = [
     TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
     TEMPLATES / "google-gemma-4-31B-it.jinja",
     TEMPLATES / "LFM2.5-8B-A1B.jinja",
+    TEMPLATES / "LFM2.5-Instruct.jinja",  # renders no past call: the model's own stay
 ]
 
 

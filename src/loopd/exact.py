@@ -229,8 +229,11 @@ class ExactHistory:
         pieces, answer = built
         at = max(i for i, r in enumerate(records) if r is answer)
         # Shaped like the answer: some templates write calls only when there is no content.
-        content_first = not (fmt.tool_call and fmt.tool_call.content_last)
-        content = ANSWER if not answer.tool_calls or (answer.content and content_first) else None
+        call_format = fmt.tool_call
+        content_first = not (call_format and call_format.content_last)
+        dropped = call_format is not None and not call_format.rendered
+        shaped = not answer.tool_calls or (answer.content and content_first)
+        content = ANSWER if shaped or dropped else None
         stand_in: dict[str, Any] = {"role": "assistant", "content": content}
         if answer.tool_calls:
             stand_in["tool_calls"] = messages(baseline, [answer])[1]["tool_calls"]
@@ -298,6 +301,17 @@ def _end_of_answer(rendered: str, answer: AssistantRecord, fmt: ChatFormat) -> i
     call_format = fmt.tool_call
     if not answer.tool_calls or call_format is None:
         return at
+    if not call_format.rendered:  # the model's calls stay in the prompt; the template's don't
+        if content < 0:
+            raise FormatError("the template left out an answer that made calls")
+        return at
+    return _end_of_calls(rendered, at, answer, call_format)
+
+
+def _end_of_calls(
+    rendered: str, at: int, answer: AssistantRecord, call_format: ToolCallFormat
+) -> int:
+    """Where the answer's calls, written from `at` on, and their closing delimiters end."""
     close = delimiter_pattern(call_format.close, spaced=True)
     for call in answer.tool_calls:
         name = rendered.find(call.name, at)

@@ -98,6 +98,9 @@ class ToolCallFormat:
     """How the arguments are written (Gemma 4 has its own notation, LFM2 Python's)."""
     content_last: bool = False
     """The template writes a message's content after its calls and their results (Gemma 4)."""
+    rendered: bool = True
+    """The template writes past calls; False for a known syntax of one that drops them (LFM2,
+    Granite 3.3, DeepSeek R1): a past answer then ends where its content does."""
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ KNOWN_CALLS = (
             block_close="]<|tool_call_end|>",
             again=",",
             notation="python",
+            rendered=False,
         ),
     ),
     (  # Granite 3.3: its tool section says "<|tool_call|> followed by a JSON list"
@@ -88,6 +89,7 @@ KNOWN_CALLS = (
             close="}",
             block_close="]",
             again=', {"name": "',
+            rendered=False,
         ),
     ),
     (  # DeepSeek R1: each call's JSON arguments in a fenced block
@@ -99,6 +101,7 @@ KNOWN_CALLS = (
             close="\n```<\uff5ctool\u2581call\u2581end\uff5c>",
             block_close="<\uff5ctool\u2581calls\u2581end\uff5c>",
             again="<\uff5ctool\u2581call\u2581begin\uff5c>function<\uff5ctool\u2581sep\uff5c>",
+            rendered=False,
         ),
     ),
 )
