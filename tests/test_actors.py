@@ -1,6 +1,7 @@
 """The actors wired by open_core, seen only through their handles and the log on disk: a test
-per message of the session actor's inbox, turns in order, events fanned out, approvals, cancels
-that reach the HTTP stream, and a log left valid by every way a turn can stop."""
+per message of the session actor's inbox and of the slot pool's, sessions opened and stopped
+by the registry, turns in order, events fanned out, approvals, cancels that reach the HTTP
+stream, and a log left valid by every way a turn can stop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 import trio
@@ -17,21 +18,23 @@ from loopd.actors import (
     HISTORY_PAGE,
     Busy,
     DuplicateTurn,
+    PoolHandle,
     Published,
-    SessionBusy,
     SessionHandle,
+    SessionRegistry,
     Subscription,
+    TooManySessions,
     TurnDone,
     TurnFailed,
-    inference_actor,
     open_core,
+    pool_actor,
 )
-from loopd.baseline import make_baseline
 from loopd.config import Config
 from loopd.events import ApprovalDecided, ApprovalNeeded
 from loopd.exact import next_request
-from loopd.infer import ChatEvent, ChatRequest, Client, Content, Timeouts
-from loopd.records import Record, conversation_problems
+from loopd.infer import Client, Content, Slot
+from loopd.records import Record, UserRecord, conversation_problems
+from loopd.slots import SlotFiles
 from loopd.store import Store
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
@@ -47,7 +50,7 @@ async def served(nursery: trio.Nursery) -> tuple[FakeLlama, ReplayServer]:
     return fake, server
 
 
-def config(tmp_path: Path, **loop: Any) -> Config:
+def config(tmp_path: Path, max_live: int = 64, **loop: Any) -> Config:
     """The scripted server answers the chat endpoint only: history goes as messages."""
     (tmp_path / "notes").mkdir(exist_ok=True)
     (tmp_path / "notes" / "today.md").write_text("buy milk\n")
@@ -60,7 +63,7 @@ def config(tmp_path: Path, **loop: Any) -> Config:
                 "approval_timeout": 5,
             },
             "channel": {"queue_limit": 2},
-            "session": {"history": "template"},
+            "session": {"history": "template", "max_live": max_live},
             "slots": {"save": "never"},  # the scripted server keeps no slot files
         }
     )
@@ -69,20 +72,22 @@ def config(tmp_path: Path, **loop: Any) -> Config:
 class Core:
     """The actors over a store in `tmp_path`, on the scripted server."""
 
-    def __init__(self, tmp_path: Path, server: ReplayServer, **loop: Any) -> None:
-        self.tmp_path, self.server, self.loop = tmp_path, server, loop
+    def __init__(self, tmp_path: Path, server: ReplayServer, **settings: Any) -> None:
+        self.tmp_path, self.server, self.settings = tmp_path, server, settings
         self.store = Store(tmp_path / "sessions")
         self.first = ""
+        self.sessions: SessionRegistry | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionHandle]:
-        session = await self.store.create(make_baseline())
-        self.first = session.id
-        cfg = config(self.tmp_path, **self.loop)
+        """The core, and a client attached to a new session (`first`)."""
+        cfg = config(self.tmp_path, **self.settings)
         async with (
             Client(self.server.url) as client,
-            open_core(cfg, self.store, session, client) as actor,
+            open_core(cfg, self.store, client) as core,
         ):
+            self.sessions = core.sessions
+            actor, self.first = await core.sessions.attach("new")
             yield actor
 
     def log(self, session: str | None = None) -> list[Record]:
@@ -189,33 +194,72 @@ async def test_cancel_a_running_turn_ends_its_http_stream_and_leaves_a_valid_log
     assert core.log()[-1].reason == "cancelled"  # type: ignore[union-attr]
 
 
-# -- new session, sessions, history, status ------------------------------------------------------
+# -- the registry of sessions --------------------------------------------------------------------
 
 
-async def test_new_session_moves_turns_to_a_new_log(core: Core, served: Any) -> None:
+async def test_two_sessions_keep_their_own_logs(core: Core, served: Any) -> None:
     served[0].replies = [Reply(content="in the first"), Reply(content="in the second")]
-    async with core.running() as actor:
-        subscription = await actor.subscribe(100)
-        await actor.send("t1", "one")
-        await collect(subscription, 1)
-        second = await actor.new_session()
-        await actor.send("t2", "two")
-        await collect(subscription, 1)
-        current, listed = await actor.sessions()
-        assert current == second
-        assert [s.id for s in listed] == [core.first, second]
+    async with core.running() as first:
+        assert core.sessions is not None
+        second, second_id = await core.sessions.attach("new")
+        subscriptions = [await first.subscribe(100), await second.subscribe(100)]
+        await first.send("t1", "one")
+        await collect(subscriptions[0], 1)
+        await second.send("t1", "two")  # the same turn id: another session's
+        await collect(subscriptions[1], 1)
+        listed = await core.sessions.sessions()
+        assert [s.id for s in listed] == [core.first, second_id]
         assert [s.turns for s in listed] == [1, 1]
-    assert second != core.first
-    assert core.kinds(core.first)[0] == core.kinds(second)[0] == "user"
+        assert (await first.status()).session == core.first
+    assert second_id != core.first
+    assert [r.content for r in core.log() if isinstance(r, UserRecord)] == ["one"]
+    assert [r.content for r in core.log(second_id) if isinstance(r, UserRecord)] == ["two"]
 
 
-async def test_new_session_while_a_turn_runs_is_refused(core: Core, served: Any) -> None:
+async def test_attaching_to_a_live_session_shares_its_actor(core: Core, served: Any) -> None:
+    served[0].replies = [Reply(content="seen by both")]
+    async with core.running() as first:
+        assert core.sessions is not None
+        again, session = await core.sessions.attach(core.first)
+        latest, latest_id = await core.sessions.attach("latest")
+        assert again is first
+        assert latest is first
+        assert session == latest_id == core.first
+        watching = await again.subscribe(100)
+        await first.send("t1", "hello")
+        got = await collect(watching, 1)
+    assert isinstance(got[-1].item, TurnDone)
+
+
+async def test_a_session_nobody_is_in_stops_once_its_turn_ends_and_opens_again(
+    core: Core, served: Any
+) -> None:
     served[0].replies = [Reply(kind="stall")]
-    async with core.running() as actor:
-        await actor.send("t1", "runs")
-        with pytest.raises(SessionBusy):
-            await actor.new_session()
-        assert (await actor.status()).session == core.first
+    async with core.running() as first:
+        assert core.sessions is not None
+        await first.send("t1", "runs on without its client")
+        await trio.testing.wait_all_tasks_blocked()
+        core.sessions.detach(first)
+        assert core.sessions.live == 1  # its turn still runs
+        assert await first.cancel("t1")
+        with trio.fail_after(5):
+            while core.sessions.live:  # noqa: ASYNC110 - the actor stops on its own
+                await trio.sleep(0.01)
+        again, session = await core.sessions.attach(core.first)
+        assert session == core.first
+        assert again is not first
+        assert [r.kind for r in (await again.history()).records] == ["user", "turn_end"]
+    assert core.kinds() == ["user", "turn_end"]
+
+
+async def test_one_session_more_than_max_live_is_refused(tmp_path: Path, served: Any) -> None:
+    core = Core(tmp_path, served[1], max_live=2)
+    async with core.running():
+        assert core.sessions is not None
+        await core.sessions.attach("new")
+        with pytest.raises(TooManySessions, match=r"\[session\] max_live"):
+            await core.sessions.attach("new")
+        await core.sessions.attach(core.first)  # one it serves already is no more
 
 
 async def test_history_pages_from_the_start_or_the_end(core: Core, served: Any) -> None:
@@ -352,7 +396,6 @@ async def test_stopping_the_core_mid_turn_leaves_a_valid_log(core: Core, served:
             await server.wait_until(lambda: bool(server.requests))
     assert core.kinds() == ["user", "turn_end"]
     assert core.log()[-1].reason == "cancelled"  # type: ignore[union-attr]
-    assert actor.last_session == core.first
 
 
 async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
@@ -381,49 +424,119 @@ async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
     assert [r.reason for r in core.log() if r.kind == "turn_end"] == ["error", "answer"]
 
 
-# -- the inference actor -----------------------------------------------------------------------
+# -- the slot pool -------------------------------------------------------------------------------
 
 
-async def test_the_inference_actor_runs_one_request_at_a_time(served: Any) -> None:
-    fake, server = served
-    fake.replies = [Reply(content="first answer", delay=0.05), Reply(content="second answer")]
-    request = ChatRequest([{"role": "user", "content": "hi"}])
-    order: list[tuple[str, ChatEvent]] = []
-    streaming = trio.Event()
-    patient = Timeouts(queued_after=3600)  # the client's own Queued (no headers yet) is off
-    async with Client(server.url, timeouts=patient) as client, trio.open_nursery() as nursery:
-        handle = await nursery.start(inference_actor, client)
-        results: dict[str, str | None] = {}
-
-        async def ask(name: str) -> None:
-            def on_event(event: ChatEvent) -> None:
-                order.append((name, event))
-                if isinstance(event, Content):
-                    streaming.set()
-
-            results[name] = (await handle.chat_with_retry(request, on_event)).content
-
-        async with trio.open_nursery() as asks:
-            asks.start_soon(ask, "a")
-            await streaming.wait()
-            asks.start_soon(ask, "b")
-        nursery.cancel_scope.cancel()
-    assert results == {"a": "first answer", "b": "second answer"}
-    names = [name for name, _ in order]
-    assert names == sorted(names)  # every event of a before any of b
-    assert len(server.requests) == 2
+NO_FILES = SlotFiles("never", Path("unused"), None, 1)
 
 
-async def test_an_error_from_the_server_reaches_the_caller_typed(served: Any) -> None:
-    fake, server = served
-    fake.replies = [Reply(kind="context_full")]
-    async with Client(server.url) as client, trio.open_nursery() as nursery:
-        handle = await nursery.start(inference_actor, client)
-        with pytest.raises(Exception, match="exceeds the available context") as caught:
-            await handle.chat_with_retry(ChatRequest([]), lambda _: None)
-        nursery.cancel_scope.cancel()
-    assert type(caught.value).__name__ == "HttpError"
-    assert json.loads(caught.value.body)["error"]["type"] == "exceed_context_size_error"  # type: ignore[attr-defined]
+def slots(count: int) -> list[Slot]:
+    never_called = cast("Client", None)  # the pool only lends slots; nothing runs on them here
+    return [Slot(never_called, n) for n in range(count)]
+
+
+async def test_acquire_gives_a_free_slot_then_the_owners_hot_one(nursery: trio.Nursery) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(2), NO_FILES)
+    async with pool.lease("a") as lease:
+        assert lease is not None
+        assert (lease.slot.number, lease.hot, lease.evicted) == (0, False, None)
+        lease.tokens = 40
+    async with pool.lease("b") as other:
+        assert other is not None
+        assert other.slot.number == 1
+    async with pool.lease("a") as again:
+        assert again is not None
+        assert (again.slot.number, again.hot, again.tokens) == (0, True, 40)
+
+
+async def test_acquire_with_no_free_slot_takes_the_least_recently_used(
+    nursery: trio.Nursery,
+) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(2), NO_FILES)
+    for owner in ("a", "b", "a"):  # b's slot is now the one given back longest ago
+        async with pool.lease(owner):
+            pass
+    async with pool.lease("c") as lease:
+        assert lease is not None
+        assert (lease.slot.number, lease.hot, lease.evicted) == (1, False, "b")
+        pool.saved("b")
+        lease.evicted = None
+    views = await pool.views()
+    assert [(v.session, v.busy) for v in views] == [("a", False), ("c", False)]
+
+
+async def test_acquire_waits_while_every_slot_is_busy_and_in_order(
+    nursery: trio.Nursery,
+) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(1), NO_FILES)
+    got: list[str] = []
+
+    async def turn(owner: str) -> None:
+        async with pool.lease(owner) as lease:
+            assert lease is not None
+            got.append(owner)
+
+    async with trio.open_nursery() as turns, pool.lease("a"):
+        turns.start_soon(turn, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        turns.start_soon(turn, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        assert [v.busy for v in await pool.views()] == [True]
+    assert got == ["b", "c"]
+
+
+async def test_hot_only_and_no_wait_answer_none_at_once(nursery: trio.Nursery) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(1), NO_FILES)
+    async with pool.lease("a", hot_only=True) as lease:
+        assert lease is None  # no slot holds a's cache
+    async with pool.lease("a"), pool.lease(None, wait=False) as side:
+        assert side is None  # the only slot is busy
+    async with pool.lease(None, wait=False) as side:
+        assert side is not None
+        assert side.evicted == "a"
+        pool.saved("a")
+        side.evicted = None
+    assert [v.session for v in await pool.views()] == [None]  # a summary holds nobody's
+
+
+async def test_an_evicted_session_waits_until_its_cache_is_saved(nursery: trio.Nursery) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(2), NO_FILES)
+    async with pool.lease("a"):
+        pass
+    async with pool.lease("x"):
+        pass
+    granted = trio.Event()
+
+    async def a_again() -> None:
+        async with pool.lease("a") as lease:
+            assert lease is not None
+            assert not lease.hot
+            granted.set()
+
+    async with pool.lease("b") as taking:  # takes a's slot, the least recently used
+        assert taking is not None
+        assert taking.evicted == "a"
+        nursery.start_soon(a_again)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not granted.is_set()  # x's slot is idle, but a's file is not written yet
+        pool.saved("a")
+        taking.evicted = None
+        with trio.fail_after(5):
+            await granted.wait()
+
+
+async def test_reset_forgets_what_idle_slots_held(nursery: trio.Nursery) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(2), NO_FILES)
+    async with pool.lease("a"):
+        pass
+    async with pool.lease("b") as busy:
+        assert busy is not None
+        pool.reset()
+        assert [v.session for v in await pool.views()] == [None, "b"]
+    async with pool.lease("a") as lease:
+        assert lease is not None
+        assert not lease.hot
 
 
 async def test_a_core_fixture_is_closed_cleanly(tmp_path: Path) -> None:

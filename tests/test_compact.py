@@ -136,16 +136,15 @@ async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: P
         chain = {s["id"]: s["continues"] for s in listed["sessions"]}
         assert chain == {old: None, new: old}
         assert listed["current"] == new
-        # Switching back: the slot file saved at the switch holds the old session's cache.
+        # Going back: the old session's cache was saved to its file, for its next turn.
         assert await welcome(client, {"type": "open_session", "id": old}) == old
         await client.send({"type": "status"})
         assert (await client.until("status"))[-1]["session"] == old
     finally:
         await d.end()
     text = d.log.read_text()
-    assert f"restored the slot of session {old}" in text
-    assert "is stale or not this session's" not in text
-    assert "no side slot" not in text
+    assert f"saved the slot of session {old}" in text
+    assert "own slot" not in text  # the summary ran on a free slot
     old_log, new_log = records(d, old), records(d, new)
     assert conversation_problems(old_log) == []
     assert conversation_problems(new_log) == []
@@ -221,9 +220,8 @@ async def test_compact_leaves_the_old_sessions_cache_as_it_was(tmp_path: Path) -
 async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
     llama: StartLlama, tmp_path: Path
 ) -> None:
-    """A server with one slot takes `id_slot` 1 as slot 0: the summary would overwrite the
-    session's cache. loopd sees there is no side slot, saves the slot, and summarises there;
-    the old session comes back with no loss."""
+    """A server with one slot has no slot free for the summary: loopd saves the session's
+    cache and summarises on its own slot; the old session comes back with no loss."""
     server = await llama()
     d = Daemon(tmp_path / "loopd", server.url, history="exact")
     d.config.write_text(d.config.read_text() + SHORT)
@@ -233,7 +231,7 @@ async def test_compact_on_a_one_slot_server_saves_the_main_slot_first(
     finally:
         await d.end()
     assert_no_loss(d, old)
-    assert "so no side slot 1" in d.log.read_text()
+    assert "the summary is written on its own slot" in d.log.read_text()
     (summary,) = [r for r in records(d, new) if isinstance(r, SummaryRecord)]
     assert (summary.session, summary.slot, summary.omitted) == (old, 0, 0)
     assert_no_loss(d, new)

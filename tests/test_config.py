@@ -49,9 +49,9 @@ def test_a_file_overrides_only_what_it_names(tmp_path: Path) -> None:
 
 
 def test_loopd_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, "[slots]\nmain = 2\n")
+    path = write(tmp_path, "[server]\nslots = 2\n")
     monkeypatch.setenv("LOOPD_CONFIG", str(path))
-    assert load_config(None)[0].slots.main == 2
+    assert load_config(None)[0].server.slots == 2
 
 
 def test_the_user_config_file_is_read_when_it_exists(
@@ -59,9 +59,9 @@ def test_the_user_config_file_is_read_when_it_exists(
 ) -> None:
     home = tmp_path / "xdg"
     (home / "loopd").mkdir(parents=True)
-    (home / "loopd" / "config.toml").write_text("[slots]\nmain = 1\n")
+    (home / "loopd" / "config.toml").write_text("[server]\nslots = 1\n")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
-    assert load_config(None)[0].slots.main == 1
+    assert load_config(None)[0].server.slots == 1
 
 
 def test_an_unknown_key_names_file_line_table_and_key_and_suggests(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
+from loopd.actors import SAVE_AT_STOP
 from loopd.baseline import make_baseline
-from loopd.daemon import SLOT_FILE_TIMEOUT
 from loopd.infer import ToolCall, slot_tokens
 from loopd.records import (
     AssistantRecord,
@@ -50,9 +50,9 @@ async def run(command: list[str]) -> Ran:
 async def test_hello_send_events_and_turn_done(daemon: StartDaemon) -> None:
     d = await daemon("plain")
     client = await d.connect()
-    await client.send({"type": "hello", "protocol": 1, "client": "test"})
+    await client.send({"type": "hello", "protocol": 2, "client": "test"})
     welcome = (await client.until("welcome"))[-1]
-    assert welcome["protocol"] == 1
+    assert welcome["protocol"] == 2
     got = await client.turn("t1", "hello")
     assert got[0] == {"type": "accepted", "id": "t1", "position": 0}
     kinds = [line["event"]["kind"] for line in got if line["type"] == "event"]
@@ -341,7 +341,7 @@ async def test_a_stop_signal_while_llama_server_starts_stops_loopd_cleanly(tmp_p
 def test_the_systemd_unit_waits_longer_than_a_stop_can_take() -> None:
     unit = (Path(__file__).parent.parent / "docs" / "loopd.service").read_text()
     (stop_seconds,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)
-    assert int(stop_seconds) > SLOT_FILE_TIMEOUT + STOP_GRACE
+    assert int(stop_seconds) > SAVE_AT_STOP + STOP_GRACE
 
 
 async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
@@ -510,10 +510,10 @@ async def test_connections_beyond_the_cap_are_told_and_closed(daemon: StartDaemo
 async def test_a_hello_in_another_protocol_is_answered_with_an_error(daemon: StartDaemon) -> None:
     d = await daemon("plain")
     client = await d.connect()
-    await client.send({"type": "hello", "protocol": 2, "client": "future"})
+    await client.send({"type": "hello", "protocol": 3, "client": "future"})
     error = (await client.until("error"))[-1]
     assert error["code"] == "protocol"
     assert (
         error["message"]
-        == "this loopd speaks protocol 1, the client 2: update the older of the two"
+        == "this loopd speaks protocol 2, the client 3: update the older of the two"
     )

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from bxctl.connection import Connection, Unreachable
+from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.view import (
     APPROVAL_KEYS,
@@ -38,7 +38,7 @@ from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
 
-__all__ = ["SessionRefused", "Settings", "interactive", "live_turn", "open_session"]
+__all__ = ["Settings", "interactive", "live_turn", "open_session"]
 
 REFRESH = 1 / 12
 RECONNECT_CAP = 5.0
@@ -81,13 +81,12 @@ def _prompt_session() -> PromptSession[str]:
 
 
 async def interactive(
-    path: Path, console: Console, show_reasoning: bool, session: str | None = None
+    path: Path, console: Console, show_reasoning: bool, session: str = "new"
 ) -> bool:
-    """The chat until the user leaves (True), or gives up on a daemon that went away (False).
-    `session`: go on with that session (an id, or `latest`) first."""
+    """The chat until the user leaves (True), or gives up on a daemon that went away (False),
+    in session `session` (an id, `latest`, or `new`)."""
     connection = await Connection.open(path)
-    served = await connection.hello()
-    session = await open_session(connection, session) if session else served
+    session = await connection.hello(session)
     console.print(
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
@@ -107,7 +106,7 @@ async def interactive(
             if not await _take(text, connection, console, settings, turns):
                 break
         except (Lost, trio.BrokenResourceError, trio.ClosedResourceError):
-            back = await _reconnect(path, console)
+            back = await _reconnect(path, console, connection.session)
             if back is None:
                 return False
             connection = back
@@ -139,14 +138,15 @@ async def _take(
     return True
 
 
-async def _reconnect(path: Path, console: Console) -> Connection | None:
-    """A new connection once loopd answers again; None when the user gives up (Ctrl-C)."""
+async def _reconnect(path: Path, console: Console, session: str) -> Connection | None:
+    """A new connection, in `session`, once loopd answers again; None when the user gives up
+    (Ctrl-C)."""
     console.print("loopd went away; reconnecting (Ctrl-C to quit)…", style="yellow")
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
         for attempt in itertools.count():
             try:
                 connection = await Connection.open(path)
-                session = await connection.hello()
+                session = await connection.hello(session)
             except Unreachable:
                 with trio.move_on_after(min(RECONNECT_CAP, 0.25 * 2**attempt)):
                     async for _ in interrupts:
@@ -258,10 +258,6 @@ async def _resume(words: list[str], connection: Connection, console: Console) ->
         return
     console.print(Text(f"session {session}", style="green"))
     await _recent(connection, console)
-
-
-class SessionRefused(Exception):
-    """loopd would not open the session; the message says why."""
 
 
 async def open_session(connection: Connection, session: str) -> str:

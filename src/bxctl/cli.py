@@ -19,8 +19,8 @@ from pathlib import Path
 import trio
 from rich.console import Console
 
-from bxctl.chat import SessionRefused, interactive, open_session
-from bxctl.connection import Connection, Unreachable
+from bxctl.chat import interactive
+from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.view import context_line, session_line
 from loopd import __version__
 from loopd._groups import innermost
@@ -61,15 +61,25 @@ def parser() -> argparse.ArgumentParser:
     chat = commands.add_parser(
         "chat",
         help="talk to the model (one turn with -m or piped text)",
-        description="Talk to the model through loopd, with live rendering. With -m TEXT, or "
-        "text on stdin when it is not a terminal, run one turn, print the answer and exit.",
+        description="Talk to the model through loopd, with live rendering, in a new session "
+        "(--continue: the latest one). With -m TEXT, or text on stdin when it is not a "
+        "terminal, run one turn, print the answer and exit.",
     )
     chat.add_argument("-m", "--message", metavar="TEXT", help="run one turn and exit")
-    chat.add_argument(
+    where = chat.add_mutually_exclusive_group()
+    where.add_argument(
+        "-c",
+        "--continue",
+        dest="session",
+        action="store_const",
+        const="latest",
+        help="go on with the latest session (default: a new one)",
+    )
+    where.add_argument(
         "--session",
         metavar="ID",
-        help="go on with this session (an id from `bxctl sessions`, or `latest`); its cache is "
-        "restored, so it costs only its new tokens",
+        help="go on with this session (an id from `bxctl sessions`, or `latest`); its cache "
+        "comes back from its slot file, so it costs only its new tokens",
     )
     chat.add_argument(
         "--json",
@@ -177,7 +187,7 @@ def _chat(args: argparse.Namespace, path: Path) -> int:
         if given:
             print(f"bxctl: {flag} needs -m TEXT or text on stdin", file=sys.stderr)
             return EXIT_USAGE
-    if trio.run(interactive, path, Console(), args.show_reasoning, args.session):
+    if trio.run(interactive, path, Console(), args.show_reasoning, args.session or "new"):
         return EXIT_OK
     print("bxctl: loopd is not running", file=sys.stderr)
     return EXIT_UNREACHABLE
@@ -185,9 +195,7 @@ def _chat(args: argparse.Namespace, path: Path) -> int:
 
 async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
     connection = await Connection.open(path)
-    await connection.hello()
-    if args.session:
-        await open_session(connection, args.session)
+    await connection.hello(args.session or "new")
     turn = f"bxctl-{id(connection):x}"
     await connection.send({"type": "send", "id": turn, "content": text})
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
@@ -243,8 +251,13 @@ async def _status(path: Path) -> int:
         raise Unreachable(f"loopd answered {status.type}, not status")
     console = Console()
     console.print(f"session  {status.session} ({status.turns} turns)")
-    console.print(f"server   {status.server}  model {status.model or '?'}  slot {status.slot}")
+    slot = "none" if status.slot is None else status.slot
+    console.print(f"server   {status.server}  model {status.model or '?'}  slot {slot}")
     console.print(f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting")
+    for view in status.slots:
+        held = "free" if view.session is None else f"session {view.session}"
+        tokens = "" if view.tokens is None else f", {view.tokens} tokens"
+        console.print(f"slot {view.slot}   {'busy' if view.busy else 'idle'}, {held}{tokens}")
     if status.last_usage:
         u = status.last_usage
         console.print(

@@ -11,9 +11,10 @@ import trio
 from pydantic import ValidationError
 
 from loopd import __version__
-from loopd.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage
+from loopd.events import SessionContinued
+from loopd.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
 
-__all__ = ["Connection", "Unreachable"]
+__all__ = ["Connection", "SessionRefused", "Unreachable"]
 
 # The daemon's lines can be long (a history page, a big tool result preview).
 MAX_LINE = 64 * 1024 * 1024
@@ -23,11 +24,17 @@ class Unreachable(Exception):
     """No daemon answers on the socket."""
 
 
+class SessionRefused(Exception):
+    """loopd would not open the session; the message says why."""
+
+
 class Connection:
     def __init__(self, stream: trio.SocketStream, path: Path) -> None:
         self.stream = stream
         self.path = path
         self._buffer = bytearray()
+        self.session = "new"
+        """The session it is in, as far as loopd said (`welcome`, `session_continued`)."""
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
@@ -44,14 +51,24 @@ class Connection:
     async def send(self, message: dict[str, Any]) -> None:
         await self.stream.send_all(json.dumps(message).encode() + b"\n")
 
-    async def hello(self) -> str:
-        """Say hello; the session the daemon serves."""
-        await self.send({"type": "hello", "protocol": PROTOCOL, "client": f"bxctl {__version__}"})
+    async def hello(self, session: str = "new") -> str:
+        """Say hello, in session `session` (an id, `latest` or `new`); the session's id.
+        Raises `SessionRefused` when loopd cannot open it."""
+        await self.send(
+            {
+                "type": "hello",
+                "protocol": PROTOCOL,
+                "client": f"bxctl {__version__}",
+                "session": session,
+            }
+        )
         while True:
             message = await self.receive()
             if message is None:
                 raise Unreachable(f"loopd at {self.path} closed the connection")
-            if message.type == "welcome":
+            if isinstance(message, Error):
+                raise SessionRefused(message.message)
+            if isinstance(message, Welcome):
                 return message.session
 
     async def receive(self) -> DaemonMessage | None:
@@ -69,9 +86,14 @@ class Connection:
         line = bytes(self._buffer[:newline])
         del self._buffer[: newline + 1]
         try:
-            return DAEMON_MESSAGE.validate_json(line)
+            message = DAEMON_MESSAGE.validate_json(line)
         except ValidationError as e:
             raise Unreachable(f"loopd sent a line bxctl cannot read: {e}") from e
+        if isinstance(message, Welcome):
+            self.session = message.session
+        elif isinstance(message, Event) and isinstance(message.event, SessionContinued):
+            self.session = message.event.session
+        return message
 
     async def request(self, message: dict[str, Any], answer: str) -> DaemonMessage:
         """Send, then wait for the first message of type `answer` (an error ends the wait)."""

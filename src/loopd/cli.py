@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from functools import partial
 from pathlib import Path
 
 import trio
@@ -61,7 +60,6 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the socket (default: [channel] socket, $XDG_RUNTIME_DIR/loopd/loopd.sock)",
     )
-    run.add_argument("--new-session", action="store_true", help="start a fresh session")
     run.add_argument(
         "--log-format",
         choices=["text", "json"],
@@ -139,7 +137,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
     _logging(args)
     socket_path = args.socket or config.channel.socket
     try:
-        trio.run(partial(serve, new_session=args.new_session), config, socket_path)
+        trio.run(serve, config, socket_path)
     except BaseException as e:
         error = innermost(e)
         if not isinstance(error, (DaemonRunning, StartupError, StoreError, UnsafeSocket, OSError)):

@@ -1,9 +1,9 @@
 """Compaction: a session goes on in a new one that starts from the model's summary of it.
 
 When a message no longer fits the context (`[session] on_full = "continue"`), or a client asks
-(`compact`), the model writes a summary of the session on the side slot (`[slots] side`), so
-the main slot keeps the old session's cache meanwhile. The new session's header names the old
-one (`continues`), its baseline's system prompt carries the summary (fixed at creation, like
+(`compact`), the model writes a summary of the session, on another slot of the pool where one
+is idle, so the session's own slot keeps its cache meanwhile. The new session's header names
+the old one (`continues`), its baseline's system prompt carries the summary (fixed at creation, like
 every baseline, so its requests extend each other byte for byte), and a `summary` record holds
 the summary request and its cost. The old log is left exactly as it was.
 
@@ -15,7 +15,6 @@ llama-server's own count says it must (its context-full error gives both figures
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -51,8 +50,6 @@ __all__ = [
     "transcript",
 ]
 
-log = logging.getLogger(__name__)
-
 INSTRUCTIONS = (
     "You write the summary a conversation goes on from, once its earlier messages can no "
     "longer be shown. The user's message holds the conversation so far. Write a concise "
@@ -79,11 +76,9 @@ class SummaryFailed(Exception):
 
 
 class Summarizer(Protocol):
-    """What a compaction needs of the model: the inference actor's handle."""
+    """The slot a summary is written on (`loopd.infer.Slot`)."""
 
     async def chat_with_retry(self, request: ChatRequest, on_event: EventSink) -> Completion: ...
-
-    async def slot_count(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -137,33 +132,16 @@ def earlier_summary(records: Sequence[Record]) -> str | None:
 
 @dataclass
 class Compactor:
-    """Writes summaries on the side slot, or on the main slot where there is no side slot."""
+    """Writes summaries: on a slot of no session where the pool has one idle, else on the
+    session's own slot once its cache is saved (`loopd.actors`)."""
 
-    model: Summarizer
-    main: int
-    side: int
     max_tokens: int
     sampling: dict[str, Any] = field(default_factory=dict)
     on_full: Literal["stop", "continue"] = "continue"
     """`[session] on_full`: `continue` compacts a session whose context is full."""
 
-    async def slot(self) -> int:
-        """The slot for a summary: the side slot, when the server has one by that number."""
-        if self.side == self.main:
-            return self.main
-        count = await self.model.slot_count()
-        if count is not None and self.side < count:
-            return self.side
-        log.warning(
-            "llama-server has %s slots, so no side slot %d ([slots] side): the summary is "
-            "written on the main slot, after its cache is saved",
-            "an unknown number of" if count is None else count,
-            self.side,
-        )
-        return self.main
-
     async def summarize(
-        self, records: Sequence[Record], slot: int, on_event: Callable[[SummaryEvent], None]
+        self, records: Sequence[Record], slot: Summarizer, on_event: Callable[[SummaryEvent], None]
     ) -> Summary:
         """The model's summary of `records`; raises `InferError` or `SummaryFailed`."""
         text = transcript(records, earlier_summary(records))
@@ -181,13 +159,12 @@ class Compactor:
                     {"role": "system", "content": INSTRUCTIONS},
                     {"role": "user", "content": text[start:]},
                 ],
-                slot=slot,
                 thinking=False,
                 max_tokens=max_tokens,
                 sampling=self.sampling,
             )
             try:
-                completion = await self.model.chat_with_retry(request, pass_on)
+                completion = await slot.chat_with_retry(request, pass_on)
             except InferError as e:
                 if not is_context_full(e) or start == len(text):
                     raise

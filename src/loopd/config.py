@@ -86,7 +86,7 @@ class ManagedServer(_Table):
     model: Path | None = None
     """The GGUF model; default `$LOOPD_MODEL`."""
     n_ctx: PositiveInt = 8192
-    """Context size of each slot, in tokens (the conversation's, and the side slot's)."""
+    """Context size of each slot, in tokens (`[server] slots` of them)."""
     threads: PositiveInt | None = None
     """CPU threads for llama-server; unset: its own default."""
     chat_template_file: Path | None = None
@@ -106,6 +106,10 @@ class ServerConfig(_Table):
     read_timeout: PositiveFloat = 120.0
     """The longest silence in a stream, in seconds (the server pings every 30 s)."""
     retry: RetryConfig = RetryConfig()
+    slots: PositiveInt = 4
+    """Slots loopd lends to its sessions, one each while it runs a turn, kept while it is idle
+    (its cache stays hot): the embedded llama-server starts with this many (`-np`, each with
+    `n_ctx`); of an external server's slots (`GET /slots`), loopd uses at most this many."""
     sampling: dict[str, float | int | bool | str] = {}
     """Sent with every request, e.g. `{temperature = 0.7, top_p = 0.9}`; unset fields keep
     llama-server's own defaults (its flags, else the model file's). `just chat` and `just
@@ -114,8 +118,6 @@ class ServerConfig(_Table):
 
 
 class SlotsConfig(_Table):
-    main: NonNegativeInt = 0
-    """The slot whose KV cache the conversation owns (`id_slot`)."""
     save: Literal["turn", "stop", "never"] = "turn"
     """When the slot's KV cache is saved to a file named by the session, so it can come back:
     `turn` after each turn once loopd is idle (a crash loses no cache), `stop` only when loopd
@@ -124,14 +126,12 @@ class SlotsConfig(_Table):
     keep_bytes: PositiveInt = 8 * 1024**3
     """Slot files loopd keeps at most, in bytes; the oldest go first. Applies to the embedded
     llama-server's files (an external server keeps its own)."""
-    side: NonNegativeInt = 1
-    """The slot for requests besides the conversation (a compaction's summary), so the main
-    slot keeps the session's cache meanwhile. The embedded llama-server gets a slot for each
-    (`-np 2`), each with `n_ctx` tokens. A server without this slot, or `side` equal to `main`:
-    the summary runs on the main slot, after its cache is saved to the session's slot file."""
 
 
 class SessionConfig(_Table):
+    max_live: PositiveInt = 64
+    """Sessions served at once (each with a client attached or a turn running); a client that
+    opens one more is refused with `too_many_sessions`."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """Written into each new session's baseline; existing sessions keep theirs."""
     history: Literal["exact", "template"] = "exact"
@@ -143,9 +143,10 @@ class SessionConfig(_Table):
     `template`."""
     on_full: Literal["stop", "continue"] = "continue"
     """When a message no longer fits the context: `continue` asks the model for a summary of
-    the session (on the side slot), starts a new session that continues it from that summary,
-    and answers the message there; the old log stays as it was. `stop` ends the turn with
-    `session_full`. A client can compact at any time (`/compact` in bxctl)."""
+    the session (on another slot of the pool where one is idle), starts a new session that
+    continues it from that summary, and answers the message there; the old log stays as it
+    was. `stop` ends the turn with `session_full`. A client can compact at any time
+    (`/compact` in bxctl)."""
     summary_tokens: PositiveInt = 1024
     """Tokens a compaction's summary may take; it opens the new session's context."""
 

@@ -4,9 +4,9 @@
            ├─ llama-server       the embedded default: started, watched, restarted with backoff
            └─ open_core ── channel server
 
-Start-up fails early and clearly: a live daemon on the socket, a session held by another
-process, no llama-server or model to start. Shutdown cancels the running turn (its log stays
-valid), says `bye` to every client, removes the socket, and exits 0.
+Start-up fails early and clearly: a live daemon on the socket, no llama-server or model to
+start. Shutdown cancels the running turns (their logs stay valid), saves the caches the slots
+hold, says `bye` to every client, removes the socket, and exits 0.
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ from pathlib import Path
 import httpx
 import trio
 
-from loopd.actors import SessionHandle, open_core, slot_files
-from loopd.baseline import make_baseline
+from loopd.actors import PoolHandle, open_core
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
-from loopd.closing import close_interrupted_turn
-from loopd.config import Config, ManagedServer, SlotsConfig
-from loopd.infer import Client, RetryPolicy, SlotFile, Timeouts
+from loopd.config import Config, ManagedServer
+from loopd.infer import Client, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
-from loopd.store import Session, Store
+from loopd.store import Store
 
 __all__ = ["StartupError", "launch_spec", "serve"]
 
 log = logging.getLogger(__name__)
 
-SLOT_FILE_TIMEOUT = 30.0
 RESTART_BASE = 1.0
 RESTART_CAP = 60.0
 
@@ -45,9 +42,9 @@ class StartupError(Exception):
     """loopd cannot start; the message says why and what to do."""
 
 
-def launch_spec(managed: ManagedServer, slots: SlotsConfig, state: Path) -> LaunchSpec:
+def launch_spec(managed: ManagedServer, slots: int, state: Path) -> LaunchSpec:
     """The embedded llama-server: from the config, else the environment, else PATH; with
-    the slots `[slots]` names."""
+    `slots` slots."""
     binary = managed.binary or _env_path("LOOPD_LLAMA_SERVER") or _which("llama-server")
     if binary is None:
         raise StartupError(
@@ -64,7 +61,7 @@ def launch_spec(managed: ManagedServer, slots: SlotsConfig, state: Path) -> Laun
         binary=binary.expanduser(),
         model=model.expanduser(),
         n_ctx=managed.n_ctx,
-        parallel=max(slots.main, slots.side) + 1,
+        parallel=slots,
         threads=managed.threads,
         slot_save_path=state / "slots",
         port=free_port(),
@@ -97,7 +94,7 @@ async def _keep_running(
     task_status: trio.TaskStatus[None],
 ) -> None:
     """Run the embedded llama-server; restart it with backoff whenever it dies, and say so on
-    `restarted` (its slot is empty then)."""
+    `restarted` (its slots are empty then)."""
     failures = 0
     started = False
     while True:
@@ -136,22 +133,9 @@ async def _probe(url: str) -> str | None:
     return Path(model).name if isinstance(model, str) else None
 
 
-async def _open_session(store: Store, config: Config, *, new: bool) -> Session:
-    latest = None if new else store.latest()
-    if latest is None:
-        session = await store.create(make_baseline(config.session.system_prompt))
-        log.info("new session %s", session.id)
-        return session
-    session = await store.open(latest)
-    log.info("session %s: %d records, %d turns", session.id, len(session.records), session.turns)
-    if await close_interrupted_turn(session):
-        log.warning("the last turn was interrupted (loopd stopped mid-turn); its log is closed")
-    return session
-
-
 @dataclass
 class _Stop:
-    """What a stop signal ends: start-up, or, once loopd serves, the serving (so the slot is
+    """What a stop signal ends: start-up, or, once loopd serves, the serving (so the slots are
     still saved before loopd's own llama-server goes)."""
 
     starting: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -164,7 +148,7 @@ class _Stop:
         (self.serving or self.starting).cancel()
 
 
-async def serve(config: Config, socket_path: Path, *, new_session: bool = False) -> None:
+async def serve(config: Config, socket_path: Path) -> None:
     """Serve until SIGINT or SIGTERM, heard from the first moment: a signal while the embedded
     llama-server starts stops loopd as cleanly as one later."""
     stop = _Stop()
@@ -172,35 +156,33 @@ async def serve(config: Config, socket_path: Path, *, new_session: bool = False)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, signals, stop)
             with stop.starting:
-                await _open_and_serve(config, socket_path, stop, new_session=new_session)
+                await _open_and_serve(config, socket_path, stop)
             nursery.cancel_scope.cancel()
     log.info("stopped")
 
 
-async def _open_and_serve(
-    config: Config, socket_path: Path, stop: _Stop, *, new_session: bool
-) -> None:
+async def _open_and_serve(config: Config, socket_path: Path, stop: _Stop) -> None:
     store = Store(config.store.directory)
     unix = await open_socket(socket_path)
     log.info("listening on %s", socket_path)
     try:
-        with await _open_session(store, config, new=new_session) as session:
-            await _serve(config, store, session, unix.listener, stop)
+        with store.hold():
+            await _serve(config, store, unix.listener, stop)
     finally:
         with trio.CancelScope(shield=True):
             await unix.aclose()
 
 
-async def _serve(
-    config: Config, store: Store, session: Session, listener: trio.SocketListener, stop: _Stop
-) -> None:
+async def _serve(config: Config, store: Store, listener: trio.SocketListener, stop: _Stop) -> None:
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
     async with trio.open_nursery() as nursery:
         if config.server.url:
             llama = _Llama(config.server.url, await _probe(config.server.url))
         else:
-            spec = launch_spec(config.server.managed, config.slots, config.store.directory.parent)
+            spec = launch_spec(
+                config.server.managed, config.server.slots, config.store.directory.parent
+            )
             log_path = config.store.directory.parent / "llama-server.log"
             await nursery.start(_keep_running, spec, log_path, restarted_send)
             llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
@@ -213,47 +195,26 @@ async def _serve(
             ),
             retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         )
-        info = DaemonInfo(llama.url, llama.model, config.slots.main)
-        # Before the core starts and after it stops, the slot is idle: loopd uses it directly.
-        slots = slot_files(config, _IdleSlot(client, config.slots.main), slot_directory)
         async with client:
-            await slots.restore(session, into_empty=True)
             with trio.CancelScope() as stop.serving:
                 async with (
-                    open_core(config, store, session, client, slot_directory) as actor,
+                    open_core(config, store, client, slot_directory) as core,
                     trio.open_nursery() as watch,
                 ):
-                    watch.start_soon(_restore_after_restarts, restarted, actor)
-                    stop.channel = ChannelServer(actor, info, config.channel)
+                    watch.start_soon(_forget_after_restarts, restarted, core.pool)
+                    info = DaemonInfo(llama.url, llama.model)
+                    stop.channel = ChannelServer(core, info, config.channel)
                     await stop.channel.serve(listener)
-            # The core has stopped and its log is closed; the slot is saved before loopd's
-            # own llama-server goes, for the next start to restore.
-            if actor.last_session is not None:
-                with trio.CancelScope(shield=True):
-                    await slots.save(actor.last_session)
         nursery.cancel_scope.cancel()
 
 
-@dataclass(frozen=True)
-class _IdleSlot:
-    """The slot through the client, while no actor uses it (before the core, after it)."""
-
-    client: Client
-    slot: int
-
-    async def slot_file(self, action: str, filename: str) -> SlotFile:
-        return await self.client.slot_file(self.slot, action, filename)
-
-    async def slot_held(self) -> int | None:
-        return await self.client.slot_held(self.slot)
-
-
-async def _restore_after_restarts(
-    restarted: trio.MemoryReceiveChannel[None], actor: SessionHandle
+async def _forget_after_restarts(
+    restarted: trio.MemoryReceiveChannel[None], pool: PoolHandle
 ) -> None:
-    """A llama-server that died and started again has an empty slot: load the session's."""
+    """A llama-server that died and started again has empty slots: each session's cache comes
+    back from its slot file when it next takes a slot."""
     async for _ in restarted:
-        await actor.restore_slot()
+        pool.reset()
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "SessionInfo",
     "Sessions",
     "SessionsRequest",
+    "SlotInfo",
     "Status",
     "StatusRequest",
     "Subscribe",
@@ -48,7 +49,7 @@ __all__ = [
     "json_schema",
 ]
 
-PROTOCOL = 1
+PROTOCOL = 2
 
 
 class _Message(BaseModel):
@@ -59,12 +60,15 @@ class _Message(BaseModel):
 
 
 class Hello(_Message):
-    """Optional first line; the daemon answers `welcome`."""
+    """Optional first line; the daemon answers `welcome`. A client that sends none is in the
+    latest session from its first message on."""
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL
     client: str = ""
     """The client's name and version, for the daemon's log."""
+    session: str = Field(default="latest", min_length=1, max_length=200)
+    """The session this client's messages go to: a session id, `latest`, or `new`."""
 
 
 class Send(_Message):
@@ -105,14 +109,16 @@ class Subscribe(_Message):
 
 
 class NewSession(_Message):
-    """Start a fresh session (only while no turn runs or waits); answered with `welcome`."""
+    """This client goes on in a fresh session (other clients stay where they are; a turn it
+    left running goes on); answered with `welcome`."""
 
     type: Literal["new_session"] = "new_session"
 
 
 class OpenSession(_Message):
-    """Go on with another session (only while no turn runs or waits); answered with
-    `welcome`. Its slot's cache comes back from the file saved when it was left."""
+    """This client goes on in another session, as `new_session` does; answered with
+    `welcome`. A session other clients are in is shared with them; one nobody is in has its
+    cache back from its slot file when it next needs a slot."""
 
     type: Literal["open_session"] = "open_session"
     id: str = Field(min_length=1, max_length=200)
@@ -228,13 +234,24 @@ class TurnFailed(_Message):
     message: str
 
 
+class SlotInfo(_Message):
+    slot: int
+    session: str | None
+    """The session whose cache it holds; None: free."""
+    tokens: int | None
+    """Tokens it holds, as far as loopd knows."""
+    busy: bool
+    """A turn (or a summary) runs on it."""
+
+
 class Status(_Message):
     type: Literal["status"] = "status"
     session: str
     server: str
     """The llama-server loopd talks to."""
     model: str | None
-    slot: int
+    slot: int | None
+    """The slot that holds this session's cache, if one does."""
     busy: bool
     """A turn is running."""
     queue: int
@@ -248,6 +265,8 @@ class Status(_Message):
     None when history went as messages, where the chat template decides what stays."""
     pending: list[Event] = []
     """Calls that wait for approval: each the `approval_needed` event that asked."""
+    slots: list[SlotInfo] = []
+    """Every slot of the pool."""
 
 
 class Approved(_Message):

@@ -1,12 +1,14 @@
-"""Slot files: the slot's KV cache saved per session, so a session that comes back (after a
-switch, a restart of loopd, or a llama-server that died) costs only its new tokens.
+"""Slot files: a slot's KV cache saved per session, so a session that comes back (after its
+slot went to another session, a restart of loopd, or a llama-server that died) costs only its
+new tokens.
 
 A file is an optimisation, never the truth: deleting one loses time, never data. llama-server
 writes it in its `--slot-save-path`, named by the session (`<id>.bin`); loopd keeps a note of
 each save beside its sessions (`slot-files/<id>.json`), since it cannot always see the
 server's folder, and restores only a file it saved. A restore that fails empties the slot, so
-loopd never tries one blindly; at start it restores only into an empty slot (a server that
-kept running still holds the conversation, newer than any file).
+loopd never tries one blindly. Which slot holds which session is the slot pool's business
+(`loopd.actors`): it says when a cache must be saved (its slot goes to another session) and
+when one must be restored (a session takes a slot that does not hold its cache).
 
 A file is trusted only as far as llama-server checks it: one of another model does not load
 (the slot is left empty); one that is stale or another session's loads, and llama-server
@@ -21,12 +23,11 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from loopd.infer import HttpError, InferError, SlotFile, slot_tokens
+from loopd.infer import HttpError, InferError, Slot, SlotFile, slot_tokens
 from loopd.store import Session
 
-__all__ = ["Slot", "SlotFiles"]
+__all__ = ["SlotFiles"]
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +35,8 @@ log = logging.getLogger(__name__)
 NOT_SUPPORTED = 501
 
 
-class Slot(Protocol):
-    """The slot, through the inference actor, or a client's when nothing else uses it."""
-
-    async def slot_file(self, action: str, filename: str) -> SlotFile: ...
-
-    async def slot_held(self) -> int | None: ...
-
-
 @dataclass
 class SlotFiles:
-    slot: Slot
     save_when: str
     """`[slots] save`: `turn`, `stop` or `never` (no files at all)."""
     notes: Path
@@ -60,12 +52,12 @@ class SlotFiles:
     def enabled(self) -> bool:
         return self.save_when != "never" and not self.unsupported
 
-    async def save(self, session_id: str) -> SlotFile | None:
-        """Save the slot for session `session_id`."""
+    async def save(self, slot: Slot, session_id: str) -> SlotFile | None:
+        """Save `slot`, which holds the cache of session `session_id`."""
         if not self.enabled:
             return None
         try:
-            saved = await self.slot.slot_file("save", f"{session_id}.bin")
+            saved = await slot.slot_file("save", f"{session_id}.bin")
         except InferError as e:
             self._failed("save", e)
             return None
@@ -74,17 +66,13 @@ class SlotFiles:
         self._evict(keep=session_id)
         return saved
 
-    async def restore(self, session: Session, *, into_empty: bool = False) -> SlotFile | None:
-        """Load the slot saved for `session`, if one was; None when nothing was loaded.
-        `into_empty`: only if the slot holds nothing (at start, a server may still hold it)."""
+    async def restore(self, slot: Slot, session: Session) -> SlotFile | None:
+        """Load into `slot` the cache saved for `session`, if one was; None when nothing was
+        loaded."""
         if not self.enabled or not (self.notes / f"{session.id}.json").is_file():
             return None
-        if into_empty and (held := await self.slot.slot_held()) != 0:
-            if held is not None:
-                log.info("the slot holds %d tokens already; not restored", held)
-            return None
         try:
-            restored = await self.slot.slot_file("restore", f"{session.id}.bin")
+            restored = await slot.slot_file("restore", f"{session.id}.bin")
         except InferError as e:
             self._failed("restore", e)
             return None

@@ -14,11 +14,12 @@ never skipped. One process writes a session at a time (an exclusive `flock` on t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -200,6 +201,17 @@ class Store:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Be the one process that writes this store, for the block (a lock on `.lock`)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            _lock(fd, self.directory)
+            yield
+        finally:
+            os.close(fd)
 
     def path_of(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):

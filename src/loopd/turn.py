@@ -140,12 +140,19 @@ async def run_turn(
     except TurnError as e:
         reason = e.reason
         raise
-    except trio.Cancelled:
-        reason = "cancelled"
+    except (trio.Cancelled, BaseExceptionGroup) as e:
+        if _only_cancelled(e):  # raw, or from a nursery of the request as a group
+            reason = "cancelled"
         raise
     finally:
         with trio.CancelScope(shield=True):
             await close_turn(session, reason)
+
+
+def _only_cancelled(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return error.split(trio.Cancelled)[1] is None
+    return isinstance(error, trio.Cancelled)
 
 
 class _Turn:

@@ -2,17 +2,21 @@
 
     open_core ─┬─ tool port     (owns tool calls in flight and pending approvals; supervises
                │                 MCP servers)
-               ├─ inference     (owns the slot: one request at a time)
-               └─ session       (owns the session and its turns; publishes their events)
+               ├─ slot pool     (owns the server's slots; lends one to a session for a turn)
+               └─ sessions      (a session actor per live conversation: its log, its turns,
+                                 their events; the registry opens and stops them)
 
-Each has one inbox: a memory channel of typed messages, with a reply channel where an answer
-is needed, reached through its handle. They start in that order, each before the next needs
-it, and stop in the reverse order when the block ends or any of them fails. A turn that is
-running then is cancelled, and still leaves a valid log.
+Each actor has one inbox: a memory channel of typed messages, with a reply channel where an
+answer is needed, reached through its handle. They start in that order, each before the next
+needs it, and stop in the reverse order when the block ends or any of them fails. Turns that
+are running then are cancelled, and still leave valid logs; the caches the slots hold are
+saved to the sessions' slot files.
 """
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -22,22 +26,22 @@ from loopd.baseline import make_baseline
 from loopd.compact import Compactor
 from loopd.config import Config
 from loopd.exact import ExactHistory
-from loopd.infer import Client
+from loopd.infer import Client, Slot
 from loopd.records import Baseline
-from loopd.slots import Slot, SlotFiles
+from loopd.slots import SlotFiles
 from loopd.store import Session, Store
 from loopd.tools import open_tool_port
 from loopd.turn import Runtime
 
-from ._inference import InferenceHandle, inference_actor
-from ._session import SessionActor
+from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
+from ._registry import SessionRegistry, TooManySessions
+from ._session import SessionActor, SessionHooks
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
     DuplicateTurn,
     HistoryPage,
     Published,
-    SessionBusy,
     SessionHandle,
     SessionStatus,
     Subscription,
@@ -47,71 +51,91 @@ from ._session_inbox import (
 
 __all__ = [
     "HISTORY_PAGE",
+    "SAVE_AT_STOP",
     "Busy",
+    "Core",
     "DuplicateTurn",
     "HistoryPage",
-    "InferenceHandle",
+    "Lease",
+    "PoolHandle",
     "Published",
     "SessionActor",
-    "SessionBusy",
     "SessionHandle",
+    "SessionHooks",
+    "SessionRegistry",
     "SessionStatus",
+    "SlotView",
     "Subscription",
+    "TooManySessions",
     "TurnDone",
     "TurnFailed",
-    "inference_actor",
     "open_core",
+    "pool_actor",
     "slot_files",
 ]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Core:
+    """What the channel holds of a running core."""
+
+    sessions: SessionRegistry
+    pool: PoolHandle
 
 
 @asynccontextmanager
 async def open_core(
-    config: Config,
-    store: Store,
-    session: Session,
-    client: Client,
-    slot_directory: Path | None = None,
-) -> AsyncIterator[SessionHandle]:
-    """The actors serving `session` (which the session actor closes when it leaves it).
-    `slot_directory`: where llama-server keeps slot files, when loopd can see it."""
+    config: Config, store: Store, client: Client, slot_directory: Path | None = None
+) -> AsyncIterator[Core]:
+    """The actors of a loopd on `client`'s server. `slot_directory`: where llama-server keeps
+    slot files, when loopd can see it."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
+    files = slot_files(config, slot_directory)
+    count = await client.slot_count()
+    if count is None:
+        log.warning("llama-server does not list its slots (GET /slots): loopd uses one, slot 0")
+    slots = [Slot(client, n) for n in range(min(count or 1, config.server.slots))]
+    log.info("%d slots in the pool", len(slots))
     async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
-        inference = await nursery.start(inference_actor, client, config.slots.main)
-        slots = slot_files(config, inference, slot_directory)
-        runtime = Runtime(
+        pool = await nursery.start(pool_actor, slots, files)
+        runtime = Runtime(  # each turn runs it on the slot it is lent
             loop=config.loop,
-            inference=inference,
+            inference=slots[0],
             port=port,
             registry=port.registry,
-            slot=config.slots.main,
             find_limit=config.tools.find_limit,
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
         )
-        actor = SessionActor(
-            session,
-            store=store,
-            baseline=baseline,
-            runtime=runtime,
-            port=port,
-            slots=slots,
-            compactor=Compactor(
-                inference,
-                main=config.slots.main,
-                side=config.slots.side,
-                max_tokens=config.session.summary_tokens,
-                sampling=dict(config.server.sampling),
-                on_full=config.session.on_full,
-            ),
-            queue_limit=config.channel.queue_limit,
-        )
-        handle: SessionHandle = await nursery.start(actor.run)
-        yield handle
+
+        def actor(session: Session, hooks: SessionHooks) -> SessionActor:
+            return SessionActor(
+                session,
+                store=store,
+                baseline=baseline,
+                runtime=runtime,
+                port=port,
+                pool=pool,
+                files=files,
+                compactor=Compactor(
+                    max_tokens=config.session.summary_tokens,
+                    sampling=dict(config.server.sampling),
+                    on_full=config.session.on_full,
+                ),
+                queue_limit=config.channel.queue_limit,
+                hooks=hooks,
+            )
+
+        async with trio.open_nursery() as sessions:
+            registry = SessionRegistry(sessions, store, baseline, actor, config.session.max_live)
+            yield Core(registry, pool)
+            sessions.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 
 
-def slot_files(config: Config, slot: Slot, directory: Path | None) -> SlotFiles:
+def slot_files(config: Config, directory: Path | None) -> SlotFiles:
     """The slot files of the sessions in `[store] directory`."""
     notes = config.store.directory.parent / "slot-files"
-    return SlotFiles(slot, config.slots.save, notes, directory, config.slots.keep_bytes)
+    return SlotFiles(config.slots.save, notes, directory, config.slots.keep_bytes)

@@ -1,7 +1,8 @@
-"""The session actor: owns the session and its turns. Everything reaches it through its inbox
-(`_session_inbox`): messages to send, cancels, a new session, history pages, status,
-subscriptions and approval decisions. Turns run one at a time, in order, in a task of its own;
-every event of a turn is published, tagged with the turn, to whoever subscribed.
+"""The session actor: owns one live conversation (its log, its turns, its subscribers). Everything
+reaches it through its inbox (`_session_inbox`): messages to send, cancels, history pages,
+status, subscriptions and approval decisions. Turns run one at a time, in order, in a task of
+its own, each on a slot lent by the slot pool (`_pool`); every event of a turn is published,
+tagged with the turn, to whoever subscribed.
 
 Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
 subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
@@ -14,12 +15,11 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
 from loopd.calls import approval_needed
-from loopd.closing import close_interrupted_turn
 from loopd.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
@@ -31,6 +31,7 @@ from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
+from ._pool import Lease, PoolHandle
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
@@ -39,15 +40,10 @@ from ._session_inbox import (
     DuplicateTurn,
     History,
     HistoryPage,
-    NewSession,
-    OpenSession,
     Published,
-    RestoreSlot,
     Send,
-    SessionBusy,
     SessionHandle,
     SessionMessage,
-    Sessions,
     SessionStatus,
     Status,
     Subscribe,
@@ -63,6 +59,19 @@ log = logging.getLogger(__name__)
 
 SAVE_AFTER_IDLE = 0.5
 """Seconds without a message after a turn before the slot is saved (`[slots] save = "turn"`)."""
+
+
+class SessionHooks:
+    """What the actor tells whoever keeps the live sessions (`_registry`); nothing by default."""
+
+    def idle(self) -> None:
+        """No turn runs or waits."""
+
+    def busy(self) -> None:
+        """A turn was queued."""
+
+    def renamed(self, old: str, new: str) -> None:
+        """The conversation goes on in session `new` (a compaction)."""
 
 
 @dataclass
@@ -90,13 +99,16 @@ class SessionActor:
         baseline: Callable[[], Baseline],
         runtime: Runtime,
         port: PortHandle,
-        slots: SlotFiles,
+        pool: PoolHandle,
+        files: SlotFiles,
         compactor: Compactor,
         queue_limit: int,
+        hooks: SessionHooks | None = None,
     ) -> None:
         self.session, self.store, self.baseline = session, store, baseline
         self.runtime, self.port, self.queue_limit = runtime, port, queue_limit
-        self.slots, self.compactor = slots, compactor
+        self.pool, self.files, self.compactor = pool, files, compactor
+        self.hooks = hooks or SessionHooks()
         self._queue: deque[_Message] = deque()
         self._wake = trio.Event()
         self._subscribers: list[Subscription] = []
@@ -107,23 +119,14 @@ class SessionActor:
             async for message in inbox:
                 try:
                     await self._take(message)
-                except (Busy, DuplicateTurn, SessionBusy, StoreError) as e:
+                except (Busy, DuplicateTurn, StoreError) as e:
                     reply_error(message.reply, e)
 
-    async def _take(self, message: SessionMessage) -> None:  # noqa: C901 - one per kind
+    async def _take(self, message: SessionMessage) -> None:
         if isinstance(message, Send | Compact):
             reply_value(message.reply, self._submit(_Message.of(message)))
         elif isinstance(message, Cancel):
             reply_value(message.reply, self._cancel(message.turn))
-        elif isinstance(message, NewSession):
-            reply_value(message.reply, await self._switch(None))
-        elif isinstance(message, OpenSession):
-            reply_value(message.reply, await self._switch(message.session))
-        elif isinstance(message, RestoreSlot):
-            await self.slots.restore(self.session)
-            reply_value(message.reply, None)
-        elif isinstance(message, Sessions):
-            reply_value(message.reply, (self.session.id, await self.store.sessions()))
         elif isinstance(message, History):
             reply_value(message.reply, self._history(message.start, message.end))
         elif isinstance(message, Status):
@@ -152,6 +155,7 @@ class SessionActor:
         position = len(self._queue) + (self._running is not None)
         self._queue.append(message)
         self._wake.set()
+        self.hooks.busy()
         return position
 
     def _cancel(self, turn: str) -> bool:
@@ -164,28 +168,6 @@ class SessionActor:
                 self._publish(Published(turn, TurnFailed("cancelled", "cancelled before it ran")))
                 return True
         return False
-
-    async def _switch(self, to: str | None) -> str:
-        """Turns go to session `to` (an id or `latest`), or to a new one (None), from now on.
-        The slot is saved for the session left and restored for the one reopened."""
-        if self._running or self._queue:
-            raise SessionBusy("a turn is running or waiting; cancel it or wait for it first")
-        if to == "latest":
-            to = self.store.latest()
-        if to == self.session.id:
-            return to
-        session = await (self.store.create(self.baseline()) if to is None else self.store.open(to))
-        if to is not None and await close_interrupted_turn(session):
-            log.warning("the last turn of session %s was interrupted; its log is closed", to)
-        await self.slots.save(self.session.id)
-        old, self.session = self.session, session
-        old.close()
-        if to is None:
-            log.info("new session %s", session.id)
-        else:
-            log.info("session %s: %d records, %d turns", to, len(session.records), session.turns)
-            await self.slots.restore(session)
-        return session.id
 
     def _history(self, start: int | None, end: int | None) -> HistoryPage:
         records = self.session.records
@@ -222,21 +204,25 @@ class SessionActor:
         """Take messages in order and run their turns, until cancelled."""
         while True:
             if not self._queue:
+                self.hooks.idle()
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
             await self._turn(self._queue.popleft())
-            if not self._queue and self.slots.save_when == "turn":
+            if not self._queue and self.files.save_when == "turn":
                 await self._save_when_idle()
 
     async def _save_when_idle(self) -> None:
         """Save the slot once no message came for a moment: a message that comes first runs
-        first, and the save waits for the next quiet moment after it."""
+        first, and the save waits for the next quiet moment after it. A slot that went to
+        another session meanwhile was saved then."""
         self._wake = trio.Event()
         with trio.move_on_after(SAVE_AFTER_IDLE):
             await self._wake.wait()
             return
-        await self.slots.save(self.session.id)
+        async with self.pool.lease(self.session.id, hot_only=True) as lease:
+            if lease is not None:
+                await self.files.save(lease.slot, self.session.id)
 
     async def _turn(self, message: _Message) -> None:
         def on_event(event: TurnEvent) -> None:
@@ -245,10 +231,9 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                if message.content is None:
-                    outcome = await self._compact(on_event)
-                else:
-                    outcome = await self._answer(message.content, message.thinking, on_event)
+                async with self.pool.lease(self.session.id) as lease:
+                    assert lease is not None  # noqa: S101 - a waiting lease always comes
+                    outcome = await self._on(lease, message, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
                 kind = "infer" if isinstance(e, InferFailed) else e.reason
@@ -274,33 +259,61 @@ class SessionActor:
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
 
+    async def _on(
+        self, lease: Lease, message: _Message, on_event: Callable[[TurnEvent], None]
+    ) -> TurnOutcome:
+        """The message's turn on the slot `lease` lends; the slot is left holding the
+        session's cache, as far as the session knows it."""
+        try:
+            await self.pool.prepare(lease, self.files, self.session)
+            if message.content is None:
+                return await self._compact(lease, on_event)
+            return await self._answer(lease, message.content, message.thinking, on_event)
+        finally:
+            usage = self.session.last_usage()
+            lease.owner = self.session.id
+            lease.tokens = slot_tokens(usage.timings) if usage and usage.timings else None
+
     async def _answer(
-        self, content: str, thinking: bool | None, on_event: Callable[[TurnEvent], None]
+        self,
+        lease: Lease,
+        content: str,
+        thinking: bool | None,
+        on_event: Callable[[TurnEvent], None],
     ) -> TurnOutcome:
         """One turn; where the context is full and `[session] on_full = "continue"`, the
         session is compacted and the message answered in the session that continues it."""
+        runtime = replace(self.runtime, inference=lease.slot, slot=lease.slot.number)
         try:
-            return await run_turn(self.session, self.runtime, content, on_event, thinking=thinking)
+            return await run_turn(self.session, runtime, content, on_event, thinking=thinking)
         except SessionFull as full:
             # A session holding nothing but this message has nothing to compact.
             if self.compactor.on_full != "continue" or self.session.turns <= 1:
                 raise
             try:
-                await self._compact(on_event)
+                await self._compact(lease, on_event)
             except (InferError, SummaryFailed) as e:
                 raise SessionFull(f"{full}; continuing in a new session failed: {e}") from e
-        return await run_turn(self.session, self.runtime, content, on_event, thinking=thinking)
+        return await run_turn(self.session, runtime, content, on_event, thinking=thinking)
 
-    async def _compact(self, on_event: Callable[[TurnEvent], None]) -> TurnOutcome:
-        """Summarise the session and go on in a new one that continues it. The old session's
-        slot is saved before anything else overwrites it: after the summary when that ran on
-        the side slot, before it when on the main slot."""
-        old, compactor = self.session, self.compactor
-        slot = await compactor.slot()
-        on_event(Compacting(session=old.id, slot=slot))
-        if slot == compactor.main:
-            await self.slots.save(old.id)
-        summary = await compactor.summarize(old.records, slot, on_event)
+    async def _compact(self, lease: Lease, on_event: Callable[[TurnEvent], None]) -> TurnOutcome:
+        """Summarise the session and go on in a new one that continues it. The summary runs on
+        a slot of no session where one is idle, so the old session's slot keeps its cache; on
+        the session's own slot otherwise, once that cache is saved."""
+        old = self.session
+        async with self.pool.lease(None, wait=False) as side:
+            if side is not None:
+                await self.pool.prepare(side, self.files, None)
+            else:
+                log.info(
+                    "no slot is free for session %s: the summary is written on its own slot, "
+                    "its cache saved first",
+                    old.id,
+                )
+                await self.files.save(lease.slot, old.id)
+            slot = (side or lease).slot
+            on_event(Compacting(session=old.id, slot=slot.number))
+            summary = await self.compactor.summarize(old.records, slot, on_event)
         with trio.CancelScope(shield=True):  # the new session whole, or not at all
             new = await self.store.create(
                 continued_baseline(self.baseline(), summary.text),
@@ -309,9 +322,10 @@ class SessionActor:
             )
             self.session = new
             old.close()
-            await new.append(summary.record(old.id, slot))
-            if slot != compactor.main:
-                await self.slots.save(old.id)
+            await new.append(summary.record(old.id, slot.number))
+            self.hooks.renamed(old.id, new.id)
+            if side is not None:  # the old session's cache, for a return to it
+                await self.files.save(lease.slot, old.id)
         log.info("session %s continues %s from a summary", new.id, old.id)
         on_event(SessionContinued(previous=old.id, session=new.id, summary=summary.text))
         return TurnOutcome(summary.text, UsageRecord(timings=summary.completion.timings))
@@ -319,8 +333,8 @@ class SessionActor:
     async def run(
         self, *, task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve the session (and the sessions that replace it) until cancelled; the actor
-        closes each session it leaves, and the last one when it stops."""
+        """Serve the session (and the sessions that continue it) until cancelled; the actor
+        closes its session when it stops."""
         send, receive = trio.open_memory_channel[SessionMessage](math.inf)
         handle = SessionHandle(send)
         try:
@@ -331,5 +345,4 @@ class SessionActor:
         finally:
             for subscription in self._subscribers:
                 subscription.close()
-            handle.last_session = self.session.id  # the slot is saved by the daemon, once idle
             self.session.close()

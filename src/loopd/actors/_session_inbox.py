@@ -1,7 +1,7 @@
 """The session actor's inbox: its messages, what they answer, and the handle that sends them.
 
 Each `SessionHandle` method is one message and waits for its answer; an error the actor
-answers with (`Busy`, `DuplicateTurn`, `SessionBusy`) is raised in the caller.
+answers with (`Busy`, `DuplicateTurn`) is raised in the caller.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import trio
 from loopd.events import TurnEvent
 from loopd.inbox import Reply, ask
 from loopd.records import Decision, Record, UsageRecord
-from loopd.store import SessionInfo
 from loopd.turn import TurnOutcome
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "DuplicateTurn",
     "HistoryPage",
     "Published",
-    "SessionBusy",
     "SessionHandle",
     "SessionMessage",
     "SessionStatus",
@@ -86,10 +84,6 @@ class DuplicateTurn(Exception):
     """A turn by that id runs or waits already."""
 
 
-class SessionBusy(Exception):
-    """The session cannot change while a turn runs or waits."""
-
-
 @dataclass(frozen=True)
 class SessionStatus:
     session: str
@@ -137,28 +131,6 @@ class Cancel:
 
 
 @dataclass(frozen=True)
-class NewSession:
-    reply: Reply[str]
-
-
-@dataclass(frozen=True)
-class OpenSession:
-    session: str
-    """A session id, or `latest`."""
-    reply: Reply[str]
-
-
-@dataclass(frozen=True)
-class RestoreSlot:
-    reply: Reply[None]
-
-
-@dataclass(frozen=True)
-class Sessions:
-    reply: Reply[tuple[str, list[SessionInfo]]]
-
-
-@dataclass(frozen=True)
 class History:
     start: int | None
     end: int | None
@@ -189,20 +161,7 @@ class Decide:
     reply: Reply[bool]
 
 
-SessionMessage = (
-    Send
-    | Compact
-    | Cancel
-    | NewSession
-    | OpenSession
-    | RestoreSlot
-    | Sessions
-    | History
-    | Status
-    | Subscribe
-    | Unsubscribe
-    | Decide
-)
+SessionMessage = Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide
 
 
 class SessionHandle:
@@ -210,8 +169,6 @@ class SessionHandle:
 
     def __init__(self, inbox: trio.MemorySendChannel[SessionMessage]) -> None:
         self._inbox = inbox
-        self.last_session: str | None = None
-        """The session the actor served when it stopped (set then, for saving its slot)."""
 
     async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
         """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
@@ -225,25 +182,6 @@ class SessionHandle:
     async def cancel(self, turn: str) -> bool:
         """Cancel a running or waiting turn; False when there is no such turn."""
         return await ask(self._inbox, lambda r: Cancel(turn, r))
-
-    async def new_session(self) -> str:
-        """Turns go to a new session from now on; raises `SessionBusy` while a turn runs or
-        waits."""
-        return await ask(self._inbox, NewSession)
-
-    async def open_session(self, session: str) -> str:
-        """Turns go to session `session` (an id, or `latest`) from now on, its slot restored
-        where a file was saved; raises `SessionBusy` while a turn runs or waits, a
-        `StoreError` for a session that cannot be opened."""
-        return await ask(self._inbox, partial(OpenSession, session))
-
-    async def restore_slot(self) -> None:
-        """Load the current session's slot file again (llama-server started anew)."""
-        await ask(self._inbox, RestoreSlot)
-
-    async def sessions(self) -> tuple[str, list[SessionInfo]]:
-        """The current session's id, and every session of the store, oldest first."""
-        return await ask(self._inbox, Sessions)
 
     async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
         """Records of the current session from `start` (negative: from the end) to `end`, at

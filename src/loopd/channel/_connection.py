@@ -16,7 +16,7 @@ import trio
 from pydantic import ValidationError
 
 from loopd import proto
-from loopd.actors import SessionHandle, Subscription
+from loopd.actors import Core, Subscription
 from loopd.config import ChannelConfig
 
 from ._handlers import Client, DaemonInfo, handle
@@ -61,7 +61,7 @@ class _Lines:
 class Connection:
     number: int
     stream: trio.SocketStream
-    session: SessionHandle
+    core: Core
     info: DaemonInfo
     config: ChannelConfig
 
@@ -70,7 +70,13 @@ class Connection:
         self.outbox, self._outgoing = trio.open_memory_channel[bytes](self.config.subscriber_buffer)
         self._waiting_bytes = 0
         """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
-        self.client = Client(self.session, self.info, self.say, prefix=f"{self.number}/")
+        self.client = Client(
+            self.core,
+            self.info,
+            self.say,
+            prefix=f"{self.number}/",
+            buffer=self.config.subscriber_buffer,
+        )
         self.done = trio.Event()
 
     def say(self, message: proto.DaemonMessage) -> None:
@@ -97,16 +103,16 @@ class Connection:
         self.outbox.close()
 
     async def run(self) -> None:
-        subscription = await self.session.subscribe(self.config.subscriber_buffer)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write)
-                nursery.start_soon(self._relay, subscription)
+                nursery.start_soon(self._relay)
                 nursery.start_soon(self._read)
                 await self.done.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            await self.session.unsubscribe(subscription)
+            if self.client.session is not None:
+                await self.client.leave(self.client.session, self.client.subscription)
             with trio.CancelScope(shield=True), trio.move_on_after(GOODBYE_GRACE):
                 await self.stream.aclose()
 
@@ -121,17 +127,25 @@ class Connection:
         finally:
             self.done.set()
 
-    async def _relay(self, subscription: Subscription) -> None:
-        async for published in subscription.receive:
-            if message := self.client.shown(published):
-                self.say(message)
-        if subscription.lagged:
-            self.close_with(
-                proto.Error(
-                    code="lagged",
-                    message="you fell behind the turn's events; read the history to catch up",
+    async def _relay(self) -> None:
+        """The events of the client's session, of whichever it is in now."""
+        current: Subscription | None = None
+        while True:
+            while self.client.subscription is current:
+                await self.client.moved.wait()
+            current = self.client.subscription
+            assert current is not None  # noqa: S101 - a move always leaves one
+            async for published in current.receive:
+                if message := self.client.shown(published):
+                    self.say(message)
+            if current.lagged:
+                self.close_with(
+                    proto.Error(
+                        code="lagged",
+                        message="you fell behind the turn's events; read the history to catch up",
+                    )
                 )
-            )
+                return
 
     async def _read(self) -> None:
         cap = self.config.max_line

@@ -1,22 +1,27 @@
 """What each client message does: one typed handler per message type, each a message to the
-session actor and the line that answers it. No session logic lives here; this layer only
-translates between the wire and the actor.
+client's session actor (or the registry of sessions, or the slot pool) and the line that
+answers it. No session logic lives here; this layer only translates between the wire and the
+actors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from loopd import __version__, proto
 from loopd.actors import (
     Busy,
+    Core,
     DuplicateTurn,
     Published,
-    SessionBusy,
     SessionHandle,
     SessionStatus,
+    Subscription,
+    TooManySessions,
     TurnDone,
     TurnFailed,
 )
@@ -31,26 +36,57 @@ class DaemonInfo:
 
     server_url: str
     model: str | None
-    slot: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Client:
-    """One connected client, as the handlers see it."""
+    """One connected client, as the handlers see it: the session it is attached to, and its
+    subscription to that session's events."""
 
-    session: SessionHandle
+    core: Core
     info: DaemonInfo
     say: Callable[[proto.DaemonMessage], None]
     prefix: str
     """Turn ids are kept apart per client: this client's `t1` is `<prefix>t1` to the actor."""
+    buffer: int
+    """Events buffered for it (`[channel] subscriber_buffer`)."""
     watch_all: bool = False
     """It subscribed: it sees every turn, not only its own."""
+    session: SessionHandle | None = None
+    subscription: Subscription | None = None
+    moved: trio.Event = field(default_factory=trio.Event)
+    """Set when it moves to another session (then replaced)."""
 
     def shown(self, published: Published) -> proto.DaemonMessage | None:
         """The line a published event becomes for this client, if it may see it."""
         if not (published.turn.startswith(self.prefix) or self.watch_all):
             return None
         return line_of(published)
+
+    async def attached(self) -> SessionHandle:
+        """Its session; the latest, for a client that named none."""
+        if self.session is None:
+            await self.move("latest")
+        assert self.session is not None  # noqa: S101 - move attached it
+        return self.session
+
+    async def move(self, which: str) -> str:
+        """Attach it to session `which` (an id, `latest` or `new`), leaving the one it was
+        in; the session's id. Raises `TooManySessions` or a `StoreError`."""
+        handle, session = await self.core.sessions.attach(which)
+        subscription = await handle.subscribe(self.buffer)
+        old, old_subscription = self.session, self.subscription
+        self.session, self.subscription = handle, subscription
+        moved, self.moved = self.moved, trio.Event()
+        moved.set()
+        if old is not None:
+            await self.leave(old, old_subscription)
+        return session
+
+    async def leave(self, handle: SessionHandle, subscription: Subscription | None) -> None:
+        if subscription is not None:
+            await handle.unsubscribe(subscription)
+        self.core.sessions.detach(handle)
 
 
 def line_of(published: Published) -> proto.DaemonMessage:
@@ -76,19 +112,24 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
             message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
             f"{message.protocol}: update the older of the two",
         )
-    status = await client.session.status()
-    client.say(proto.Welcome(daemon=__version__, session=status.session))
+    await _move(client, message.session)
     return None
 
 
+async def _move(client: Client, which: str) -> None:
+    session = await client.move(which)
+    client.say(proto.Welcome(daemon=__version__, session=session))
+
+
 async def _send(client: Client, message: proto.Send) -> proto.Error | None:
+    session = await client.attached()
     return await _queue(
-        client, message.id, lambda key: client.session.send(key, message.content, message.thinking)
+        client, message.id, lambda key: session.send(key, message.content, message.thinking)
     )
 
 
 async def _compact(client: Client, message: proto.Compact) -> proto.Error | None:
-    return await _queue(client, message.id, client.session.compact)
+    return await _queue(client, message.id, (await client.attached()).compact)
 
 
 async def _queue(
@@ -106,7 +147,7 @@ async def _queue(
 
 
 async def _cancel(client: Client, message: proto.Cancel) -> proto.Error | None:
-    if await client.session.cancel(client.prefix + message.id):
+    if await (await client.attached()).cancel(client.prefix + message.id):
         return None
     return proto.Error(
         code="unknown_turn", message="no turn of yours by that id runs or waits", id=message.id
@@ -116,18 +157,22 @@ async def _cancel(client: Client, message: proto.Cancel) -> proto.Error | None:
 async def _subscribe(client: Client, _: proto.Subscribe) -> None:
     client.watch_all = True
     # What waits for a person is shown at once, not only when the next call asks.
-    for line in _pending(await client.session.status()):
+    for line in _pending(await (await client.attached()).status()):
         client.say(line)
 
 
 async def _status(client: Client, _: proto.StatusRequest) -> None:
-    s = await client.session.status()
+    s = await (await client.attached()).status()
+    slots = [
+        proto.SlotInfo(slot=v.number, session=v.session, tokens=v.tokens, busy=v.busy)
+        for v in await client.core.pool.views()
+    ]
     client.say(
         proto.Status(
             session=s.session,
             server=client.info.server_url,
             model=client.info.model,
-            slot=client.info.slot,
+            slot=next((v.slot for v in slots if v.session == s.session), None),
             busy=s.running is not None,
             queue=len(s.queued),
             turns=s.turns,
@@ -135,12 +180,14 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             context=s.context,
             past_reasoning=s.past_reasoning,
             pending=_pending(s),
+            slots=slots,
         )
     )
 
 
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
-    current, listed = await client.session.sessions()
+    current = (await (await client.attached()).status()).session
+    listed = await client.core.sessions.sessions()
     infos = [
         proto.SessionInfo(
             id=s.id,
@@ -155,35 +202,21 @@ async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
 
 
 async def _history(client: Client, message: proto.HistoryRequest) -> None:
-    page = await client.session.history(message.start, message.end)
+    page = await (await client.attached()).history(message.start, message.end)
     dumped = [r.model_dump(mode="json", by_alias=True) for r in page.records]
     client.say(proto.History(session=page.session, start=page.start, records=dumped))
 
 
-async def _new_session(client: Client, _: proto.NewSession) -> proto.Error | None:
-    try:
-        session = await client.session.new_session()
-    except SessionBusy as e:
-        return proto.Error(code="session_busy", message=str(e))
-    client.say(proto.Welcome(daemon=__version__, session=session))
-    return None
+async def _new_session(client: Client, _: proto.NewSession) -> None:
+    await _move(client, "new")
 
 
-async def _open_session(client: Client, message: proto.OpenSession) -> proto.Error | None:
-    try:
-        session = await client.session.open_session(message.id)
-    except SessionBusy as e:
-        return proto.Error(code="session_busy", message=str(e))
-    except UnknownSession as e:
-        return proto.Error(code="unknown_session", message=str(e))
-    except StoreError as e:  # locked by another process, or a log that does not read
-        return proto.Error(code="session_unavailable", message=str(e))
-    client.say(proto.Welcome(daemon=__version__, session=session))
-    return None
+async def _open_session(client: Client, message: proto.OpenSession) -> None:
+    await _move(client, message.id)
 
 
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
-    if not await client.session.decide(message.call, message.decision):
+    if not await (await client.attached()).decide(message.call, message.decision):
         return proto.Error(
             code="unknown_call", message=f"call {message.call} waits for no approval"
         )
@@ -209,5 +242,13 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
 
 
 async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | None:
-    """Do what `message` asks; an error line for the client when it cannot be done."""
-    return await HANDLERS[type(message)](client, message)
+    """Do what `message` asks; an error line for the client when it cannot be done. Any
+    message may attach the client to a session first, which may fail."""
+    try:
+        return await HANDLERS[type(message)](client, message)
+    except TooManySessions as e:
+        return proto.Error(code="too_many_sessions", message=str(e))
+    except UnknownSession as e:
+        return proto.Error(code="unknown_session", message=str(e))
+    except StoreError as e:  # locked by another process, or a log that does not read
+        return proto.Error(code="session_unavailable", message=str(e))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import trio
 
 from loopd import proto
-from loopd.actors import SessionHandle
+from loopd.actors import Core
 from loopd.config import ChannelConfig
 
 from ._connection import GOODBYE_GRACE, Connection
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChannelServer:
-    session: SessionHandle
+    core: Core
     info: DaemonInfo
     config: ChannelConfig
 
@@ -40,7 +40,7 @@ class ChannelServer:
             await _refuse(stream, self.config.max_clients)
             return
         number = next(self._numbers)
-        connection = Connection(number, stream, self.session, self.info, self.config)
+        connection = Connection(number, stream, self.core, self.info, self.config)
         self._connections.add(connection)
         try:
             await connection.run()

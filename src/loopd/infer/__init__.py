@@ -23,6 +23,7 @@ from ._format import (
 )
 from ._learn import learn_format
 from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
+from ._slot import Slot
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -73,6 +74,7 @@ __all__ = [
     "Repeating",
     "RetryPolicy",
     "Retrying",
+    "Slot",
     "SlotFile",
     "StreamBroken",
     "StreamError",

@@ -1,0 +1,259 @@
+"""The slot pool: owns every slot of the llama-server and lends them to sessions.
+
+A session takes a slot for a turn (`PoolHandle.lease`) and gives it back after; the slot keeps
+the session's cache while the session is idle, so its next turn finds it hot. A session that
+needs a slot when none holds its cache gets a free one, else the least recently used idle one:
+the lease then names the session whose cache must be saved first (`Lease.evicted`), and that
+session waits for the save before it may take a slot again. A lease that is not `hot` holds
+another cache: its holder restores its own from the slot file. Leases of no session (a
+compaction's summary) leave their slot free.
+
+The actor only decides; the work (requests, saves, restores) runs in the holder's task, on the
+slot it was given, so nothing in its inbox loop waits. Leases that cannot be granted wait in
+order and are granted as slots come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import outcome
+import trio
+
+from loopd.inbox import Reply, ask, reply_value
+from loopd.infer import Slot
+from loopd.slots import SlotFiles
+from loopd.store import Session
+
+__all__ = ["SAVE_AT_STOP", "Lease", "PoolHandle", "SlotView", "pool_actor"]
+
+log = logging.getLogger(__name__)
+
+SAVE_AT_STOP = 30.0
+"""Seconds the slots' caches may take to save when loopd stops."""
+
+
+@dataclass
+class Lease:
+    slot: Slot
+    hot: bool
+    """The slot holds its owner's cache already."""
+    evicted: str | None
+    """The session whose cache the slot holds, to be saved before the slot is used."""
+    owner: str | None
+    """Whose cache the slot holds when it comes back; the holder sets it (a compaction's
+    session goes on under a new id)."""
+    tokens: int | None = None
+    """Tokens it then holds, as far as the holder knows (for `status`)."""
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One slot, as `status` shows it."""
+
+    number: int
+    session: str | None
+    tokens: int | None
+    busy: bool
+
+
+@dataclass
+class _State:
+    slot: Slot
+    owner: str | None = None
+    tokens: int | None = None
+    leased: bool = False
+    used: float = -math.inf
+    """When it was last given back: the least recently used idle slot is taken first."""
+
+
+@dataclass(frozen=True)
+class _Acquire:
+    owner: str | None
+    hot_only: bool
+    wait: bool
+    reply: Reply[Lease | None]
+
+
+@dataclass(frozen=True)
+class _Release:
+    number: int
+    owner: str | None
+    tokens: int | None
+
+
+@dataclass(frozen=True)
+class _Saved:
+    session: str
+
+
+@dataclass(frozen=True)
+class _Reset:
+    """The server started anew: no idle slot holds anything."""
+
+
+@dataclass(frozen=True)
+class _Views:
+    reply: Reply[tuple[SlotView, ...]]
+
+
+_Message = _Acquire | _Release | _Saved | _Reset | _Views
+
+
+class PoolHandle:
+    def __init__(self, inbox: trio.MemorySendChannel[_Message], size: int) -> None:
+        self._inbox = inbox
+        self.size = size
+
+    @asynccontextmanager
+    async def lease(
+        self, owner: str | None, *, hot_only: bool = False, wait: bool = True
+    ) -> AsyncIterator[Lease | None]:
+        """A slot for `owner` (None: for a request of no session) while the block runs; None
+        when `hot_only` and no slot holds its cache, or when not `wait` and none is idle."""
+
+        def acquire(reply: Reply[Lease | None]) -> _Acquire:
+            return _Acquire(owner, hot_only, wait, reply)
+
+        lease = await ask(self._inbox, acquire)
+        try:
+            yield lease
+        finally:
+            if lease is not None:
+                if lease.evicted is not None:  # the holder left before it saved it
+                    self.saved(lease.evicted)
+                self._inbox.send_nowait(_Release(lease.slot.number, lease.owner, lease.tokens))
+
+    async def prepare(self, lease: Lease, files: SlotFiles, session: Session | None) -> None:
+        """Make the slot ready for its holder: the evicted session's cache saved to its file,
+        then `session`'s restored from its own, unless the slot holds it already."""
+        if lease.evicted is not None:
+            log.info(
+                "slot %d goes from session %s to %s",
+                lease.slot.number,
+                lease.evicted,
+                lease.owner or "a summary",
+            )
+            try:
+                await files.save(lease.slot, lease.evicted)
+            finally:
+                self.saved(lease.evicted)
+                lease.evicted = None
+        if session is not None and not lease.hot:
+            restored = await files.restore(lease.slot, session)
+            lease.tokens = restored.tokens if restored else None
+
+    def saved(self, session: str) -> None:
+        """The cache of `session`, evicted from a slot, is in its file now (or never will be)."""
+        self._inbox.send_nowait(_Saved(session))
+
+    def reset(self) -> None:
+        """The server restarted: its slots are empty."""
+        self._inbox.send_nowait(_Reset())
+
+    async def views(self) -> tuple[SlotView, ...]:
+        return await ask(self._inbox, _Views)
+
+
+async def pool_actor(
+    slots: Sequence[Slot],
+    files: SlotFiles,
+    *,
+    task_status: trio.TaskStatus[PoolHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
+    send, receive = trio.open_memory_channel[_Message](math.inf)
+    pool = _Pool([_State(s) for s in slots])
+    task_status.started(PoolHandle(send, len(slots)))
+    try:
+        async with receive:
+            async for message in receive:
+                pool.take(message)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(SAVE_AT_STOP):
+            for state in pool.states:
+                if state.owner is not None and files.save_when != "never":
+                    await files.save(state.slot, state.owner)
+
+
+class _Pool:
+    def __init__(self, states: list[_State]) -> None:
+        self.states = states
+        self.waiting: deque[_Acquire] = deque()
+        self.evicting: set[str] = set()
+        """Sessions whose cache is being saved by whoever took their slot."""
+
+    def take(self, message: _Message) -> None:
+        if isinstance(message, _Acquire):
+            if not self._try(message):
+                if message.wait:
+                    self.waiting.append(message)
+                else:
+                    reply_value(message.reply, None)
+            return
+        if isinstance(message, _Release):
+            state = self.states[message.number]
+            state.leased, state.used = False, trio.current_time()
+            state.owner, state.tokens = message.owner, message.tokens
+        elif isinstance(message, _Saved):
+            self.evicting.discard(message.session)
+        elif isinstance(message, _Reset):
+            for state in self.states:
+                if not state.leased:  # a leased one is filled again by its holder
+                    state.owner, state.tokens = None, None
+        else:
+            views = tuple(
+                SlotView(i, s.owner, s.tokens, s.leased) for i, s in enumerate(self.states)
+            )
+            reply_value(message.reply, views)
+            return
+        self._grant_waiting()
+
+    def _grant_waiting(self) -> None:
+        for request in list(self.waiting):
+            if self._try(request):
+                self.waiting.remove(request)
+
+    def _try(self, request: _Acquire) -> bool:
+        """Grant `request` if a slot can be had now; True when it is answered."""
+        if request.owner is not None and request.owner in self.evicting:
+            return False  # its cache is on its way to the file it would be restored from
+        mine = next((s for s in self.states if s.owner and s.owner == request.owner), None)
+        if mine is None and request.hot_only:
+            reply_value(request.reply, None)
+            return True
+        state = mine or self._least_recently_used()
+        if state is None or state.leased:
+            return False
+        hot = state is mine
+        lease = Lease(
+            state.slot,
+            hot=hot,
+            evicted=None if hot else state.owner,
+            owner=request.owner,
+            tokens=state.tokens if hot else None,
+        )
+        if self._give(request, state, lease) and not hot:
+            if lease.evicted is not None:
+                self.evicting.add(lease.evicted)
+            state.owner, state.tokens = request.owner, None
+        return True
+
+    def _least_recently_used(self) -> _State | None:
+        """An idle slot: a free one first, then the one given back longest ago."""
+        idle = [s for s in self.states if not s.leased]
+        return min(idle, key=lambda s: (s.owner is not None, s.used), default=None)
+
+    def _give(self, request: _Acquire, state: _State, lease: Lease) -> bool:
+        """Hand `lease` over; False (and the slot untouched) when the asker has left."""
+        try:
+            request.reply.send_nowait(outcome.Value(lease))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        state.leased = True
+        return True

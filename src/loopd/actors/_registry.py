@@ -1,0 +1,173 @@
+"""The live sessions: a session actor for each conversation a client is attached to or a turn
+runs in, started in the registry's nursery when a client first attaches to it, and stopped
+once no client is attached and no turn runs or waits (its log closed; its slot keeps its cache
+in the pool until another session needs it).
+
+Not an actor: its methods change its map without awaiting anything in between, and wait only
+for a session to open or to stop, in the caller's task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from loopd.closing import close_interrupted_turn
+from loopd.records import Baseline
+from loopd.store import Session, SessionInfo, Store
+
+from ._session import SessionActor, SessionHooks
+from ._session_inbox import SessionHandle
+
+__all__ = ["SessionRegistry", "TooManySessions"]
+
+log = logging.getLogger(__name__)
+
+NEW = "new"
+LATEST = "latest"
+
+
+class TooManySessions(Exception):
+    """As many sessions as `[session] max_live` are served already."""
+
+
+@dataclass(eq=False)
+class _Live:
+    ids: set[str]
+    clients: int = 1
+    idle: bool = True
+    handle: SessionHandle | None = None
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class _Hooks(SessionHooks):
+    def __init__(self, registry: SessionRegistry, live: _Live) -> None:
+        self.registry, self.live = registry, live
+
+    def idle(self) -> None:
+        self.live.idle = True
+        self.registry.close_if_unused(self.live)
+
+    def busy(self) -> None:
+        self.live.idle = False
+
+    def renamed(self, old: str, new: str) -> None:
+        self.registry.renamed(self.live, old, new)
+
+
+ActorFactory = Callable[[Session, SessionHooks], SessionActor]
+
+
+class SessionRegistry:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        store: Store,
+        baseline: Callable[[], Baseline],
+        actor: ActorFactory,
+        max_live: int,
+    ) -> None:
+        self._nursery, self.store, self._baseline = nursery, store, baseline
+        self._actor, self.max_live = actor, max_live
+        self._by_id: dict[str, _Live] = {}
+        self._by_handle: dict[SessionHandle, _Live] = {}
+        self._pending: dict[str, trio.Event] = {}
+        """Sessions being opened or stopped: set when that is done."""
+
+    @property
+    def live(self) -> int:
+        return len(set(self._by_id.values()))
+
+    async def attach(self, which: str) -> tuple[SessionHandle, str]:
+        """The session `which` (an id, `latest` or `new`) for one more client: its handle and
+        id. Raises `TooManySessions`, or the store's error for a session that cannot open."""
+        key = which
+        if which == LATEST:
+            while (creating := self._pending.get(LATEST)) is not None:
+                await creating.wait()  # the first session, made for another client's `latest`
+            which = self.store.latest() or NEW
+            key = LATEST if which == NEW else which
+        while which != NEW:
+            if (live := self._by_id.get(which)) is not None and live.handle is not None:
+                live.clients += 1
+                return live.handle, which
+            if (pending := self._pending.get(which)) is None:
+                break
+            await pending.wait()
+        if self.live + len(self._pending) >= self.max_live:
+            raise TooManySessions(
+                f"loopd serves {self.max_live} sessions at once ([session] max_live); leave "
+                "one, or wait for its turn to end"
+            )
+        return await self._open(which, key)
+
+    async def _open(self, which: str, key: str) -> tuple[SessionHandle, str]:
+        """Open `which` (an id, or `new`); others asking for `key` meanwhile wait for it."""
+        opened = trio.Event()
+        if key != NEW:
+            self._pending[key] = opened
+        try:
+            if which == NEW:
+                session = await self.store.create(self._baseline())
+                log.info("new session %s", session.id)
+            else:
+                session = await self.store.open(which)
+                log.info(
+                    "session %s: %d records, %d turns", which, len(session.records), session.turns
+                )
+                if await close_interrupted_turn(session):
+                    log.warning(
+                        "the last turn of session %s was interrupted; its log is closed", which
+                    )
+            live = _Live({session.id})
+            live.handle = await self._nursery.start(self._serve, session, live)
+        finally:
+            self._pending.pop(key, None)
+            opened.set()
+        self._by_id[session.id] = live
+        self._by_handle[live.handle] = live
+        return live.handle, session.id
+
+    async def _serve(
+        self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]
+    ) -> None:
+        actor = self._actor(session, _Hooks(self, live))
+        try:
+            with live.scope:
+                await actor.run(task_status=task_status)
+        finally:
+            live.done.set()
+
+    def detach(self, handle: SessionHandle) -> None:
+        """A client left the session of `handle`."""
+        if (live := self._by_handle.get(handle)) is not None:
+            live.clients -= 1
+            self.close_if_unused(live)
+
+    def close_if_unused(self, live: _Live) -> None:
+        if live.clients > 0 or not live.idle or live.handle is None:
+            return
+        for session in live.ids:
+            del self._by_id[session]
+            self._pending[session] = live.done  # reopened once its log is closed
+            self._nursery.start_soon(self._forget, session, live.done)
+        del self._by_handle[live.handle]
+        live.scope.cancel()
+
+    async def _forget(self, session: str, done: trio.Event) -> None:
+        await done.wait()
+        if self._pending.get(session) is done:
+            del self._pending[session]
+
+    def renamed(self, live: _Live, old: str, new: str) -> None:
+        live.ids.discard(old)
+        self._by_id.pop(old, None)
+        live.ids.add(new)
+        self._by_id[new] = live
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await self.store.sessions()

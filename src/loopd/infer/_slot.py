@@ -1,0 +1,30 @@
+"""One slot of one llama-server: everything that runs on a slot goes through it (a completion,
+a save or restore of its KV cache, its count of tokens), so turns, compaction, slot files and
+the daemon all speak to a slot the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ._client import AnyRequest, Client, EventSink, SlotFile
+from ._types import Completion
+
+__all__ = ["Slot"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    client: Client
+    number: int
+
+    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
+        """`request` on this slot, whatever slot it names."""
+        return await self.client.chat_with_retry(replace(request, slot=self.number), on_event)
+
+    async def slot_file(self, action: str, filename: str) -> SlotFile:
+        """Save this slot's KV cache to `filename`, or restore it from there."""
+        return await self.client.slot_file(self.number, action, filename)
+
+    async def slot_held(self) -> int | None:
+        """Tokens this slot holds now; None when the server does not say."""
+        return await self.client.slot_held(self.number)
