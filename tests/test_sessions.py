@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
+from conftest import NO_SLOT_FILES, StartDaemon, StartLlama, asset
 from loopd.infer import slot_tokens
 from loopd.records import CacheLossRecord, Record, UsageRecord, conversation_problems
 from loopd.store import Store
@@ -137,6 +137,80 @@ async def test_a_llama_server_that_died_comes_back_with_the_cache(tmp_path: Path
         await d.end()
     assert "restored the slot of session" in d.log.read_text()  # when it took a slot again
     assert_no_loss(d, session)
+
+
+LONG = (
+    "Here is a note to keep in mind while we talk: the garden has {n} rows of beans, each row "
+    "watered at dawn, weeded on Sundays, and picked when the pods are as long as a finger. "
+    "The shed holds rakes, hoes, a wheelbarrow with a flat tyre and seeds for next spring. "
+    "Name one vegetable."
+)
+
+
+@pytest.mark.llama
+async def test_a_sliding_window_model_restores_everything_it_saved(tmp_path: Path) -> None:
+    """Gemma 3 keeps only a 512-token window of most layers' cache unless llama-server runs
+    with --swa-full (the embedded one does): a history past the window comes back whole
+    after a loopd restart and after a llama-server kill."""
+    model = asset("LOOPD_SWA_MODEL", ".cache/models/gemma-3-270m-q4_k_m.gguf")
+    d = embedded(tmp_path / "loopd")
+    d.config.write_text(d.config.read_text() + f'[server.managed]\nmodel = "{model}"\n')
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello", "session": "new"})
+        for n in range(4):
+            assert (await client.turn(f"t{n}", LONG.format(n=n)))[-1]["type"] == "turn_done"
+        await d.stop()
+        await d.close_clients()
+        await d.start()
+        client = await d.connect()
+        await welcome(client, {"type": "hello", "session": session})
+        saved = d.log.read_text().count("saved the slot of session")
+        assert (await client.turn("after-restart", "And a fruit?"))[-1]["type"] == "turn_done"
+        await log_says(d, "saved the slot of session", times=saved + 1)  # once it is idle
+        pid = re.findall(r"llama-server is up at \S+ \(pid (\d+)\)", d.log.read_text())[-1]
+        os.kill(int(pid), signal.SIGKILL)
+        await log_says(d, "llama-server is up at", times=3)
+        assert (await client.turn("after-kill", "And a nut?"))[-1]["type"] == "turn_done"
+    finally:
+        await d.end()
+    usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
+    assert slot_tokens(usages[3]) > 512  # past the window
+    assert d.log.read_text().count(f"restored the slot of session {session}") == 2
+    assert_no_loss(d, session)
+
+
+@pytest.mark.llama
+async def test_a_sliding_window_server_without_swa_full_loses_the_restore_and_says_why(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """An external llama-server started without --swa-full on Gemma 3: after a loopd restart
+    the slot file restores tokens the server cannot reuse; the loss is recorded, and the log
+    says what to do. (The same test with the embedded server, which has --swa-full, loses
+    nothing: above.)"""
+    model = asset("LOOPD_SWA_MODEL", ".cache/models/gemma-3-270m-q4_k_m.gguf")
+    server = await llama(n_ctx=4096, other_model=model)
+    d = Daemon(tmp_path / "loopd", server.url, history="exact")
+    d.config.write_text(d.config.read_text() + SHORT)
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello", "session": "new"})
+        for n in range(4):
+            assert (await client.turn(f"t{n}", LONG.format(n=n)))[-1]["type"] == "turn_done"
+        await d.stop()
+        await d.close_clients()
+        await d.start()
+        client = await d.connect()
+        await welcome(client, {"type": "hello", "session": session})
+        assert (await client.turn("after", "And a fruit?"))[-1]["type"] == "turn_done"
+    finally:
+        await d.end()
+    # Each turn loses a few tokens even before (llama-server's own SWA cache at work); the
+    # restore gives none of the file's.
+    assert losses(d, session)[-1].cached == 0
+    assert "unless llama-server runs with --swa-full" in d.log.read_text()
 
 
 @pytest.mark.llama

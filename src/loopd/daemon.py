@@ -67,6 +67,7 @@ def launch_spec(managed: ManagedServer, slots: int, state: Path) -> LaunchSpec:
         port=free_port(),
         chat_template_file=managed.chat_template_file,
         extra_args=tuple(managed.extra_args),
+        swa_full=True,  # slot files that restore on sliding-window models too
     )
 
 

@@ -1,8 +1,8 @@
 """A llama-server that loopd starts and stops itself: the embedded default, and the tests' server.
 
-The child gets the slots loopd uses (the conversation's, and a side slot for summaries), each
-with the whole `n_ctx`; no context shift (a full context is an
-error loopd reports, not a silent loss of the conversation's start) and a slot-save path. Its
+The child gets the slots loopd's pool lends (`-np`), each with the whole `n_ctx`; no context
+shift (a full context is an error loopd reports, not a silent loss of the conversation's
+start), a slot-save path, and for loopd's own server `--swa-full`. Its
 output goes to a log file, whose tail is shown when it fails to start.
 
 llama-server runs under a small watchdog, in a process group of its own: the watchdog passes
@@ -76,6 +76,9 @@ class LaunchSpec:
     chat_template_file: Path | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
     ready_timeout: float = 60.0
+    swa_full: bool = False
+    """`--swa-full`: a sliding-window model keeps every token's cache, not only the window's,
+    so a slot file restores what it saved (llama-server ignores it for other models)."""
 
     def command(self, port: int) -> list[str]:
         args = [
@@ -101,6 +104,8 @@ class LaunchSpec:
             args += ["--slot-save-path", str(self.slot_save_path)]
         if self.chat_template_file is not None:
             args += ["--chat-template-file", str(self.chat_template_file)]
+        if self.swa_full:
+            args.append("--swa-full")
         return [*args, *self.extra_args]
 
 

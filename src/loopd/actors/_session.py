@@ -264,12 +264,15 @@ class SessionActor:
     ) -> TurnOutcome:
         """The message's turn on the slot `lease` lends; the slot is left holding the
         session's cache, as far as the session knows it."""
+        session, start = self.session, len(self.session.records)
         try:
-            await self.pool.prepare(lease, self.files, self.session)
+            await self.pool.prepare(lease, self.files, session)
             if message.content is None:
                 return await self._compact(lease, on_event)
             return await self._answer(lease, message.content, message.thinking, on_event)
         finally:
+            if lease.tokens and not lease.hot:
+                _check_restore(session, start, lease.tokens)
             usage = self.session.last_usage()
             lease.owner = self.session.id
             lease.tokens = slot_tokens(usage.timings) if usage and usage.timings else None
@@ -346,3 +349,18 @@ class SessionActor:
             for subscription in self._subscribers:
                 subscription.close()
             self.session.close()
+
+
+def _check_restore(session: Session, start: int, restored: int) -> None:
+    """Say why, when the first request after a restore found less than the file held (its
+    loss is recorded by the turn)."""
+    usage = next((r for r in session.records[start:] if isinstance(r, UsageRecord)), None)
+    if usage and usage.timings and usage.timings.cache_n < restored:
+        log.warning(
+            "session %s: its slot file restored %d tokens, and llama-server reused %d of them. "
+            "A model with a sliding window (Gemma 3 and 4, gpt-oss) keeps only the window "
+            "unless llama-server runs with --swa-full (the embedded one does)",
+            session.id,
+            restored,
+            usage.timings.cache_n,
+        )
