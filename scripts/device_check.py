@@ -103,7 +103,7 @@ class Check:
         )
 
     def turn(self, text: str) -> None:
-        done = self.bxctl("chat", "-m", text)
+        done = self.bxctl("chat", "--continue", "-m", text)  # all in one session
         print(f"  > {text}\n    {done.stdout.strip()[:160]!r}")
         if done.returncode != 0:
             sys.exit(f"device-check: the turn failed ({done.returncode}): {done.stderr.strip()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -24,6 +25,7 @@ from loopd.events import CacheLoss, ToolCallStarted, ToolResult
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
 from loopd.proto import Event, TurnDone, TurnFailed, Usage
 from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
+from loopd.store import Store
 from loopd.transcript import transcript
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
@@ -320,6 +322,51 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
         await tmux.close()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_two_chats_hold_two_conversations_and_a_script_is_in_neither(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    replies = ["answer-one", "answer-two", "answer-three", "answer-four"]
+    d = await daemon(FakeLlama([Reply(content=r) for r in replies]))
+    left, right = Tmux(f"left-{id(d):x}"), Tmux(f"right-{id(d):x}")
+    await left.chat(d, tmp_path / "left")
+    await right.chat(d, tmp_path / "right")
+    try:
+        first = re.findall(r"session (\S+)", await left.wait_for("/help for help"))[0]
+        other = re.findall(r"session (\S+)", await right.wait_for("/help for help"))[0]
+        assert first != other
+        await left.keys("message-alpha", "Enter")
+        await left.wait_for("answer-one")
+        await right.keys("message-beta", "Enter")
+        await right.wait_for("answer-two")
+        assert "answer-two" not in await left.screen()
+        assert (await bxctl(d, "chat", "-m", "message-gamma"))[0] == 0  # answer-three
+        await left.keys("/new", "Enter")
+        await left.wait_for("new session")
+        await right.keys("message-delta", "Enter")
+        await right.wait_for("answer-four")
+        for screen in (await left.screen(), await right.screen()):
+            assert "answer-three" not in screen
+            assert "message-gamma" not in screen
+        assert "message-delta" not in await left.screen()
+    finally:
+        await left.close()
+        await right.close()
+    store = Store(d.home / "sessions")
+    said = {
+        s.id: [r.content for r in store.read(s.id)[1] if isinstance(r, UserRecord)]
+        for s in await store.sessions()
+    }
+    assert said[first] == ["message-alpha"]
+    assert said[other] == ["message-beta", "message-delta"]
+    assert sorted(said.values()) == [
+        [],  # the left chat's new one
+        ["message-alpha"],
+        ["message-beta", "message-delta"],
+        ["message-gamma"],
+    ]
 
 
 ROOT = Path(__file__).resolve().parent.parent
