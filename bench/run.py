@@ -12,6 +12,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     templates every chat template: token-exact history against history as messages
     freeze    how long `status` waits while a tool call burns its whole deadline
     parser    llama.cpp's own parser cases read by loopd's parser; its cost per streamed piece
+    concurrency  1, 2 and 4 sessions at once: tokens/s and time to first token, against direct
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import cache
+import concurrency
 import freeze
 import history
 import memory
@@ -65,6 +67,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "templates": lambda: trio.run(
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
+    "concurrency": lambda: trio.run(concurrency.measure, *_assets()),
     "parser": lambda: trio.run(
         parser.measure,
         *_assets(),
@@ -152,6 +155,21 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 
             ),
             "",
             *parser.table(f),
+        ]
+    if name == "concurrency":
+        return [
+            "## 13. Several conversations at once",
+            "",
+            (
+                "One llama-server with four slots, SmolLM2-135M on two threads "
+                f"(bench/concurrency.py): N clients send at the same moment, each through loopd "
+                f"in a session of its own, or straight to the server with the very request loopd "
+                f"sends, on a slot each; every answer runs to {f['max_tokens']} tokens. Medians "
+                f"of {f['rounds']} rounds, alternating which side goes first; tokens/s is every "
+                "client's generated tokens over the round's wall time."
+            ),
+            "",
+            *concurrency.table(f),
         ]
     if name == "freeze":
         return [

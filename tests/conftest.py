@@ -62,7 +62,9 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             template: Path | None = None,
             port: int | None = None,
             other_model: Path | None = None,
+            slot_folder: Path | None = None,
         ) -> RunningServer:
+            """`slot_folder`: its own `--slot-save-path`; by default all share one."""
             nonlocal started
             started += 1
             spec = LaunchSpec(
@@ -71,7 +73,7 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
                 n_ctx=n_ctx,
                 threads=2,
                 port=port,
-                slot_save_path=slots,
+                slot_save_path=slot_folder or slots,
                 chat_template_file=template,
             )
             log = tmp_path / f"llama-server-{started}.log"

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -84,7 +85,7 @@ class Core:
         cfg = config(self.tmp_path, **self.settings)
         async with (
             Client(self.server.url) as client,
-            open_core(cfg, self.store, client) as core,
+            open_core(cfg, self.store, [client]) as core,
         ):
             self.sessions = core.sessions
             actor, self.first = await core.sessions.attach("new")
@@ -431,8 +432,9 @@ NO_FILES = SlotFiles("never", Path("unused"), None, 1)
 
 
 def slots(count: int) -> list[Slot]:
-    never_called = cast("Client", None)  # the pool only lends slots; nothing runs on them here
-    return [Slot(never_called, n) for n in range(count)]
+    # The pool only lends slots and knows their server; nothing runs on them here.
+    server = cast("Client", SimpleNamespace(base_url="http://llama.test"))
+    return [Slot(server, n) for n in range(count)]
 
 
 async def test_acquire_gives_a_free_slot_then_the_owners_hot_one(nursery: trio.Nursery) -> None:
@@ -532,7 +534,7 @@ async def test_reset_forgets_what_idle_slots_held(nursery: trio.Nursery) -> None
         pass
     async with pool.lease("b") as busy:
         assert busy is not None
-        pool.reset()
+        pool.reset("http://llama.test")
         assert [v.session for v in await pool.views()] == [None, "b"]
     async with pool.lease("a") as lease:
         assert lease is not None

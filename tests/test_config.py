@@ -44,7 +44,7 @@ def test_a_file_overrides_only_what_it_names(tmp_path: Path) -> None:
     config, source = load_config(path)
     assert source == path
     assert config.loop.tool_iterations == 3
-    assert config.server.url == "http://gpu:8080"
+    assert config.server.urls == ["http://gpu:8080"]
     assert config.loop.thinking_cap == Config().loop.thinking_cap
 
 

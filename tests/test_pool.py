@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from conftest import StartLlama
 from loopd.records import TurnEndRecord, UserRecord, conversation_problems
 from support.daemon import Daemon, LineClient
-from test_sessions import assert_no_loss, embedded, records, welcome
+from test_sessions import SHORT, assert_no_loss, embedded, log_says, losses, records, welcome
 
 pytestmark = pytest.mark.llama
 
@@ -76,8 +77,8 @@ async def test_six_sessions_on_four_slots_come_back_from_their_files_with_no_los
         await d.end()
     text = d.log.read_text()
     # The first two gave their slots to the last two, and took them back from the next two.
-    assert f"goes from session {sessions[0]} to {sessions[4]}" in text
-    assert f"goes from session {sessions[1]} to {sessions[5]}" in text
+    assert f" goes from session {sessions[0]} to {sessions[4]}" in text
+    assert f" goes from session {sessions[1]} to {sessions[5]}" in text
     assert f"restored the slot of session {sessions[0]}" in text
     for session in sessions:
         assert_no_loss(d, session)
@@ -108,3 +109,53 @@ async def test_a_kill_9_with_four_turns_running_leaves_every_log_valid(tmp_path:
         ends = [r.reason for r in log if isinstance(r, TurnEndRecord)]
         assert ends == ["error", "answer"]  # the killed turn closed when its session opened
         assert [r.content for r in log if isinstance(r, UserRecord)][-1] == "Name a fruit."
+
+
+async def turn_then_its_server_dies(
+    llama: StartLlama, tmp_path: Path, *, shared: bool
+) -> tuple[Daemon, str, str]:
+    """Two llama-servers of one slot each in one loopd; a session's turn on the first, which
+    is then killed, and its next turn. The daemon, the session and the second server's URL."""
+    folders = (None, None) if shared else (tmp_path / "a", tmp_path / "b")
+    for folder in folders:
+        if folder:
+            folder.mkdir()
+    first, second = [await llama(slot_folder=folder) for folder in folders]
+    d = Daemon(tmp_path / "loopd", first.url, history="exact")
+    both = f'url = ["{first.url}", "{second.url}"]'
+    d.config.write_text(d.config.read_text().replace(f'url = "{first.url}"', both) + SHORT)
+    await d.start()
+    try:
+        client = await d.connect()
+        session = await welcome(client, {"type": "hello", "session": "new"})
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await log_says(d, f"saved the slot of session {session}")
+        first.kill()
+        await log_says(d, f"llama-server at {first.url} does not answer")
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+        await client.send({"type": "status"})
+        status = (await client.until("status"))[-1]
+    finally:
+        await d.end()
+    (slot,) = [s for s in status["slots"] if s["session"] == session]
+    assert slot["server"] == second.url
+    return d, session, second.url
+
+
+async def test_a_session_whose_server_dies_goes_on_on_the_other_with_its_cache(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    """The servers share their slot folder: the file the first saved, the second restores."""
+    d, session, _ = await turn_then_its_server_dies(llama, tmp_path, shared=True)
+    assert f"restored the slot of session {session}" in d.log.read_text()
+    assert_no_loss(d, session)
+
+
+async def test_without_a_shared_slot_folder_the_move_recomputes_and_records_it(
+    llama: StartLlama, tmp_path: Path
+) -> None:
+    d, session, second = await turn_then_its_server_dies(llama, tmp_path, shared=False)
+    assert f"could not restore slot 0 of {second}" in d.log.read_text()
+    (loss,) = losses(d, session)
+    assert loss.cached == 0
+    assert conversation_problems(records(d, session)) == []

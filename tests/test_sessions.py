@@ -256,7 +256,7 @@ async def test_a_stale_or_foreign_slot_file_is_detected_not_trusted(tmp_path: Pa
         await d.end()
     text = d.log.read_text()
     assert "it is stale or not this session's" in text
-    assert "could not restore the slot" in text
+    assert "could not restore slot 0 of http:" in text
     stale_loss, foreign_loss = losses(d, session)
     assert 0 < stale_loss.cached < stale_loss.expected
     assert foreign_loss.cached < foreign_loss.expected

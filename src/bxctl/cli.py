@@ -257,7 +257,9 @@ async def _status(path: Path) -> int:
     for view in status.slots:
         held = "free" if view.session is None else f"session {view.session}"
         tokens = "" if view.tokens is None else f", {view.tokens} tokens"
-        console.print(f"slot {view.slot}   {'busy' if view.busy else 'idle'}, {held}{tokens}")
+        where = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
+        state = "busy" if view.busy else "idle"
+        console.print(f"slot {where}{view.slot}   {state}, {held}{tokens}")
     if status.last_usage:
         u = status.last_usage
         console.print(

@@ -17,12 +17,13 @@ import re
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import platformdirs
 import tomli_w
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -95,9 +96,26 @@ class ManagedServer(_Table):
     """More llama-server arguments, appended as given."""
 
 
+def _urls(value: object) -> object:
+    """One URL or a list of them, each http(s)."""
+    urls = [value] if isinstance(value, str) else value
+    if isinstance(urls, list):
+        if not urls:
+            raise ValueError("name at least one server")
+        for url in urls:
+            if isinstance(url, str) and not re.match(r"https?://", url):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return urls
+
+
+Urls = Annotated[list[str], BeforeValidator(_urls)]
+"""One URL, or a list of them."""
+
+
 class ServerConfig(_Table):
-    url: str | None = Field(default=None, pattern=r"^https?://")
-    """An llama-server loopd does not manage, e.g. `http://gpu-box:8080`."""
+    url: Urls | None = None
+    """An llama-server loopd does not manage, e.g. `http://gpu-box:8080`; or a list of them,
+    serving the same model, whose slots join one pool (docs/operations.md)."""
     managed: ManagedServer = ManagedServer()
     connect_timeout: PositiveFloat = 5.0
     """Seconds to make the TCP connection."""
@@ -106,6 +124,12 @@ class ServerConfig(_Table):
     read_timeout: PositiveFloat = 120.0
     """The longest silence in a stream, in seconds (the server pings every 30 s)."""
     retry: RetryConfig = RetryConfig()
+
+    @property
+    def urls(self) -> list[str]:
+        """The external servers, none for the embedded one."""
+        return list(self.url or ())
+
     slots: PositiveInt = 4
     """Slots loopd lends to its sessions, one each while it runs a turn, kept while it is idle
     (its cache stays hot): the embedded llama-server starts with this many (`-np`, each with

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,9 @@ __all__ = ["StartupError", "launch_spec", "serve"]
 log = logging.getLogger(__name__)
 
 RESTART_BASE = 1.0
+HEALTH_EVERY = 1.0
+"""Seconds between two looks at an external llama-server's `/health`."""
+HEALTH_TIMEOUT = 5.0
 RESTART_CAP = 60.0
 
 
@@ -178,44 +182,81 @@ async def _serve(config: Config, store: Store, listener: trio.SocketListener, st
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
     async with trio.open_nursery() as nursery:
-        if config.server.url:
-            llama = _Llama(config.server.url, await _probe(config.server.url))
+        if config.server.urls:
+            models = [await _probe(url) for url in config.server.urls]
+            llamas = [
+                _Llama(url, model) for url, model in zip(config.server.urls, models, strict=True)
+            ]
         else:
             spec = launch_spec(
                 config.server.managed, config.server.slots, config.store.directory.parent
             )
             log_path = config.store.directory.parent / "llama-server.log"
             await nursery.start(_keep_running, spec, log_path, restarted_send)
-            llama = _Llama(f"http://{spec.host}:{spec.port}", spec.model.name)
+            llamas = [_Llama(f"http://{spec.host}:{spec.port}", spec.model.name)]
             slot_directory = spec.slot_save_path
-        s = config.server
-        client = Client(
-            llama.url,
-            timeouts=Timeouts(
-                connect=s.connect_timeout, queue=s.queue_timeout, read=s.read_timeout
-            ),
-            retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
-        )
-        async with client:
+        clients = [_client(config, llama.url) for llama in llamas]
+        async with AsyncExitStack() as stack:
+            for client in clients:
+                await stack.enter_async_context(client)
             with trio.CancelScope() as stop.serving:
                 async with (
-                    open_core(config, store, client, slot_directory) as core,
+                    open_core(config, store, clients, slot_directory) as core,
                     trio.open_nursery() as watch,
                 ):
-                    watch.start_soon(_forget_after_restarts, restarted, core.pool)
-                    info = DaemonInfo(llama.url, llama.model)
+                    if config.server.urls:
+                        for client in clients:
+                            watch.start_soon(_watch_health, client.base_url, core.pool)
+                    else:
+                        watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
+                    urls = ", ".join(llama.url for llama in llamas)
+                    info = DaemonInfo(urls, llamas[0].model)
                     stop.channel = ChannelServer(core, info, config.channel)
                     await stop.channel.serve(listener)
         nursery.cancel_scope.cancel()
 
 
+def _client(config: Config, url: str) -> Client:
+    s = config.server
+    return Client(
+        url,
+        timeouts=Timeouts(connect=s.connect_timeout, queue=s.queue_timeout, read=s.read_timeout),
+        retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
+    )
+
+
 async def _forget_after_restarts(
-    restarted: trio.MemoryReceiveChannel[None], pool: PoolHandle
+    restarted: trio.MemoryReceiveChannel[None], pool: PoolHandle, client: Client
 ) -> None:
     """A llama-server that died and started again has empty slots: each session's cache comes
     back from its slot file when it next takes a slot."""
     async for _ in restarted:
-        pool.reset()
+        pool.reset(client.base_url)
+
+
+async def _watch_health(url: str, pool: PoolHandle) -> None:
+    """Tell the pool when an external llama-server stops answering `/health`, and when it
+    answers again: its slots are lent only while it does."""
+    up = True
+    async with httpx.AsyncClient(base_url=url, timeout=HEALTH_TIMEOUT) as http:
+        while True:
+            try:
+                answers = (await http.get("/health")).status_code == httpx.codes.OK
+            except httpx.HTTPError:
+                answers = False
+            if answers != up:
+                up = answers
+                pool.health(url, up=up)
+                if up:
+                    log.info("llama-server at %s answers again: its slots are lent again", url)
+                else:
+                    log.warning(
+                        "llama-server at %s does not answer: its sessions go on on the other "
+                        "servers, their caches restored from slot files where the servers share "
+                        "them",
+                        url,
+                    )
+            await trio.sleep(HEALTH_EVERY)
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:

@@ -172,13 +172,22 @@ def past_reasoning(records: Iterable[Record]) -> int | None:
 
 
 class ExactHistory:
-    """Builds token-exact prompts with the server's own template (one per server)."""
+    """Builds token-exact prompts with the server's own template (one per model: servers of
+    the same model share what was learned, `on`)."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
         self._formats: dict[tuple[str, bool], ChatFormat | FormatError] = {}
         self._texts: dict[int, str] = {}
         """The text of each end token met: a model has one or two, asked for once each."""
+
+    def on(self, client: Client) -> ExactHistory:
+        """The same, asking `client`'s server (another server of the same model)."""
+        if client is self.client:
+            return self
+        other = ExactHistory(client)
+        other._formats, other._texts = self._formats, self._texts
+        return other
 
     async def format(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
         """The template's delimiters; a `FormatError` says why a template cannot be read. The

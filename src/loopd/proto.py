@@ -235,6 +235,8 @@ class TurnFailed(_Message):
 
 
 class SlotInfo(_Message):
+    server: str
+    """The llama-server it is a slot of."""
     slot: int
     session: str | None
     """The session whose cache it holds; None: free."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loopd.infer import HttpError, InferError, Slot, SlotFile, slot_tokens
@@ -45,23 +45,31 @@ class SlotFiles:
     """Where llama-server writes the files, when loopd can see it (the embedded server):
     there, loopd keeps them under `keep_bytes`."""
     keep_bytes: int
-    unsupported: bool = False
-    """The server has no `--slot-save-path`: said once, then not tried again."""
+    unsupported: set[str] = field(default_factory=set)
+    """Servers without `--slot-save-path`: said once each, then not tried again."""
 
-    @property
-    def enabled(self) -> bool:
-        return self.save_when != "never" and not self.unsupported
+    def enabled(self, slot: Slot) -> bool:
+        return self.save_when != "never" and slot.client.base_url not in self.unsupported
+
+    def server_of(self, session_id: str) -> str | None:
+        """The server that saved the file of `session_id`, if loopd saved one."""
+        try:
+            note = json.loads((self.notes / f"{session_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        server = note.get("server") if isinstance(note, dict) else None
+        return server if isinstance(server, str) else None
 
     async def save(self, slot: Slot, session_id: str) -> SlotFile | None:
         """Save `slot`, which holds the cache of session `session_id`."""
-        if not self.enabled:
+        if not self.enabled(slot):
             return None
         try:
             saved = await slot.slot_file("save", f"{session_id}.bin")
         except InferError as e:
-            self._failed("save", e)
+            self._failed(slot, "save", e)
             return None
-        self._note(session_id, saved)
+        self._note(session_id, saved, slot.client.base_url)
         log.info("saved the slot of session %s: %d tokens", session_id, saved.tokens)
         self._evict(keep=session_id)
         return saved
@@ -69,12 +77,12 @@ class SlotFiles:
     async def restore(self, slot: Slot, session: Session) -> SlotFile | None:
         """Load into `slot` the cache saved for `session`, if one was; None when nothing was
         loaded."""
-        if not self.enabled or not (self.notes / f"{session.id}.json").is_file():
+        if not self.enabled(slot) or not (self.notes / f"{session.id}.json").is_file():
             return None
         try:
             restored = await slot.slot_file("restore", f"{session.id}.bin")
         except InferError as e:
-            self._failed("restore", e)
+            self._failed(slot, "restore", e)
             return None
         usage = session.last_usage()
         held = slot_tokens(usage.timings) if usage and usage.timings else None
@@ -90,18 +98,22 @@ class SlotFiles:
             log.info("restored the slot of session %s: %d tokens", session.id, restored.tokens)
         return restored
 
-    def _note(self, session_id: str, saved: SlotFile) -> None:
+    def _note(self, session_id: str, saved: SlotFile, server: str) -> None:
         self.notes.mkdir(parents=True, exist_ok=True)
         staging = self.notes / f".{session_id}.json"
-        staging.write_text(json.dumps({"tokens": saved.tokens, "bytes": saved.bytes}))
+        note = {"tokens": saved.tokens, "bytes": saved.bytes, "server": server}
+        staging.write_text(json.dumps(note))
         staging.replace(self.notes / f"{session_id}.json")
 
-    def _failed(self, action: str, error: InferError) -> None:
+    def _failed(self, slot: Slot, action: str, error: InferError) -> None:
+        server = slot.client.base_url
         if isinstance(error, HttpError) and error.status == NOT_SUPPORTED:
-            self.unsupported = True
-            log.info("llama-server keeps no slot files (no --slot-save-path): %s", error)
+            self.unsupported.add(server)
+            log.info(
+                "llama-server at %s keeps no slot files (no --slot-save-path): %s", server, error
+            )
         else:
-            log.warning("could not %s the slot: %s", action, error)
+            log.warning("could not %s slot %d of %s: %s", action, slot.number, server, error)
 
     def _evict(self, keep: str) -> None:
         """Oldest files first, until those left fit `keep_bytes` (the one just saved stays)."""

@@ -14,7 +14,7 @@ saved to the sessions' slot files.
 """
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -87,17 +87,18 @@ class Core:
 
 @asynccontextmanager
 async def open_core(
-    config: Config, store: Store, client: Client, slot_directory: Path | None = None
+    config: Config,
+    store: Store,
+    clients: Sequence[Client],
+    slot_directory: Path | None = None,
 ) -> AsyncIterator[Core]:
-    """The actors of a loopd on `client`'s server. `slot_directory`: where llama-server keeps
-    slot files, when loopd can see it."""
+    """The actors of a loopd on the servers of `clients` (the first one renders templates).
+    `slot_directory`: where llama-server keeps slot files, when loopd can see it."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     files = slot_files(config, slot_directory)
-    count = await client.slot_count()
-    if count is None:
-        log.warning("llama-server does not list its slots (GET /slots): loopd uses one, slot 0")
-    slots = [Slot(client, n) for n in range(min(count or 1, config.server.slots))]
+    slots = [s for client in clients for s in await _slots_of(client, config.server.slots)]
     log.info("%d slots in the pool", len(slots))
+    client = clients[0]
     async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
         pool = await nursery.start(pool_actor, slots, files)
         runtime = Runtime(  # each turn runs it on the slot it is lent
@@ -133,6 +134,16 @@ async def open_core(
             yield Core(registry, pool)
             sessions.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
+
+
+async def _slots_of(client: Client, most: int) -> list[Slot]:
+    count = await client.slot_count()
+    if count is None:
+        log.warning(
+            "llama-server at %s does not list its slots (GET /slots): loopd uses one, slot 0",
+            client.base_url,
+        )
+    return [Slot(client, n) for n in range(min(count or 1, most))]
 
 
 def slot_files(config: Config, directory: Path | None) -> SlotFiles:

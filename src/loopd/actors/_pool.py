@@ -1,4 +1,4 @@
-"""The slot pool: owns every slot of the llama-server and lends them to sessions.
+"""The slot pool: owns every slot of loopd's llama-servers and lends them to sessions.
 
 A session takes a slot for a turn (`PoolHandle.lease`) and gives it back after; the slot keeps
 the session's cache while the session is idle, so its next turn finds it hot. A session that
@@ -11,6 +11,12 @@ compaction's summary) leave their slot free.
 The actor only decides; the work (requests, saves, restores) runs in the holder's task, on the
 slot it was given, so nothing in its inbox loop waits. Leases that cannot be granted wait in
 order and are granted as slots come back.
+
+With several servers, a session that needs a slot takes one on the server that saved its slot
+file (`prefer`) where it can: another server restores it only from a folder the two share. A
+server that stops answering (`health`) lends nothing until it answers again, and what its
+slots held is forgotten; while no server answers, the slots are lent anyway, and requests fail
+with the server's own error.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ SAVE_AT_STOP = 30.0
 @dataclass
 class Lease:
     slot: Slot
+    index: int
+    """The slot's place in the pool."""
     hot: bool
     """The slot holds its owner's cache already."""
     evicted: str | None
@@ -56,6 +64,7 @@ class Lease:
 class SlotView:
     """One slot, as `status` shows it."""
 
+    server: str
     number: int
     session: str | None
     tokens: int | None
@@ -65,6 +74,7 @@ class SlotView:
 @dataclass
 class _State:
     slot: Slot
+    index: int
     owner: str | None = None
     tokens: int | None = None
     leased: bool = False
@@ -77,12 +87,13 @@ class _Acquire:
     owner: str | None
     hot_only: bool
     wait: bool
+    prefer: str | None
     reply: Reply[Lease | None]
 
 
 @dataclass(frozen=True)
 class _Release:
-    number: int
+    index: int
     owner: str | None
     tokens: int | None
 
@@ -96,13 +107,21 @@ class _Saved:
 class _Reset:
     """The server started anew: no idle slot holds anything."""
 
+    server: str
+
+
+@dataclass(frozen=True)
+class _Health:
+    server: str
+    up: bool
+
 
 @dataclass(frozen=True)
 class _Views:
     reply: Reply[tuple[SlotView, ...]]
 
 
-_Message = _Acquire | _Release | _Saved | _Reset | _Views
+_Message = _Acquire | _Release | _Saved | _Reset | _Health | _Views
 
 
 class PoolHandle:
@@ -112,13 +131,19 @@ class PoolHandle:
 
     @asynccontextmanager
     async def lease(
-        self, owner: str | None, *, hot_only: bool = False, wait: bool = True
+        self,
+        owner: str | None,
+        *,
+        hot_only: bool = False,
+        wait: bool = True,
+        prefer: str | None = None,
     ) -> AsyncIterator[Lease | None]:
-        """A slot for `owner` (None: for a request of no session) while the block runs; None
-        when `hot_only` and no slot holds its cache, or when not `wait` and none is idle."""
+        """A slot for `owner` (None: for a request of no session) while the block runs, on
+        server `prefer` where one is idle there; None when `hot_only` and no slot holds its
+        cache, or when not `wait` and none is idle."""
 
         def acquire(reply: Reply[Lease | None]) -> _Acquire:
-            return _Acquire(owner, hot_only, wait, reply)
+            return _Acquire(owner, hot_only, wait, prefer, reply)
 
         lease = await ask(self._inbox, acquire)
         try:
@@ -127,15 +152,16 @@ class PoolHandle:
             if lease is not None:
                 if lease.evicted is not None:  # the holder left before it saved it
                     self.saved(lease.evicted)
-                self._inbox.send_nowait(_Release(lease.slot.number, lease.owner, lease.tokens))
+                self._inbox.send_nowait(_Release(lease.index, lease.owner, lease.tokens))
 
     async def prepare(self, lease: Lease, files: SlotFiles, session: Session | None) -> None:
         """Make the slot ready for its holder: the evicted session's cache saved to its file,
         then `session`'s restored from its own, unless the slot holds it already."""
         if lease.evicted is not None:
             log.info(
-                "slot %d goes from session %s to %s",
+                "slot %d of %s goes from session %s to %s",
                 lease.slot.number,
+                lease.slot.client.base_url,
                 lease.evicted,
                 lease.owner or "a summary",
             )
@@ -152,9 +178,13 @@ class PoolHandle:
         """The cache of `session`, evicted from a slot, is in its file now (or never will be)."""
         self._inbox.send_nowait(_Saved(session))
 
-    def reset(self) -> None:
-        """The server restarted: its slots are empty."""
-        self._inbox.send_nowait(_Reset())
+    def reset(self, server: str) -> None:
+        """`server` restarted: its slots are empty."""
+        self._inbox.send_nowait(_Reset(server))
+
+    def health(self, server: str, *, up: bool) -> None:
+        """`server` answers again, or stopped answering."""
+        self._inbox.send_nowait(_Health(server, up))
 
     async def views(self) -> tuple[SlotView, ...]:
         return await ask(self._inbox, _Views)
@@ -168,7 +198,7 @@ async def pool_actor(
 ) -> None:
     """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
     send, receive = trio.open_memory_channel[_Message](math.inf)
-    pool = _Pool([_State(s) for s in slots])
+    pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
     task_status.started(PoolHandle(send, len(slots)))
     try:
         async with receive:
@@ -184,6 +214,8 @@ async def pool_actor(
 class _Pool:
     def __init__(self, states: list[_State]) -> None:
         self.states = states
+        self.down: set[str] = set()
+        """Servers that do not answer."""
         self.waiting: deque[_Acquire] = deque()
         self.evicting: set[str] = set()
         """Sessions whose cache is being saved by whoever took their slot."""
@@ -197,22 +229,33 @@ class _Pool:
                     reply_value(message.reply, None)
             return
         if isinstance(message, _Release):
-            state = self.states[message.number]
+            state = self.states[message.index]
             state.leased, state.used = False, trio.current_time()
             state.owner, state.tokens = message.owner, message.tokens
         elif isinstance(message, _Saved):
             self.evicting.discard(message.session)
         elif isinstance(message, _Reset):
-            for state in self.states:
-                if not state.leased:  # a leased one is filled again by its holder
-                    state.owner, state.tokens = None, None
+            self._forget(message.server)
+        elif isinstance(message, _Health):
+            if message.up:
+                self.down.discard(message.server)
+            else:
+                self.down.add(message.server)
+                self._forget(message.server)
         else:
             views = tuple(
-                SlotView(i, s.owner, s.tokens, s.leased) for i, s in enumerate(self.states)
+                SlotView(s.slot.client.base_url, s.slot.number, s.owner, s.tokens, s.leased)
+                for s in self.states
             )
             reply_value(message.reply, views)
             return
         self._grant_waiting()
+
+    def _forget(self, server: str) -> None:
+        for state in self.states:
+            # A leased slot is filled again by its holder, or its request fails.
+            if state.slot.client.base_url == server and not state.leased:
+                state.owner, state.tokens = None, None
 
     def _grant_waiting(self) -> None:
         for request in list(self.waiting):
@@ -227,12 +270,13 @@ class _Pool:
         if mine is None and request.hot_only:
             reply_value(request.reply, None)
             return True
-        state = mine or self._least_recently_used()
+        state = mine or self._least_recently_used(request.prefer)
         if state is None or state.leased:
             return False
         hot = state is mine
         lease = Lease(
             state.slot,
+            state.index,
             hot=hot,
             evicted=None if hot else state.owner,
             owner=request.owner,
@@ -244,10 +288,17 @@ class _Pool:
             state.owner, state.tokens = request.owner, None
         return True
 
-    def _least_recently_used(self) -> _State | None:
-        """An idle slot: a free one first, then the one given back longest ago."""
+    def _least_recently_used(self, prefer: str | None) -> _State | None:
+        """An idle slot of a server that answers (of any, while none does): on `prefer`
+        first, a free one first, then the one given back longest ago."""
         idle = [s for s in self.states if not s.leased]
-        return min(idle, key=lambda s: (s.owner is not None, s.used), default=None)
+        if any(s.slot.client.base_url not in self.down for s in self.states):
+            idle = [s for s in idle if s.slot.client.base_url not in self.down]
+        return min(
+            idle,
+            key=lambda s: (s.slot.client.base_url != prefer, s.owner is not None, s.used),
+            default=None,
+        )
 
     def _give(self, request: _Acquire, state: _State, lease: Lease) -> bool:
         """Hand `lease` over; False (and the slot untouched) when the asker has left."""

@@ -231,7 +231,8 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                async with self.pool.lease(self.session.id) as lease:
+                prefer = self.files.server_of(self.session.id)
+                async with self.pool.lease(self.session.id, prefer=prefer) as lease:
                     assert lease is not None  # noqa: S101 - a waiting lease always comes
                     outcome = await self._on(lease, message, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
@@ -286,7 +287,13 @@ class SessionActor:
     ) -> TurnOutcome:
         """One turn; where the context is full and `[session] on_full = "continue"`, the
         session is compacted and the message answered in the session that continues it."""
-        runtime = replace(self.runtime, inference=lease.slot, slot=lease.slot.number)
+        exact = self.runtime.exact
+        runtime = replace(
+            self.runtime,
+            inference=lease.slot,
+            slot=lease.slot.number,
+            exact=exact.on(lease.slot.client) if exact else None,  # the templates of its server
+        )
         try:
             return await run_turn(self.session, runtime, content, on_event, thinking=thinking)
         except SessionFull as full:

@@ -164,7 +164,9 @@ async def _subscribe(client: Client, _: proto.Subscribe) -> None:
 async def _status(client: Client, _: proto.StatusRequest) -> None:
     s = await (await client.attached()).status()
     slots = [
-        proto.SlotInfo(slot=v.number, session=v.session, tokens=v.tokens, busy=v.busy)
+        proto.SlotInfo(
+            server=v.server, slot=v.number, session=v.session, tokens=v.tokens, busy=v.busy
+        )
         for v in await client.core.pool.views()
     ]
     client.say(
