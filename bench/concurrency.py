@@ -28,7 +28,7 @@ from loopd.server_proc import LaunchSpec, managed_server
 from support.daemon import Daemon, LineClient
 
 SESSIONS = (1, 2, 4)
-ROUNDS = 4
+ROUNDS = 6
 MAX_TOKENS = 48
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 

@@ -1,5 +1,7 @@
-"""Figure 6: the daemon's resident memory at rest, and after 1,000 turns against the fake
-server, beside a bare Python process that imports the same packages (the floor)."""
+"""Figure 6: the daemon's resident memory at rest, after 1,000 turns against the fake server,
+with 50 sessions live (a client in each, one turn each) and once those clients have left
+(their sessions closed), beside a bare Python process that imports the same packages (the
+floor)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 
 TURNS = 1_000
+SESSIONS = 50
 
 
 def rss_mib(pid: int) -> float:
@@ -36,8 +39,8 @@ def floor_mib() -> float:
 
 
 async def measure() -> dict[str, Any]:
-    fake = FakeLlama([Reply(content="A short answer of a few words.")] * TURNS)
-    server = ReplayServer([fake] * TURNS)
+    fake = FakeLlama([Reply(content="A short answer of a few words.")] * (TURNS + SESSIONS))
+    server = ReplayServer([fake] * (TURNS + SESSIONS))
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         with tempfile.TemporaryDirectory() as tmp:
@@ -51,6 +54,16 @@ async def measure() -> dict[str, Any]:
                 for n in range(TURNS):
                     await client.turn(f"t{n}", f"message {n}")
                 after = rss_mib(d.process.pid)
+                others = [await d.connect() for _ in range(SESSIONS)]
+                for n, other in enumerate(others):
+                    await other.send({"type": "hello", "session": "new"})
+                    await other.until("welcome")
+                    await other.turn(f"s{n}", f"message {n}")
+                live = rss_mib(d.process.pid)
+                for other in others:
+                    await other.aclose()
+                await trio.sleep(1)  # the sessions nobody is in stop
+                left = rss_mib(d.process.pid)
             finally:
                 await d.kill()
                 await d.close_clients()
@@ -59,5 +72,8 @@ async def measure() -> dict[str, Any]:
         "at_rest_mib": at_rest,
         "after_turns_mib": after,
         "turns": TURNS,
+        "sessions": SESSIONS,
+        "live_sessions_mib": live,
+        "sessions_left_mib": left,
         "python_floor_mib": await trio.to_thread.run_sync(floor_mib),
     }

@@ -217,6 +217,8 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 
             "| --- | --- | --- | --- |",
             *(f"| {' | '.join(row)} |" for row in store.rows(f)),
         ]
+    per_live = (f.get("live_sessions_mib", 0) - f["after_turns_mib"]) / f.get("sessions", 1)
+    per_left = (f.get("sessions_left_mib", 0) - f["after_turns_mib"]) / f.get("sessions", 1)
     return [
         "## 6. Memory",
         "",
@@ -225,6 +227,20 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 
         f"| a bare Python importing loopd's packages (floor) | {f['python_floor_mib']:.0f} |",
         f"| loopd serve at rest | {f['at_rest_mib']:.0f} |",
         f"| after {f['turns']:,} turns | {f['after_turns_mib']:.0f} |",
+        *(
+            [
+                (
+                    f"| then {f['sessions']} more sessions live, a client and a turn in each "
+                    f"| {f['live_sessions_mib']:.0f} (+{per_live:.2f} per session) |"
+                ),
+                (
+                    "| once their clients left (the sessions closed) "
+                    f"| {f['sessions_left_mib']:.0f} (+{per_left:.2f} per session) |"
+                ),
+            ]
+            if "sessions" in f
+            else []
+        ),
     ]
 
 

@@ -32,7 +32,7 @@ MAX_REQUEST = 16 * 1024 * 1024
 SIDE_ENDPOINTS: dict[str, Any] = {
     "/health": {"status": "ok"},
     "/props": {"model_path": "SmolLM2-135M-Instruct.Q4_1.gguf", "total_slots": 1},
-    "/slots": [{"id": 0, "n_ctx": 8192}],  # one slot: a summary goes to the main slot
+    "/slots": None,  # `slots` of them
 }
 
 
@@ -78,6 +78,8 @@ class ReplayServer:
     port: int = 0
     broken: int = 0
     """Responses the client stopped reading before their end (it closed the connection)."""
+    slots: int = 1
+    """Slots `GET /slots` tells of."""
     _changed: trio.Event = field(default_factory=trio.Event)
 
     def _notify(self) -> None:
@@ -122,7 +124,10 @@ class ReplayServer:
             return False
         target = request.target.decode()
         if target in SIDE_ENDPOINTS:  # what loopd asks besides completions, answered as is
-            payload = json.dumps(SIDE_ENDPOINTS[target]).encode()
+            side = SIDE_ENDPOINTS[target]
+            if target == "/slots":
+                side = [{"id": n, "n_ctx": 8192} for n in range(self.slots)]
+            payload = json.dumps(side).encode()
             await _send(
                 stream,
                 conn,

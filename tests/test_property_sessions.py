@@ -1,0 +1,128 @@
+"""The property loopd exists for, with several sessions at once: each session's every request
+extends that session's previous one, byte for byte, whatever the interleaving.
+
+hypothesis writes interleavings of messages to two or three sessions, sent all at once or one
+after another, with restarts of the whole core between them (every session reopened from its
+log), and plays them through the actors (registry, session actors, slot pool of two slots)
+against the scripted llama-server over real HTTP. Afterwards, the requests are told apart by
+the session whose first message they carry; each extends the one before it of the same
+session, and each session's log is a valid conversation that holds its own messages only, in
+order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loopd.actors import SessionHandle, Subscription, TurnDone, TurnFailed, open_core
+from loopd.canonical import canonical
+from loopd.config import Config
+from loopd.infer import Client
+from loopd.records import UserRecord, conversation_problems
+from loopd.store import Store
+from support.fake_llama import FakeLlama, Reply
+from support.replay import ReplayServer
+
+SESSIONS = 3
+
+
+@dataclass(frozen=True)
+class Round:
+    senders: list[int]
+    """The sessions that send a message in this round, at once."""
+    restart: bool
+    """Stop the core and start it again before this round."""
+
+
+rounds = st.builds(
+    Round,
+    senders=st.lists(st.integers(0, SESSIONS - 1), min_size=1, max_size=SESSIONS, unique=True),
+    restart=st.booleans(),
+)
+
+
+def config(directory: Path) -> Config:
+    return Config.model_validate(
+        {
+            "session": {"history": "template"},
+            "slots": {"save": "never"},  # the scripted server keeps no slot files
+            "store": {"directory": str(directory / "sessions")},
+            "tools": {"roots": []},
+        }
+    )
+
+
+async def turn(handle: SessionHandle, subscription: Subscription, turn_id: str, text: str) -> None:
+    await handle.send(turn_id, text)
+    async for published in subscription.receive:
+        if published.turn == turn_id and isinstance(published.item, TurnDone | TurnFailed):
+            return
+
+
+async def play(plan: list[Round], directory: Path) -> None:
+    fake = FakeLlama([Reply(content="ok")] * 200)
+    server = ReplayServer([fake] * 200, slots=2)
+    store = Store(directory / "sessions")
+    ids: list[str] = []
+    said: dict[str, list[str]] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        async with Client(server.url) as client:
+            for n, step in enumerate(plan):
+                if n > 0 and not step.restart:
+                    continue  # played with the rounds before it
+                async with open_core(config(directory), store, [client]) as core:
+                    if not ids:
+                        ids = [(await core.sessions.attach("new"))[1] for _ in range(SESSIONS)]
+                        said = {i: [] for i in ids}
+                    await _rounds(core.sessions, ids, said, plan, n)
+        nursery.cancel_scope.cancel()
+    _check(server.requests, store, said)
+
+
+async def _rounds(
+    sessions: Any, ids: list[str], said: dict[str, list[str]], plan: list[Round], start: int
+) -> None:
+    """Rounds from `start` up to the next restart, in this core."""
+    handles = [(await sessions.attach(i))[0] for i in ids]
+    subscriptions = [await h.subscribe(100) for h in handles]
+    for n in range(start, len(plan)):
+        if n > start and plan[n].restart:
+            return
+        async with trio.open_nursery() as senders:
+            for s in plan[n].senders:
+                text = f"session {s} says {n}"
+                said[ids[s]].append(text)
+                senders.start_soon(turn, handles[s], subscriptions[s], f"t{n}", text)
+
+
+def _check(requests: list[dict[str, Any]], store: Store, said: dict[str, list[str]]) -> None:
+    by_session: dict[str, list[list[Any]]] = {i: [] for i in said}
+    for request in requests:
+        body = request["body"]
+        first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        (owner,) = [i for i, texts in said.items() if texts and texts[0] == first]
+        by_session[owner].append(body["messages"])
+    for session, bodies in by_session.items():
+        for earlier, later in itertools.pairwise(bodies):
+            assert canonical(later[: len(earlier)]) == canonical(earlier)
+        records = store.read(session)[1]
+        assert conversation_problems(list(records)) == []
+        assert [r.content for r in records if isinstance(r, UserRecord)] == said[session]
+
+
+@settings(
+    max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(plan=st.lists(rounds, min_size=1, max_size=6))
+def test_each_sessions_requests_extend_its_own_previous_one(plan: list[Round]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(play, plan, Path(tmp))
