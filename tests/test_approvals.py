@@ -4,6 +4,7 @@ files, raw socket clients and the real bxctl. A call of `read_file` asks (`polic
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -40,17 +41,18 @@ async def asking(
     return await daemon(FakeLlama(list(replies)), tools=tools)
 
 
-def log(d: Daemon) -> list[Record]:
+def log(d: Daemon, session: str | None = None) -> list[Record]:
     store = Store(d.home / "sessions")
-    return store.read(store.latest() or "")[1]
+    return list(store.read(session or store.latest() or "")[1])
 
 
-def results(d: Daemon) -> list[str]:
-    return [r.content for r in log(d) if isinstance(r, ToolResultRecord)]
+def results(d: Daemon, session: str | None = None) -> list[str]:
+    return [r.content for r in log(d, session) if isinstance(r, ToolResultRecord)]
 
 
-def approvals(d: Daemon) -> list[tuple[int, str, str, str]]:
-    return [(r.call, r.tool, r.decision, r.by) for r in log(d) if isinstance(r, ApprovalRecord)]
+def approvals(d: Daemon, session: str | None = None) -> list[tuple[int, str, str, str]]:
+    records = log(d, session)
+    return [(r.call, r.tool, r.decision, r.by) for r in records if isinstance(r, ApprovalRecord)]
 
 
 async def event(client: LineClient, kind: str) -> dict[str, Any]:
@@ -218,15 +220,16 @@ async def test_kill_9_while_a_call_waits_then_restart_closes_it_not_approved(
 async def test_bxctl_chat_m_exits_6_on_an_approval_and_bxctl_approve_answers_it(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:
-    d = await asking(daemon, tmp_path, read_file(), Reply(content="Milk."))
+    d = await asking(daemon, tmp_path, read_file(), Reply(content="Other."), Reply(content="Milk."))
     code, _, err = await bxctl(d, "chat", "-m", "what do I buy?")
     assert code == EXIT_APPROVAL
-    assert "bxctl approve 1 --once|--session|--deny" in err
-    code, out, _ = await bxctl(d, "status")
+    (session,) = re.findall(r"bxctl approve 1 --once\|--session\|--deny --in (\S+)`", err)
+    await bxctl(d, "chat", "-m", "a new session, created after it")  # the latest now
+    code, out, _ = await bxctl(d, "status", "--in", session)
     assert "call 1: read_file" in out
-    code, _, err = await bxctl(d, "approve", "9", "--once")
+    code, _, err = await bxctl(d, "approve", "9", "--once", "--in", session)
     assert (code, err.strip()) == (1, "bxctl: call 9 waits for no approval")
-    code, _, _ = await bxctl(d, "approve", "1", "--session")
+    code, _, _ = await bxctl(d, "approve", "1", "--session", "--in", session)
     assert code == 0
     client = await d.connect()
     await client.send({"type": "status"})
@@ -234,8 +237,8 @@ async def test_bxctl_chat_m_exits_6_on_an_approval_and_bxctl_approve_answers_it(
         while (await client.until("status"))[-1]["busy"]:
             await trio.sleep(0.05)
             await client.send({"type": "status"})
-    assert approvals(d) == [(1, "read_file", "session", "user")]
-    assert results(d) == ["buy milk"]
+    assert approvals(d, session) == [(1, "read_file", "session", "user")]
+    assert results(d, session) == ["buy milk"]
 
 
 async def test_bxctl_chat_m_yes_approves_each_call_once(

@@ -97,10 +97,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the model's reasoning on screen once it answers",
     )
-    commands.add_parser(
+    status = commands.add_parser(
         "status",
         help="what loopd is doing",
-        description="Show the session, the model, the slot and the last request's figures.",
+        description="Show a session, the model, the slots and the last request's figures.",
+    )
+    status.add_argument(
+        "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
     )
     approve = commands.add_parser(
         "approve",
@@ -108,6 +111,13 @@ def parser() -> argparse.ArgumentParser:
         description="Answer a tool call that waits for approval (`bxctl status` lists them).",
     )
     approve.add_argument("call", type=int, help="the call's number")
+    approve.add_argument(
+        "--in",
+        dest="where",
+        metavar="SESSION",
+        default="latest",
+        help="the session the call waits in (default: the latest)",
+    )
     decision = approve.add_mutually_exclusive_group(required=True)
     for flag, meaning in (
         ("--once", "run this call"),
@@ -149,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
         if args.command == "chat":
             return _chat(args, path)
         if args.command == "status":
-            return trio.run(_status, path)
+            return trio.run(_status, path, args.where)
         if args.command == "approve":
-            return trio.run(_approve, path, args.call, args.decision)
+            return trio.run(_approve, path, args.call, args.decision, args.where)
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
@@ -225,8 +235,8 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             if not approve:
                 print(
                     f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
-                    f"it with `bxctl approve {asking.call} --once|--session|--deny`, or run "
-                    "with --yes",
+                    f"it with `bxctl approve {asking.call} --once|--session|--deny --in "
+                    f"{connection.session}`, or run with --yes",
                     file=sys.stderr,
                 )
                 return EXIT_APPROVAL
@@ -243,8 +253,9 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
     return EXIT_UNREACHABLE
 
 
-async def _status(path: Path) -> int:
+async def _status(path: Path, where: str) -> int:
     connection = await Connection.open(path)
+    await connection.hello(where)
     status = await connection.request({"type": "status"}, "status")
     await connection.aclose()
     if not isinstance(status, Status):
@@ -257,9 +268,9 @@ async def _status(path: Path) -> int:
     for view in status.slots:
         held = "free" if view.session is None else f"session {view.session}"
         tokens = "" if view.tokens is None else f", {view.tokens} tokens"
-        where = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
+        server = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
         state = "busy" if view.busy else "idle"
-        console.print(f"slot {where}{view.slot}   {state}, {held}{tokens}")
+        console.print(f"slot {server}{view.slot}   {state}, {held}{tokens}")
     if status.last_usage:
         u = status.last_usage
         console.print(
@@ -272,14 +283,15 @@ async def _status(path: Path) -> int:
         if isinstance(asking := line.event, ApprovalNeeded):
             console.print(
                 f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
-                f"(bxctl approve {asking.call} --once|--session|--deny)",
+                f"(bxctl approve {asking.call} --once|--session|--deny --in {status.session})",
                 markup=False,
             )
     return EXIT_OK
 
 
-async def _approve(path: Path, call: int, decision: str) -> int:
+async def _approve(path: Path, call: int, decision: str, where: str) -> int:
     connection = await Connection.open(path)
+    await connection.hello(where)
     answer = await connection.request(
         {"type": "approve", "call": call, "decision": decision}, "approved"
     )
