@@ -220,11 +220,13 @@ async def test_kill_9_while_a_call_waits_then_restart_closes_it_not_approved(
 async def test_bxctl_chat_m_exits_6_on_an_approval_and_bxctl_approve_answers_it(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:
-    d = await asking(daemon, tmp_path, read_file(), Reply(content="Other."), Reply(content="Milk."))
+    d = await asking(daemon, tmp_path, read_file(), Reply(content="Milk."))
     code, _, err = await bxctl(d, "chat", "-m", "what do I buy?")
     assert code == EXIT_APPROVAL
     (session,) = re.findall(r"bxctl approve 1 --once\|--session\|--deny --in (\S+)`", err)
-    await bxctl(d, "chat", "-m", "a new session, created after it")  # the latest now
+    newer = await d.connect()  # a session made after it is the latest now
+    await newer.send({"type": "hello", "session": "new"})
+    await newer.until("welcome")
     code, out, _ = await bxctl(d, "status", "--in", session)
     assert "call 1: read_file" in out
     code, _, err = await bxctl(d, "approve", "9", "--once", "--in", session)
