@@ -33,7 +33,7 @@ from loopd.actors import (
 from loopd.config import Config
 from loopd.events import ApprovalDecided, ApprovalNeeded
 from loopd.exact import next_request
-from loopd.infer import Client, Content, Slot
+from loopd.infer import Client, Content, Queued, Slot
 from loopd.records import Record, UserRecord, conversation_problems
 from loopd.slots import SlotFiles
 from loopd.store import Store
@@ -251,6 +251,26 @@ async def test_a_session_nobody_is_in_stops_once_its_turn_ends_and_opens_again(
         assert again is not first
         assert [r.kind for r in (await again.history()).records] == ["user", "turn_end"]
     assert core.kinds() == ["user", "turn_end"]
+
+
+async def test_a_turn_that_waits_for_a_slot_says_so_and_runs_when_one_is_free(
+    core: Core, served: Any
+) -> None:
+    """The scripted server has one slot: a second session's turn waits for it."""
+    served[0].replies = [Reply(kind="stall"), Reply(content="my turn")]
+    async with core.running() as first:
+        assert core.sessions is not None
+        second, _ = await core.sessions.attach("new")
+        watching = await second.subscribe(100)
+        await first.send("t1", "holds the slot")
+        await trio.testing.wait_all_tasks_blocked()
+        await second.send("t2", "waits for it")
+        with trio.fail_after(5):
+            got = await next_of(watching, Queued)
+        assert got == Queued()
+        assert await first.cancel("t1")
+        done = await next_of(watching, TurnDone)
+    assert done.outcome.content == "my turn"
 
 
 async def test_one_session_more_than_max_live_is_refused(tmp_path: Path, served: Any) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 import trio
@@ -24,7 +25,7 @@ from loopd.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
 from loopd.inbox import reply_error, reply_value
-from loopd.infer import InferError, slot_tokens
+from loopd.infer import InferError, Queued, slot_tokens
 from loopd.records import Baseline, UsageRecord
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store, StoreError
@@ -231,9 +232,7 @@ class SessionActor:
         with trio.CancelScope() as scope:
             self._running = (message.turn, scope)
             try:
-                prefer = self.files.server_of(self.session.id)
-                async with self.pool.lease(self.session.id, prefer=prefer) as lease:
-                    assert lease is not None  # noqa: S101 - a waiting lease always comes
+                async with self._slot(on_event) as lease:
                     outcome = await self._on(lease, message, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
@@ -259,6 +258,19 @@ class SessionActor:
             self._publish(
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
+
+    @asynccontextmanager
+    async def _slot(self, on_event: Callable[[TurnEvent], None]) -> AsyncIterator[Lease]:
+        """A slot for the turn; while every slot runs a turn, the client hears it waits."""
+        prefer = self.files.server_of(self.session.id)
+        async with self.pool.lease(self.session.id, prefer=prefer, wait=False) as lease:
+            if lease is not None:
+                yield lease
+                return
+        on_event(Queued())
+        async with self.pool.lease(self.session.id, prefer=prefer) as lease:
+            assert lease is not None  # noqa: S101 - a waiting lease always comes
+            yield lease
 
     async def _on(
         self, lease: Lease, message: _Message, on_event: Callable[[TurnEvent], None]
