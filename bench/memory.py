@@ -44,7 +44,8 @@ async def measure() -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         with tempfile.TemporaryDirectory() as tmp:
-            d = Daemon(Path(tmp) / "loopd", server.url)
+            # The scripted server keeps no slot files.
+            d = Daemon(Path(tmp) / "loopd", server.url, slots='save = "never"')
             await d.start()
             try:
                 if d.process is None:
