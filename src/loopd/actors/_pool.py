@@ -125,9 +125,8 @@ _Message = _Acquire | _Release | _Saved | _Reset | _Health | _Views
 
 
 class PoolHandle:
-    def __init__(self, inbox: trio.MemorySendChannel[_Message], size: int) -> None:
+    def __init__(self, inbox: trio.MemorySendChannel[_Message]) -> None:
         self._inbox = inbox
-        self.size = size
 
     @asynccontextmanager
     async def lease(
@@ -199,7 +198,7 @@ async def pool_actor(
     """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
     send, receive = trio.open_memory_channel[_Message](math.inf)
     pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
-    task_status.started(PoolHandle(send, len(slots)))
+    task_status.started(PoolHandle(send))
     try:
         async with receive:
             async for message in receive:
