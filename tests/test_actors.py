@@ -257,19 +257,22 @@ async def test_a_turn_that_waits_for_a_slot_says_so_and_runs_when_one_is_free(
     core: Core, served: Any
 ) -> None:
     """The scripted server has one slot: a second session's turn waits for it."""
-    served[0].replies = [Reply(kind="stall"), Reply(content="my turn")]
+    fake, server = served
+    fake.replies = [Reply(kind="stall"), Reply(content="my turn")]
     async with core.running() as first:
         assert core.sessions is not None
         second, _ = await core.sessions.attach("new")
         watching = await second.subscribe(100)
         await first.send("t1", "holds the slot")
-        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(5):
+            await server.wait_until(lambda: len(server.requests) == 1)  # it stalls there
         await second.send("t2", "waits for it")
         with trio.fail_after(5):
             got = await next_of(watching, Queued)
         assert got == Queued()
         assert await first.cancel("t1")
-        done = await next_of(watching, TurnDone)
+        with trio.fail_after(5):
+            done = await next_of(watching, TurnDone)
     assert done.outcome.content == "my turn"
 
 
