@@ -147,6 +147,21 @@ LONG = (
 )
 
 
+async def past_the_window_then_restart(d: Daemon) -> tuple[LineClient, str]:
+    """Four long turns in a new session (past Gemma 3's window), then a loopd restart; a
+    client back in that session, and the session."""
+    client = await d.connect()
+    session = await welcome(client, {"type": "hello", "session": "new"})
+    for n in range(4):
+        assert (await client.turn(f"t{n}", LONG.format(n=n)))[-1]["type"] == "turn_done"
+    await d.stop()
+    await d.close_clients()
+    await d.start()
+    client = await d.connect()
+    await welcome(client, {"type": "hello", "session": session})
+    return client, session
+
+
 @pytest.mark.llama
 async def test_a_sliding_window_model_restores_everything_it_saved(tmp_path: Path) -> None:
     """Gemma 3 keeps only a 512-token window of most layers' cache unless llama-server runs
@@ -157,15 +172,7 @@ async def test_a_sliding_window_model_restores_everything_it_saved(tmp_path: Pat
     d.config.write_text(d.config.read_text() + f'[server.managed]\nmodel = "{model}"\n')
     await d.start()
     try:
-        client = await d.connect()
-        session = await welcome(client, {"type": "hello", "session": "new"})
-        for n in range(4):
-            assert (await client.turn(f"t{n}", LONG.format(n=n)))[-1]["type"] == "turn_done"
-        await d.stop()
-        await d.close_clients()
-        await d.start()
-        client = await d.connect()
-        await welcome(client, {"type": "hello", "session": session})
+        client, session = await past_the_window_then_restart(d)
         saved = d.log.read_text().count("saved the slot of session")
         assert (await client.turn("after-restart", "And a fruit?"))[-1]["type"] == "turn_done"
         await log_says(d, "saved the slot of session", times=saved + 1)  # once it is idle
@@ -195,15 +202,7 @@ async def test_a_sliding_window_server_without_swa_full_loses_the_restore_and_sa
     d.config.write_text(d.config.read_text() + SHORT)
     await d.start()
     try:
-        client = await d.connect()
-        session = await welcome(client, {"type": "hello", "session": "new"})
-        for n in range(4):
-            assert (await client.turn(f"t{n}", LONG.format(n=n)))[-1]["type"] == "turn_done"
-        await d.stop()
-        await d.close_clients()
-        await d.start()
-        client = await d.connect()
-        await welcome(client, {"type": "hello", "session": session})
+        client, session = await past_the_window_then_restart(d)
         assert (await client.turn("after", "And a fruit?"))[-1]["type"] == "turn_done"
     finally:
         await d.end()
