@@ -19,18 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from overhead import first_turn_request
 
-from loopd.baseline import make_baseline, messages
-from loopd.config import LoopConfig
-from loopd.infer import ChatRequest, Client, Content
-from loopd.records import UserRecord
+from loopd.infer import Client, Content
 from loopd.server_proc import LaunchSpec, managed_server
 from support.daemon import Daemon, LineClient
 
 SESSIONS = (1, 2, 4)
 ROUNDS = 6
 MAX_TOKENS = 48
-SAMPLING = {"temperature": 0, "ignore_eos": True}
 
 
 async def _round_through_loopd(clients: list[LineClient], tag: str) -> list[float]:
@@ -61,20 +58,12 @@ async def _round_through_loopd(clients: list[LineClient], tag: str) -> list[floa
 
 
 async def _round_direct(llama: Client, count: int, tag: str) -> list[float]:
-    loop = LoopConfig()
     firsts: list[float] = []
     start = time.perf_counter()
 
     async def one(n: int) -> None:
         text = f"Directly {tag}, client {n}: tell me a story."
-        request = ChatRequest(  # the very request loopd sends for a session's first turn
-            messages(make_baseline(), [UserRecord(content=text)]),
-            tools=list(make_baseline().tools),
-            slot=n,
-            max_tokens=MAX_TOKENS,
-            thinking_cap=loop.thinking_cap,
-            sampling=SAMPLING,
-        )
+        request = first_turn_request(text, MAX_TOKENS, slot=n)
         first: list[float] = []
         sent = time.perf_counter()
 

@@ -43,17 +43,22 @@ async def _through_loopd(client: Any, text: str) -> tuple[float, float]:
     return (first or end) - start, end - start
 
 
-async def _direct(llama: Client, text: str) -> tuple[float, float]:
-    body = messages(make_baseline(), [UserRecord(content=text)])
-    # The very request loopd sends: the same messages, tools, caps and sampling.
-    loop = LoopConfig()
-    request = ChatRequest(
-        body,
-        tools=list(make_baseline().tools),
-        max_tokens=MAX_TOKENS,
-        thinking_cap=loop.thinking_cap,
+def first_turn_request(text: str, max_tokens: int, slot: int = 0) -> ChatRequest:
+    """The very request loopd sends for a session's first turn, `text`: the same messages,
+    tools, caps and sampling (`SAMPLING`: every answer runs to `max_tokens`)."""
+    baseline = make_baseline()
+    return ChatRequest(
+        messages(baseline, [UserRecord(content=text)]),
+        tools=list(baseline.tools),
+        slot=slot,
+        max_tokens=max_tokens,
+        thinking_cap=LoopConfig().thinking_cap,
         sampling=SAMPLING,
     )
+
+
+async def _direct(llama: Client, text: str) -> tuple[float, float]:
+    request = first_turn_request(text, MAX_TOKENS)
     first: list[float] = []
     start = time.perf_counter()
 
