@@ -125,8 +125,10 @@ _Message = _Acquire | _Release | _Saved | _Reset | _Health | _Views
 
 
 class PoolHandle:
-    def __init__(self, inbox: trio.MemorySendChannel[_Message]) -> None:
+    def __init__(self, inbox: trio.MemorySendChannel[_Message], servers: int) -> None:
         self._inbox = inbox
+        self.servers = servers
+        """How many servers the slots are of: with one, there is no server to prefer."""
 
     @asynccontextmanager
     async def lease(
@@ -198,7 +200,7 @@ async def pool_actor(
     """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
     send, receive = trio.open_memory_channel[_Message](math.inf)
     pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
-    task_status.started(PoolHandle(send))
+    task_status.started(PoolHandle(send, len({s.client.base_url for s in slots})))
     try:
         async with receive:
             async for message in receive:

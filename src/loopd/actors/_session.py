@@ -262,7 +262,8 @@ class SessionActor:
     @asynccontextmanager
     async def _slot(self, on_event: Callable[[TurnEvent], None]) -> AsyncIterator[Lease]:
         """A slot for the turn; while every slot runs a turn, the client hears it waits."""
-        prefer = self.files.server_of(self.session.id)
+        # Which server saved its slot file: a read of the note, worth it only with several.
+        prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
         async with self.pool.lease(self.session.id, prefer=prefer, wait=False) as lease:
             if lease is not None:
                 yield lease
