@@ -95,13 +95,15 @@ async def test_approve_once_runs_the_call_and_the_log_says_so(
     assert needed == {
         "kind": "approval_needed",
         "call": 1,
+        "session": None,  # the turn's own session: not a sub-agent's call
         "tool": "read_file",
         "arguments": {"path": "today.md"},
         "class": "private",
         "untrusted": False,
         "timeout": 60.0,
     }
-    assert await approve(client, 1, "once") == {"type": "approved", "call": 1, "decision": "once"}
+    approved = {"type": "approved", "call": 1, "session": None, "decision": "once"}
+    assert await approve(client, 1, "once") == approved
     decided = (await event(client, "approval_decided"))["event"]
     assert (decided["decision"], decided["by"]) == ("once", "user")
     assert (await ended(client))["type"] == "turn_done"

@@ -20,6 +20,7 @@ from loopd.tools import (
     Port,
     Registry,
     Result,
+    Runner,
     ToolEntry,
     ToolRequest,
     answer_call,
@@ -172,7 +173,7 @@ schema_values = st.recursive(
 
 
 class Answers:
-    async def call(self, request: ToolRequest, _: OnAsking) -> Answered:
+    async def call(self, request: ToolRequest, _: OnAsking, __: Runner | None = None) -> Answered:
         return Answered(Result(f"ran {request.tool}", "public", False))
 
 

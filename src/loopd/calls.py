@@ -1,5 +1,7 @@
 """The tool calls of one turn: each answered in order, its approval (when its policy asks)
-and its result written to the log before the event that reports them.
+and its result written to the log before the event that reports them. `delegate` calls are
+the exception: those of one answer start at once and run side by side with the others (each
+is a sub-agent on a slot of its own); results still go to the log in call order.
 
 A call repeated with the same arguments in one turn is answered from the log once, and ends
 the turn the third time (`[loop] repeat_detection`).
@@ -8,8 +10,12 @@ the turn the third time (`[loop] repeat_detection`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import trio
 
 from loopd.baseline import untrusted_envelope
 from loopd.config import LoopConfig
@@ -20,19 +26,28 @@ from loopd.records import (
     ApprovalRequestRecord,
     ToolResultRecord,
 )
-from loopd.store import Session
+from loopd.store import ParentCall, Session
 from loopd.tools import (
+    DELEGATE,
     Asking,
     CallOrigin,
     ModelAnswer,
     Registry,
+    ToolOutput,
     ToolPort,
     answer_call,
     call_key,
     requested_tool,
 )
 
-__all__ = ["REPEAT_TEXT", "RepeatedCall", "ToolCalls", "approval_needed", "cap_result"]
+__all__ = [
+    "REPEAT_TEXT",
+    "Delegate",
+    "RepeatedCall",
+    "ToolCalls",
+    "approval_needed",
+    "cap_result",
+]
 
 REPEAT_TEXT = (
     "Not run: this call was already made with these arguments in this turn; its result is above."
@@ -51,10 +66,21 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
     return f"{text[:cap]}\n[... truncated: {len(text) - cap} more characters not shown]", True
 
 
-def approval_needed(asking: Asking) -> ApprovalNeeded:
-    """The event that asks clients for an approval."""
+OnEvent = Callable[[TurnEvent], None]
+
+
+class Delegate(Protocol):
+    """Runs the sub-agent of one `delegate` call of a turn; its answer (or why there is none)
+    is the call's result. The turn's events hear how it goes."""
+
+    async def __call__(self, call: ParentCall, task: str, on_event: OnEvent) -> ToolOutput: ...
+
+
+def approval_needed(asking: Asking, session: str | None = None) -> ApprovalNeeded:
+    """The event that asks clients for an approval (of sub-agent `session`'s call)."""
     return ApprovalNeeded(
         call=asking.call,
+        session=session,
         tool=asking.tool,
         arguments=asking.arguments,
         data_class=asking.data_class,
@@ -72,19 +98,61 @@ class ToolCalls:
     port: ToolPort
     registry: Registry
     find_limit: int
-    on_event: Callable[[TurnEvent], None]
+    on_event: OnEvent
+    delegate: Delegate | None = None
+    seen: Counter[tuple[str, str]] = field(default_factory=Counter)
 
-    def __post_init__(self) -> None:
-        self.seen: Counter[tuple[str, str]] = Counter()
+    async def answer_round(self, calls: Sequence[ToolCall]) -> None:
+        """Answer the calls of one answer; the results are in the log when this returns.
 
-    async def answer(self, call: ToolCall) -> None:
+        Should the round end early (a repeated call, a cancel), the results of the calls
+        before the first unanswered one are in the log, and no other."""
+        answers: list[tuple[int, ModelAnswer] | None] = [None] * len(calls)
+        written = 0
+        repeated: RepeatedCall | None = None
+
+        async def answer(index: int, checked: tuple[ModelAnswer | None] | None = None) -> None:
+            call = calls[index]
+            number = self._started(call)
+            (repeat,) = checked or (self._repeat(call),)
+            answers[index] = (number, repeat or await self._run(call, number))
+
+        # A nursery wraps what its body raises in a group: a repeat is raised after it.
+        async with trio.open_nursery() as nursery:
+            try:
+                together = [i for i, c in enumerate(calls) if self._delegates(c)]
+                for index in together:
+                    # Checked here, so a third repeat ends the round before anything runs.
+                    nursery.start_soon(answer, index, (self._repeat(calls[index]),))
+                for index in range(len(calls)):
+                    if index not in together:
+                        await answer(index)
+                    while written < len(calls) and (done := answers[written]) is not None:
+                        await self._write(calls[written], *done)
+                        written += 1
+            except RepeatedCall as e:
+                repeated = e
+                nursery.cancel_scope.cancel()
+        if repeated is not None:
+            raise repeated
+        for index in range(written, len(calls)):
+            done = answers[index]
+            assert done is not None  # noqa: S101 - the nursery ended with every call answered
+            await self._write(calls[index], *done)
+
+    def _delegates(self, call: ToolCall) -> bool:
+        return self.delegate is not None and requested_tool(call.name, call.arguments) == DELEGATE
+
+    def _started(self, call: ToolCall) -> int:
         number = self.session.next_call()
         self.on_event(
             ToolCallStarted(
                 name=call.name, call=number, tool=requested_tool(call.name, call.arguments)
             )
         )
-        answer = await self._run(call, number)
+        return number
+
+    async def _write(self, call: ToolCall, number: int, answer: ModelAnswer) -> None:
         if (approval := answer.approval) is not None:
             tool, decision, by = approval.tool, approval.decision, approval.by
             await self.session.append(
@@ -116,7 +184,9 @@ class ToolCalls:
             )
         )
 
-    async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
+    def _repeat(self, call: ToolCall) -> ModelAnswer | None:
+        """The answer to a call made before in this turn, which is not run again; raises
+        `RepeatedCall` the third time."""
         key = call_key(call.name, call.arguments)
         self.seen[key] += 1
         if self.loop.repeat_detection and self.seen[key] > 1:
@@ -126,7 +196,9 @@ class ToolCalls:
                     "in one turn ([loop] repeat_detection)"
                 )
             return ModelAnswer(REPEAT_TEXT)
+        return None
 
+    async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
         async def on_asking(asking: Asking) -> None:
             await self.session.append(
                 ApprovalRequestRecord(
@@ -141,6 +213,10 @@ class ToolCalls:
             self.on_event(approval_needed(asking))
 
         origin = CallOrigin(self.session.id, number, self.session.granted)
+        own: dict[str, Any] = {}
+        if self.delegate is not None:
+            parent = ParentCall(self.session.id, number, call.id)
+            own[DELEGATE] = partial(self._delegate, self.delegate, parent)
         return await answer_call(
             self.registry,
             self.port,
@@ -149,4 +225,10 @@ class ToolCalls:
             origin,
             find_limit=self.find_limit,
             on_asking=on_asking,
+            own=own,
         )
+
+    async def _delegate(
+        self, delegate: Delegate, parent: ParentCall, arguments: dict[str, Any]
+    ) -> ToolOutput:
+        return await delegate(parent, arguments["task"], self.on_event)

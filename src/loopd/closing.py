@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from loopd.records import (
     ApprovalRecord,
@@ -15,12 +16,15 @@ from loopd.records import (
 )
 from loopd.store import Session
 
-__all__ = ["close_interrupted_turn", "close_turn"]
+__all__ = ["INTERRUPTED", "close_interrupted_turn", "close_turn", "turn_open"]
 
 
-async def close_turn(session: Session, reason: TurnEndReason) -> None:
+async def close_turn(
+    session: Session, reason: TurnEndReason, said: Mapping[str, tuple[int, str]] | None = None
+) -> None:
     """Deny the approvals still waiting, answer the calls of the last answer left without
-    results, then say why the turn ended."""
+    results, then say why the turn ended. `said`: for some of those calls (by id), the number
+    and the text of their result."""
     waiting = {r.tool_call_id: r for r in open_approvals(session.records)}
     for request in waiting.values():
         await session.append(
@@ -39,7 +43,9 @@ async def close_turn(session: Session, reason: TurnEndReason) -> None:
                     answered[call.id] -= 1
                     continue
                 ended = reason.replace("_", " ")
-                if asked := waiting.pop(call.id, None):
+                if call.id in (said or {}):
+                    number, why = (said or {})[call.id]
+                elif asked := waiting.pop(call.id, None):
                     why = f"Not run: the turn ended ({ended}) while it waited for approval."
                     number = asked.call
                 else:
@@ -52,12 +58,33 @@ async def close_turn(session: Session, reason: TurnEndReason) -> None:
     await session.append(TurnEndRecord(reason=reason))
 
 
-async def close_interrupted_turn(session: Session) -> bool:
-    """After a crash: close a turn the log shows started and never ended. True if there was one."""
+INTERRUPTED = (
+    "Interrupted: loopd stopped while the sub-agent in session {child} worked on this task, "
+    "and nothing ran it again; its log holds what it did."
+)
+
+
+def turn_open(session: Session) -> bool:
+    """The log shows a turn that started and has not ended."""
     last_user = max(
         (i for i, r in enumerate(session.records) if isinstance(r, UserRecord)), default=-1
     )
-    if last_user < 0 or any(isinstance(r, TurnEndRecord) for r in session.records[last_user:]):
+    return last_user >= 0 and not any(
+        isinstance(r, TurnEndRecord) for r in session.records[last_user:]
+    )
+
+
+async def close_interrupted_turn(
+    session: Session, sub_agents: Mapping[str, tuple[int, str]] | None = None
+) -> bool:
+    """After a crash: close a turn the log shows started and never ended. True if there was one.
+    `sub_agents`: the sub-agents its `delegate` calls started, as the call id, and the call's
+    number and the sub-agent's session; their calls are closed as interrupted."""
+    if not turn_open(session):
         return False
-    await close_turn(session, "error")
+    said = {
+        call_id: (number, INTERRUPTED.format(child=child))
+        for call_id, (number, child) in (sub_agents or {}).items()
+    }
+    await close_turn(session, "error", said)
     return True

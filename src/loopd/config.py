@@ -37,6 +37,7 @@ from loopd.records import DataClass
 
 __all__ = [
     "Action",
+    "AgentsConfig",
     "ChannelConfig",
     "Config",
     "ConfigError",
@@ -199,6 +200,39 @@ class LoopConfig(_Table):
     """Seconds one turn may take, tool calls included."""
 
 
+class AgentsConfig(_Table):
+    """Sub-agents: the `delegate` tool hands a task to a new session on a slot of its own."""
+
+    depth: NonNegativeInt = 1
+    """How deep delegation goes: 1, a session may delegate and its sub-agents may not; 0, no
+    `delegate` tool at all."""
+    at_once: PositiveInt | None = None
+    """Sub-agents running at once in all of loopd; more are refused until one answers. Unset:
+    the pool's slots less one, so a delegating turn always keeps its own."""
+    per_turn: PositiveInt = 8
+    """Sub-agents one turn may start; more are refused."""
+    tool_iterations: PositiveInt = 10
+    """A sub-agent's rounds of tool calls (its `[loop] tool_iterations`)."""
+    thinking_cap: PositiveInt = 2048
+    """A sub-agent's reasoning tokens per request."""
+    repetition_cap: NonNegativeInt = 2000
+    """A sub-agent's `[loop] repetition_cap`."""
+    turn_timeout: PositiveFloat = 300.0
+    """Seconds a sub-agent may take, waiting for a slot included; the delegating turn's own
+    `[loop] turn_timeout` still bounds it and all its siblings."""
+
+    def loop(self, parent: LoopConfig) -> LoopConfig:
+        """A sub-agent's limits: these, the rest as its parent's."""
+        return parent.model_copy(
+            update={
+                "tool_iterations": self.tool_iterations,
+                "thinking_cap": self.thinking_cap,
+                "repetition_cap": self.repetition_cap,
+                "turn_timeout": self.turn_timeout,
+            }
+        )
+
+
 def _default_socket() -> Path:
     # $XDG_RUNTIME_DIR is private to the user; without one, a per-user folder in /tmp that the
     # channel server creates 0700 (platformdirs' own fallback comes with a warning).
@@ -277,6 +311,7 @@ class Config(_Table):
     slots: SlotsConfig = SlotsConfig()
     session: SessionConfig = SessionConfig()
     loop: LoopConfig = LoopConfig()
+    agents: AgentsConfig = AgentsConfig()
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     tools: ToolsConfig = ToolsConfig()

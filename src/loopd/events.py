@@ -21,6 +21,8 @@ from loopd.infer import (
 from loopd.records import DataClass, Decision
 
 __all__ = [
+    "AgentState",
+    "AgentUpdate",
     "ApprovalDecided",
     "ApprovalNeeded",
     "CacheLoss",
@@ -66,6 +68,9 @@ class ApprovalNeeded(_Event):
 
     kind: Literal["approval_needed"] = "approval_needed"
     call: int
+    session: str | None = None
+    """A sub-agent's session, when the call is one of its own (answer it there); None: the
+    turn's own session."""
     tool: str
     arguments: dict[str, Any]
     data_class: DataClass = Field(alias="class")
@@ -81,6 +86,8 @@ class ApprovalDecided(_Event):
 
     kind: Literal["approval_decided"] = "approval_decided"
     call: int
+    session: str | None = None
+    """As for `approval_needed`."""
     tool: str
     decision: Decision
     by: Literal["user", "timeout", "turn_end"]
@@ -114,6 +121,31 @@ class SessionContinued(_Event):
     summary: str
 
 
+AgentState = Literal["waiting", "running", "answered", "failed", "cancelled"]
+
+
+class AgentUpdate(_Event):
+    """A sub-agent started by a `delegate` call is running, or has ended."""
+
+    kind: Literal["agent"] = "agent"
+    session: str
+    """The sub-agent's session."""
+    parent: str
+    """The session whose call started it."""
+    call: int
+    """That call's number in `parent`."""
+    state: AgentState
+    """`waiting` for a slot; `failed`: it ended by a limit or an error (`detail` says which)."""
+    tool_calls: int = 0
+    """Tool calls it has made."""
+    tokens: int = 0
+    """Tokens it has generated."""
+    tool: str | None = None
+    """The tool it called last."""
+    detail: str | None = None
+    """Why it failed."""
+
+
 TurnEvent = Annotated[
     Queued
     | Waiting
@@ -129,6 +161,7 @@ TurnEvent = Annotated[
     | ToolResult
     | CacheLoss
     | Compacting
-    | SessionContinued,
+    | SessionContinued
+    | AgentUpdate,
     Discriminator("kind"),
 ]

@@ -144,6 +144,9 @@ class Approve(_Message):
     type: Literal["approve"] = "approve"
     call: int
     """The session's number for the call."""
+    session: str | None = None
+    """For a call of a sub-agent of this session: the sub-agent's session (as its
+    `approval_needed` event names it)."""
     decision: Decision
     """`once`: run it; `session`: run it, and this tool from now on in this session without
     asking; `deny`: do not run it."""
@@ -276,6 +279,8 @@ class Approved(_Message):
 
     type: Literal["approved"] = "approved"
     call: int
+    session: str | None = None
+    """As in the `approve`."""
     decision: Decision
 
 
@@ -285,6 +290,8 @@ class SessionInfo(_Message):
     turns: int
     last_activity: str
     continues: str | None = None
+    parent: str | None = None
+    """For a sub-agent's session: the session that delegated to it."""
     """The session this one continues (it began from a summary of it)."""
 
 

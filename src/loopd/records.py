@@ -94,8 +94,14 @@ class SessionHeader(_Record):
     continues: str | None = None
     """The session this one continues (compacted into the summary its baseline carries)."""
     grants: tuple[str, ...] = ()
-    """Tools a person approved for the rest of the session this one continues: approved here
-    too."""
+    """Tools a person approved for the rest of the session this one continues, or of the one
+    that delegated to it: approved here too."""
+    parent: str | None = None
+    """A sub-agent's: the session whose `delegate` call started it."""
+    call: int | None = None
+    """A sub-agent's: the number of that call in its parent."""
+    call_id: str | None = None
+    """A sub-agent's: the model's id of that call (`tool_call_id`)."""
 
 
 class UserRecord(_Record):

@@ -47,6 +47,7 @@ from loopd.records import (
 
 __all__ = [
     "CorruptLog",
+    "ParentCall",
     "Session",
     "SessionInfo",
     "SessionLocked",
@@ -102,6 +103,17 @@ class SessionInfo:
     path: Path
     continues: str | None = None
     """The session this one continues, if any."""
+    parent: str | None = None
+    """The session that delegated to this one, for a sub-agent."""
+
+
+@dataclass(frozen=True)
+class ParentCall:
+    """The `delegate` call that starts a sub-agent's session."""
+
+    session: str
+    call: int
+    call_id: str
 
 
 class Session:
@@ -219,11 +231,16 @@ class Store:
         return self.directory / f"{session_id}{SUFFIX}"
 
     async def create(
-        self, baseline: Baseline, continues: str | None = None, grants: frozenset[str] = frozenset()
+        self,
+        baseline: Baseline,
+        continues: str | None = None,
+        grants: frozenset[str] = frozenset(),
+        parent: ParentCall | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
-        the tools approved for the rest of that session (`grants`)."""
-        return await trio.to_thread.run_sync(self._create, baseline, continues, grants)
+        the tools approved for the rest of that session (`grants`); `parent`: for a
+        sub-agent, the call that starts it."""
+        return await trio.to_thread.run_sync(self._create, baseline, continues, grants, parent)
 
     async def open(self, session_id: str) -> Session:
         return await trio.to_thread.run_sync(self._open, session_id)
@@ -243,8 +260,16 @@ class Store:
         return parse_log(path, data, session_id)
 
     def latest(self) -> str | None:
-        ids = self._ids()
-        return ids[-1] if ids else None
+        """The newest session that is not a sub-agent's."""
+        for session_id in reversed(self._ids()):
+            try:
+                with self.path_of(session_id).open("rb") as f:
+                    header = RECORD.validate_json(f.readline())
+            except (OSError, ValidationError):
+                continue
+            if isinstance(header, SessionHeader) and header.parent is None:
+                return session_id
+        return None
 
     def _ids(self) -> list[str]:
         if not self.directory.is_dir():
@@ -255,7 +280,13 @@ class Store:
             if p.name.endswith(SUFFIX) and not p.name.startswith(".")
         )
 
-    def _create(self, baseline: Baseline, continues: str | None, grants: frozenset[str]) -> Session:
+    def _create(
+        self,
+        baseline: Baseline,
+        continues: str | None,
+        grants: frozenset[str],
+        parent: ParentCall | None,
+    ) -> Session:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
         header = SessionHeader(
@@ -266,6 +297,9 @@ class Store:
             time=created,
             continues=continues,
             grants=tuple(sorted(grants)),
+            parent=parent and parent.session,
+            call=parent and parent.call,
+            call_id=parent and parent.call_id,
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"
@@ -317,7 +351,13 @@ class Store:
                 turns = data.count(_USER_KIND)
                 infos.append(
                     SessionInfo(
-                        session_id, header.created, turns, last_time, path, header.continues
+                        session_id,
+                        header.created,
+                        turns,
+                        last_time,
+                        path,
+                        header.continues,
+                        header.parent,
                     )
                 )
         return infos

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from loopd.calls import RepeatedCall, ToolCalls
+from loopd.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.closing import close_turn
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, TurnEvent
@@ -101,6 +101,11 @@ class Runtime:
     """Extra request fields such as `temperature` (`[server] sampling`)."""
     exact: ExactHistory | None = None
     """Token-exact prompts (`[session] history = "exact"`); None sends history as messages."""
+    limits: str = "loop"
+    """The config table `loop`'s limits come from, as the errors name it (`agents` for a
+    sub-agent)."""
+    delegate: Delegate | None = None
+    """Runs the sub-agents of the turn's `delegate` calls; None: there are none."""
     prefill: Callable[[list[Record]], tuple[str, str]] | None = None
     """For tests on a real server: the text an answer starts with and a GBNF grammar for the
     rest, given the log so far (so a model too small to call tools on its own is made to, and
@@ -135,7 +140,7 @@ async def run_turn(
             return outcome
         reason = "turn_limit"
         raise TurnLimit(
-            f"the turn took longer than {rt.loop.turn_timeout:g} s ([loop] turn_timeout)"
+            f"the turn took longer than {rt.loop.turn_timeout:g} s ([{rt.limits}] turn_timeout)"
         )
     except TurnError as e:
         reason = e.reason
@@ -159,7 +164,9 @@ class _Turn:
     def __init__(self, session: Session, rt: Runtime, on_event: OnEvent, thinking: bool) -> None:
         self.session, self.rt, self.on_event = session, rt, on_event
         self.thinking = thinking
-        self.calls = ToolCalls(session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event)
+        self.calls = ToolCalls(
+            session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate
+        )
 
     async def run(self) -> TurnOutcome:
         rounds = 0
@@ -169,26 +176,25 @@ class _Turn:
                 raise TurnLimit(  # cut by loopd: what it said is in the log
                     f"the model said the same text over and over for "
                     f"{self.rt.loop.repetition_cap} characters; its answer was cut there "
-                    "([loop] repetition_cap)"
+                    f"([{self.rt.limits}] repetition_cap)"
                 )
             if not completion.tool_calls:
                 if completion.finish_reason == "thinking_cap" and not completion.content:
                     raise TurnLimit(  # cut by loopd: the server ignored its reasoning budget
                         f"the model thought past {self.rt.loop.thinking_cap} tokens without an "
-                        "answer ([loop] thinking_cap); its reasoning is in the log"
+                        f"answer ([{self.rt.limits}] thinking_cap); its reasoning is in the log"
                     )
                 return TurnOutcome(completion.content or "", usage)
             rounds += 1
             if rounds > self.rt.loop.tool_iterations:
                 raise TurnLimit(
                     f"more than {self.rt.loop.tool_iterations} rounds of tool calls "
-                    "in one turn ([loop] tool_iterations)"
+                    f"in one turn ([{self.rt.limits}] tool_iterations)"
                 )
-            for call in completion.tool_calls:
-                try:
-                    await self.calls.answer(call)
-                except RepeatedCall as e:
-                    raise TurnLimit(str(e)) from e
+            try:
+                await self.calls.answer_round(completion.tool_calls)
+            except RepeatedCall as e:
+                raise TurnLimit(str(e)) from e
 
     async def _request(self) -> tuple[Completion, UsageRecord]:
         session, rt = self.session, self.rt

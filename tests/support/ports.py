@@ -14,6 +14,7 @@ from loopd.tools import (
     OnAsking,
     PortHandle,
     Registry,
+    Runner,
     ToolRequest,
     run_tool_port,
 )
@@ -59,5 +60,5 @@ class NoTools:
 
     registry = Registry()
 
-    async def call(self, request: ToolRequest, _: OnAsking) -> Answered:
+    async def call(self, request: ToolRequest, _: OnAsking, __: Runner | None = None) -> Answered:
         raise AssertionError(f"a call reached the port of an empty registry: {request}")

@@ -4,7 +4,8 @@
                │                 MCP servers)
                ├─ slot pool     (owns the server's slots; lends one to a session for a turn)
                └─ sessions      (a session actor per live conversation: its log, its turns,
-                                 their events; the registry opens and stops them)
+                                 their events; the registry opens and stops them; a turn's
+                                 `delegate` calls run sub-agents in the calls' tasks)
 
 Each actor has one inbox: a memory channel of typed messages, with a reply channel where an
 answer is needed, reached through its handle. They start in that order, each before the next
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from loopd.baseline import make_baseline
+from loopd.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.compact import Compactor
 from loopd.config import Config
 from loopd.exact import ExactHistory
@@ -30,9 +31,10 @@ from loopd.infer import Client, Slot
 from loopd.records import Baseline
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store
-from loopd.tools import open_tool_port
+from loopd.tools import delegate_entry, open_tool_port
 from loopd.turn import Runtime
 
+from ._agents import AGENTS, Agents
 from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
 from ._registry import SessionRegistry, TooManySessions
 from ._session import SessionActor, SessionHooks
@@ -52,6 +54,7 @@ from ._session_inbox import (
 __all__ = [
     "HISTORY_PAGE",
     "SAVE_AT_STOP",
+    "Agents",
     "Busy",
     "Core",
     "DuplicateTurn",
@@ -83,6 +86,7 @@ class Core:
 
     sessions: SessionRegistry
     pool: PoolHandle
+    agents: Agents
 
 
 @asynccontextmanager
@@ -110,6 +114,16 @@ async def open_core(
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
         )
+        agents = Agents(
+            config.agents,
+            at_once=config.agents.at_once or len(slots) - 1,
+            store=store,
+            pool=pool,
+            files=files,
+            baseline=partial(make_baseline, f"{config.session.system_prompt}\n\n{SUB_AGENT_NOTE}"),
+        )
+        if config.agents.depth > 0:
+            port.registry.set_source(AGENTS, [delegate_entry(config.tools, AGENTS)])
 
         def actor(session: Session, hooks: SessionHooks) -> SessionActor:
             return SessionActor(
@@ -126,12 +140,13 @@ async def open_core(
                     on_full=config.session.on_full,
                 ),
                 queue_limit=config.channel.queue_limit,
+                agents=agents,
                 hooks=hooks,
             )
 
         async with trio.open_nursery() as sessions:
             registry = SessionRegistry(sessions, store, baseline, actor, config.session.max_live)
-            yield Core(registry, pool)
+            yield Core(registry, pool, agents)
             sessions.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
 

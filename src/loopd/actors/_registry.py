@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from loopd.closing import close_interrupted_turn
+from loopd.closing import close_interrupted_turn, turn_open
 from loopd.records import Baseline
 from loopd.store import Session, SessionInfo, Store
 
@@ -119,10 +119,7 @@ class SessionRegistry:
                 log.info(
                     "session %s: %d records, %d turns", which, len(session.records), session.turns
                 )
-                if await close_interrupted_turn(session):
-                    log.warning(
-                        "the last turn of session %s was interrupted; its log is closed", which
-                    )
+                await close_interrupted(self.store, session)
             live = _Live({session.id})
             live.handle = await self._nursery.start(self._serve, session, live)
         finally:
@@ -171,3 +168,21 @@ class SessionRegistry:
 
     async def sessions(self) -> list[SessionInfo]:
         return await self.store.sessions()
+
+
+async def close_interrupted(store: Store, session: Session) -> None:
+    """Close the turn loopd stopped in, if the log shows one, and the logs of the sub-agents
+    it had started (each as interrupted; none runs again)."""
+    if not turn_open(session):
+        return
+    infos = [i for i in await store.sessions() if i.parent == session.id]
+    children: dict[str, tuple[int, str]] = {}
+    for info in infos:
+        header = store.read(info.id)[0]
+        if header.call_id is not None and header.call is not None:
+            children[header.call_id] = (header.call, info.id)
+    await close_interrupted_turn(session, children)
+    log.warning("the last turn of session %s was interrupted; its log is closed", session.id)
+    for info in infos:
+        with await store.open(info.id) as child:
+            await close_interrupted(store, child)

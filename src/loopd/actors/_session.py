@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 
 import trio
@@ -32,7 +32,8 @@ from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
-from ._pool import Lease, PoolHandle
+from ._agents import Agents
+from ._pool import Lease, PoolHandle, slot_for
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
@@ -104,9 +105,11 @@ class SessionActor:
         files: SlotFiles,
         compactor: Compactor,
         queue_limit: int,
+        agents: Agents | None = None,
         hooks: SessionHooks | None = None,
     ) -> None:
         self.session, self.store, self.baseline = session, store, baseline
+        self.agents = agents
         self.runtime, self.port, self.queue_limit = runtime, port, queue_limit
         self.pool, self.files, self.compactor = pool, files, compactor
         self.hooks = hooks or SessionHooks()
@@ -142,7 +145,11 @@ class SessionActor:
                 self._subscribers.remove(message.subscription)
             reply_value(message.reply, None)
         else:
-            decided = await self.port.decide(self.session.id, message.call, message.decision)
+            session = message.session or self.session.id
+            mine = session == self.session.id or (
+                self.agents is not None and self.agents.root(session) == self.session.id
+            )
+            decided = mine and await self.port.decide(session, message.call, message.decision)
             reply_value(message.reply, decided)
 
     def _submit(self, message: _Message) -> int:
@@ -195,8 +202,10 @@ class SessionActor:
         if self._running is None:
             return ()
         turn = self._running[0]
-        waiting = await self.port.pending(self.session.id)
-        return tuple(Published(turn, approval_needed(asking)) for asking in waiting)
+        pending = [approval_needed(a) for a in await self.port.pending(self.session.id)]
+        for child in self.agents.under(self.session.id) if self.agents else ():
+            pending += [approval_needed(a, child) for a in await self.port.pending(child)]
+        return tuple(Published(turn, event) for event in pending)
 
     def _publish(self, message: Published) -> None:
         self._subscribers = [s for s in self._subscribers if s.offer(message)]
@@ -259,19 +268,11 @@ class SessionActor:
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
 
-    @asynccontextmanager
-    async def _slot(self, on_event: Callable[[TurnEvent], None]) -> AsyncIterator[Lease]:
+    def _slot(self, on_event: Callable[[TurnEvent], None]) -> AbstractAsyncContextManager[Lease]:
         """A slot for the turn; while every slot runs a turn, the client hears it waits."""
         # Which server saved its slot file: a read of the note, worth it only with several.
         prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
-        async with self.pool.lease(self.session.id, prefer=prefer, wait=False) as lease:
-            if lease is not None:
-                yield lease
-                return
-        on_event(Queued())
-        async with self.pool.lease(self.session.id, prefer=prefer) as lease:
-            assert lease is not None  # noqa: S101 - a waiting lease always comes
-            yield lease
+        return slot_for(self.pool, self.session.id, prefer, lambda: on_event(Queued()))
 
     async def _on(
         self, lease: Lease, message: _Message, on_event: Callable[[TurnEvent], None]
@@ -307,8 +308,17 @@ class SessionActor:
             slot=lease.slot.number,
             exact=exact.on(lease.slot.client) if exact else None,  # the templates of its server
         )
+
+        def delegating(runtime: Runtime) -> Runtime:
+            """Its `delegate` calls start sub-agents of the session as it is now."""
+            if self.agents is None:
+                return runtime
+            return replace(runtime, delegate=self.agents.for_turn(self.session, runtime))
+
         try:
-            return await run_turn(self.session, runtime, content, on_event, thinking=thinking)
+            return await run_turn(
+                self.session, delegating(runtime), content, on_event, thinking=thinking
+            )
         except SessionFull as full:
             # A session holding nothing but this message has nothing to compact.
             if self.compactor.on_full != "continue" or self.session.turns <= 1:
@@ -317,7 +327,9 @@ class SessionActor:
                 await self._compact(lease, on_event)
             except (InferError, SummaryFailed) as e:
                 raise SessionFull(f"{full}; continuing in a new session failed: {e}") from e
-        return await run_turn(self.session, runtime, content, on_event, thinking=thinking)
+        return await run_turn(
+            self.session, delegating(runtime), content, on_event, thinking=thinking
+        )
 
     async def _compact(self, lease: Lease, on_event: Callable[[TurnEvent], None]) -> TurnOutcome:
         """Summarise the session and go on in a new one that continues it. The summary runs on

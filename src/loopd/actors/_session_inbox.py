@@ -158,6 +158,8 @@ class Unsubscribe:
 class Decide:
     call: int
     decision: Decision
+    session: str | None
+    """A sub-agent's session, for one of its calls; None: this session's."""
     reply: Reply[bool]
 
 
@@ -202,6 +204,7 @@ class SessionHandle:
         with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
             await ask(self._inbox, partial(Unsubscribe, subscription))
 
-    async def decide(self, call: int, decision: Decision) -> bool:
-        """Answer an approval the running turn waits for; False when call `call` waits for none."""
-        return await ask(self._inbox, lambda r: Decide(call, decision, r))
+    async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
+        """Answer an approval the running turn waits for, or one of its sub-agents (`session`);
+        False when call `call` of that session waits for none."""
+        return await ask(self._inbox, lambda r: Decide(call, decision, session, r))

@@ -197,6 +197,7 @@ async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
             turns=s.turns,
             last_activity=s.last_activity.isoformat(),
             continues=s.continues,
+            parent=s.parent,
         )
         for s in listed
     ]
@@ -218,11 +219,15 @@ async def _open_session(client: Client, message: proto.OpenSession) -> None:
 
 
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
-    if not await (await client.attached()).decide(message.call, message.decision):
+    handle = await client.attached()
+    if not await handle.decide(message.call, message.decision, message.session):
+        of = f" of session {message.session}" if message.session else ""
         return proto.Error(
-            code="unknown_call", message=f"call {message.call} waits for no approval"
+            code="unknown_call", message=f"call {message.call}{of} waits for no approval"
         )
-    client.say(proto.Approved(call=message.call, decision=message.decision))
+    client.say(
+        proto.Approved(call=message.call, session=message.session, decision=message.decision)
+    )
     return None
 
 

@@ -8,8 +8,8 @@ import trio
 
 from loopd.config import ToolsConfig
 
-from ._builtin import Builtins, Roots, builtin_entries
-from ._call import CallOrigin, ModelAnswer, answer_call
+from ._builtin import DELEGATE, Builtins, Roots, builtin_entries, delegate_entry
+from ._call import CallerTool, CallOrigin, ModelAnswer, answer_call
 from ._dispatch import (
     MAX_ARGUMENT_BYTES,
     MAX_DEPTH,
@@ -34,6 +34,7 @@ from ._port import (
     PortAnswer,
     PortHandle,
     Result,
+    Runner,
     ToolFailure,
     ToolOutput,
     ToolPort,
@@ -45,6 +46,7 @@ from ._registry import BUILTIN, Registry, policy_for
 
 __all__ = [
     "BUILTIN",
+    "DELEGATE",
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
     "Answered",
@@ -52,6 +54,7 @@ __all__ = [
     "Asking",
     "Builtins",
     "CallOrigin",
+    "CallerTool",
     "Denied",
     "Dispatch",
     "Executor",
@@ -66,6 +69,7 @@ __all__ = [
     "Registry",
     "Result",
     "Roots",
+    "Runner",
     "ToolEntry",
     "ToolFailure",
     "ToolOutput",
@@ -74,6 +78,7 @@ __all__ = [
     "answer_call",
     "builtin_entries",
     "call_key",
+    "delegate_entry",
     "dispatch",
     "find_tool_text",
     "for_the_model",

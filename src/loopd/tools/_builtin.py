@@ -28,7 +28,7 @@ from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput
 from ._registry import BUILTIN, policy_for
 
-__all__ = ["Builtins", "Roots", "builtin_entries"]
+__all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
 
 READ_LINES = 400
 READ_BYTES = 256 * 1024
@@ -137,6 +137,28 @@ def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
         for name in names
         for summary, description, schema in [_TOOLS[name]]
     ]
+
+
+DELEGATE = "delegate"
+
+
+def delegate_entry(config: ToolsConfig, source: str) -> ToolEntry:
+    """The `delegate` tool: run by the turn that calls it (a sub-agent is a session), so it
+    has no executor here; only its policy is the port's."""
+    return ToolEntry(
+        DELEGATE,
+        "Give a task to a sub-agent and get its answer.",
+        (
+            "Give a task to a sub-agent: a new conversation with the same tools, on a slot of "
+            "its own, that works on the task alone and answers with its result. Its tool calls "
+            "and their results stay out of this conversation. Write the task so it stands on "
+            "its own: the sub-agent sees nothing of this conversation. Several delegate calls "
+            "in one answer run at once."
+        ),
+        _schema({"task": {"type": "string", "minLength": 1}}, ["task"]),
+        source,
+        policy_for(config, DELEGATE, source),
+    )
 
 
 class Builtins:

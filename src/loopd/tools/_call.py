@@ -8,15 +8,26 @@ cancellation passes, so a cancelled turn still ends its call at once).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from loopd.records import DataClass
 
 from ._dispatch import Local, dispatch
-from ._port import MESSAGE_LIMIT, Approval, OnAsking, ToolPort, ToolRequest, for_the_model
+from ._port import (
+    MESSAGE_LIMIT,
+    Approval,
+    OnAsking,
+    ToolOutput,
+    ToolPort,
+    ToolRequest,
+    for_the_model,
+)
 from ._registry import Registry
 
-__all__ = ["CallOrigin", "ModelAnswer", "answer_call"]
+__all__ = ["CallOrigin", "CallerTool", "ModelAnswer", "answer_call"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +41,10 @@ class CallOrigin:
     """The session's number for this call."""
     granted: frozenset[str] = frozenset()
     """Tools a person approved for the rest of the session."""
+
+
+CallerTool = Callable[[dict[str, Any]], Awaitable[ToolOutput]]
+"""A tool its caller runs (`delegate`), given the checked arguments."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +66,10 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
     *,
     find_limit: int,
     on_asking: OnAsking,
+    own: Mapping[str, CallerTool] | None = None,
 ) -> ModelAnswer:
-    """The answer to one call as the model sent it."""
+    """The answer to one call as the model sent it; `own`: tools the caller runs itself, by
+    name (the port still applies their policy)."""
     try:
         routed = dispatch(registry, name, arguments, find_limit=find_limit)
         if isinstance(routed, Local):
@@ -60,7 +77,8 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
         request = ToolRequest(
             origin.session, origin.number, routed.tool, routed.arguments, origin.granted
         )
-        answered = await port.call(request, on_asking)
+        run = (own or {}).get(routed.tool)
+        answered = await port.call(request, on_asking, run and partial(run, routed.arguments))
         return ModelAnswer(*for_the_model(answered.answer), answered.approval)
     except Exception as e:
         log.exception(

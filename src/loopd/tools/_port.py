@@ -41,6 +41,7 @@ __all__ = [
     "PortAnswer",
     "PortHandle",
     "Result",
+    "Runner",
     "ToolFailure",
     "ToolOutput",
     "ToolPort",
@@ -125,10 +126,14 @@ def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
 
 
 OnAsking = Callable[[Asking], Awaitable[None]]
+Runner = Callable[[], Awaitable["ToolOutput"]]
+"""A tool the caller runs itself (a sub-agent), under the port's policy and approvals."""
 
 
 class ToolPort(Protocol):
-    async def call(self, request: ToolRequest, on_asking: OnAsking) -> Answered: ...
+    async def call(
+        self, request: ToolRequest, on_asking: OnAsking, run: Runner | None = None
+    ) -> Answered: ...
 
 
 class ToolFailure(Exception):
@@ -156,6 +161,7 @@ _Note = Asking | outcome.Outcome[Answered]
 class _Call:
     request: ToolRequest
     reply: trio.MemorySendChannel[_Note]
+    run: Runner | None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -198,11 +204,15 @@ class PortHandle:
         self.registry = registry
         """Read by `find_tool` and the dispatch checks; only the port's sources change it."""
 
-    async def call(self, request: ToolRequest, on_asking: OnAsking) -> Answered:
+    async def call(
+        self, request: ToolRequest, on_asking: OnAsking, run: Runner | None = None
+    ) -> Answered:
         """Run one call; `on_asking` hears first if it must wait for approval. Cancelling the
-        caller ends the call (and its wait) at once."""
+        caller ends the call (and its wait) at once. `run`: what runs once the policy lets the
+        call go, instead of its source's executor, with no `[tools] timeout` (it keeps its own
+        deadlines)."""
         send, receive = trio.open_memory_channel[_Note](2)
-        job = _Call(request, send)
+        job = _Call(request, send, run)
         try:
             await self._inbox.send(job)
             async with receive:
@@ -272,8 +282,8 @@ class _PortActor:
             approval = await self._approval(job, entry)
             if approval.decision == "deny":
                 return Answered(Denied(_refusal(approval, self.approval_timeout)), approval)
-            return Answered(await self._run(entry, request), approval)
-        return Answered(await self._run(entry, request))
+            return Answered(await self._run(entry, request, job.run), approval)
+        return Answered(await self._run(entry, request, job.run))
 
     async def _approval(self, job: _Call, entry: ToolEntry) -> Approval:
         request, policy = job.request, entry.policy
@@ -297,11 +307,15 @@ class _PortActor:
             return Approval(entry.name, "deny", "timeout")
         return Approval(entry.name, waiting.decision, "user")
 
-    async def _run(self, entry: ToolEntry, request: ToolRequest) -> PortAnswer:
-        executor = self.executors[entry.source]
-        with trio.move_on_after(self.timeout) as deadline:
+    async def _run(self, entry: ToolEntry, request: ToolRequest, run: Runner | None) -> PortAnswer:
+        timeout = math.inf if run else self.timeout
+        if run is None:
+            if (executor := self.executors.get(entry.source)) is None:
+                return Failed(f"{entry.name} is run by whoever calls it, and this caller cannot")
+            run = partial(executor.run_tool, entry, request.arguments)
+        with trio.move_on_after(timeout) as deadline:
             try:
-                output = await executor.run_tool(entry, request.arguments)
+                output = await run()
             except ToolFailure as e:
                 return Failed(str(e)[:MESSAGE_LIMIT])
             except Exception as e:

@@ -1,0 +1,233 @@
+"""Sub-agents: a `delegate` call runs a new session, on a slot of its own, for one turn whose
+first message is the task; its answer is the call's result.
+
+A sub-agent runs in the task of the call that started it, under the port's cancel scope for
+that call: cancelling the delegating turn, or its deadline, ends the sub-agent with it (its own
+log closed as `cancelled`). Nothing runs it again after a crash: the registry closes its log
+as interrupted when the delegating session opens (`close_interrupted_turn`).
+
+Bounds: how deep delegation goes, how many sub-agents run at once in all of loopd, how many
+one turn may start, and each sub-agent's own limits (`[agents]`). A sub-agent refused by a
+bound, or ended by a limit or an error, is a failed call whose text says why and names its
+session; never an empty answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import trio
+
+from loopd.calls import OnEvent
+from loopd.config import AgentsConfig
+from loopd.events import (
+    AgentState,
+    AgentUpdate,
+    ApprovalDecided,
+    ApprovalNeeded,
+    ToolCallStarted,
+    TurnEvent,
+)
+from loopd.infer import Queued
+from loopd.records import Baseline, UsageRecord
+from loopd.slots import SlotFiles
+from loopd.store import ParentCall, Session, Store
+from loopd.tools import ToolFailure, ToolOutput
+from loopd.turn import Runtime, TurnError, run_turn
+
+from ._pool import PoolHandle, slot_for
+
+__all__ = ["AGENTS", "Agents"]
+
+log = logging.getLogger(__name__)
+
+AGENTS = "agents"
+"""The registry source of the `delegate` tool (its policy: `[tools.policies.delegate]`)."""
+
+
+class Agents:
+    """The sub-agents of a running loopd: which run, for whom, and how to start one."""
+
+    def __init__(  # noqa: PLR0913 - what a sub-agent needs
+        self,
+        config: AgentsConfig,
+        *,
+        at_once: int,
+        store: Store,
+        pool: PoolHandle,
+        files: SlotFiles,
+        baseline: Callable[[], Baseline],
+    ) -> None:
+        self.config, self.at_once = config, at_once
+        self.store, self.pool, self.files, self.baseline = store, pool, files, baseline
+        self.running: dict[str, str] = {}
+        """Each running sub-agent's session, and the session that started it."""
+        self.live = 0
+        """Sub-agents running or being started (counted before their logs exist)."""
+
+    def for_turn(self, session: Session, runtime: Runtime) -> _Delegation:
+        """What runs the `delegate` calls of one turn of `session` (on `runtime`, less its slot);
+        a session that is a sub-agent's, continued by a person, counts as one level deep."""
+        return _Delegation(self, session, runtime, depth=0 if session.header.parent is None else 1)
+
+    def root(self, session: str) -> str:
+        """The session at the top of the sub-agent `session` (itself, when it is none)."""
+        while session in self.running:
+            session = self.running[session]
+        return session
+
+    def under(self, root: str) -> list[str]:
+        """The running sub-agents started, at any depth, from session `root`."""
+        return [child for child in self.running if child != root and self.root(child) == root]
+
+    async def run(self, child: Session, task: str, runtime: Runtime, news: _News) -> ToolOutput:
+        """The sub-agent's one turn: its answer, or a `ToolFailure` that says why there is none.
+        Its wait for a slot is bounded by its `turn_timeout` too."""
+        timeout = runtime.loop.turn_timeout
+        with trio.move_on_after(timeout) as waiting:
+            async with slot_for(self.pool, child.id, None, lambda: news(Queued())) as lease:
+                waiting.deadline = math.inf  # from here on, the turn's own deadline
+                # A sub-agent's cache is of no use once it has answered: the slot is left free,
+                # and nothing is saved when another session takes it.
+                lease.owner = None
+                await self.pool.prepare(lease, self.files, None)
+                exact = runtime.exact
+                runtime = replace(
+                    runtime,
+                    inference=lease.slot,
+                    slot=lease.slot.number,
+                    exact=exact.on(lease.slot.client) if exact else None,
+                )
+                try:
+                    outcome = await run_turn(child, runtime, task, news)
+                except TurnError as e:
+                    news.end("failed", str(e))
+                    raise ToolFailure(
+                        f"the sub-agent in session {child.id} stopped without an answer "
+                        f"({e.reason.replace('_', ' ')}): {e}"
+                    ) from e
+            news.end("answered")
+            if not outcome.content.strip():
+                return ToolOutput(f"The sub-agent in session {child.id} gave an empty answer.")
+            return ToolOutput(f"The sub-agent in session {child.id} answered:\n\n{outcome.content}")
+        news.end("failed", "no slot became free in time")
+        raise ToolFailure(
+            f"the sub-agent in session {child.id} got no slot within {timeout:g} s "
+            "([agents] turn_timeout): every slot was busy; the task was not started"
+        )
+
+
+@dataclass
+class _Delegation:
+    """Runs the sub-agents of one turn's `delegate` calls (a `calls.Delegate`)."""
+
+    agents: Agents
+    session: Session
+    runtime: Runtime
+    depth: int
+    started: int = 0
+
+    async def __call__(self, call: ParentCall, task: str, on_event: OnEvent) -> ToolOutput:
+        agents, config = self.agents, self.agents.config
+        self._check_bounds()
+        self.started += 1
+        agents.live += 1  # before the first await: calls of one round start side by side
+        try:
+            child = await agents.store.create(
+                agents.baseline(), grants=self.session.granted, parent=call
+            )
+            log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
+            agents.running[child.id] = self.session.id
+            news = _News(child, call, on_event)
+            runtime = replace(self.runtime, loop=config.loop(self.runtime.loop), limits="agents")
+            runtime = replace(runtime, delegate=_Delegation(agents, child, runtime, self.depth + 1))
+            try:
+                return await agents.run(child, task, runtime, news)
+            except BaseException:
+                if not news.ended:
+                    news.end("cancelled")
+                raise
+            finally:
+                del agents.running[child.id]
+                child.close()
+        finally:
+            agents.live -= 1
+
+    def _check_bounds(self) -> None:
+        agents, config = self.agents, self.agents.config
+        if self.depth >= config.depth:
+            if config.depth == 0:
+                raise ToolFailure("delegation is off ([agents] depth = 0)")
+            raise ToolFailure(
+                f"a sub-agent {self.depth} level{'s' * (self.depth > 1)} deep cannot delegate "
+                f"([agents] depth = {config.depth}); do the task yourself"
+            )
+        if self.started >= config.per_turn:
+            raise ToolFailure(
+                f"this turn has started {self.started} sub-agents, as many as one turn may "
+                f"([agents] per_turn = {config.per_turn}); do the rest yourself"
+            )
+        if agents.at_once == 0:
+            raise ToolFailure(
+                "loopd has one slot, and this turn holds it: a sub-agent needs a slot of its "
+                "own (llama-server -np and [server] slots)"
+            )
+        if agents.live >= agents.at_once:
+            raise ToolFailure(
+                f"{agents.live} sub-agents are running, as many as loopd runs at once "
+                f"([agents] at_once = {agents.at_once}); wait for their answers, or do it "
+                "yourself"
+            )
+
+
+class _News:
+    """What the delegating turn's clients hear of a sub-agent: an `agent` event when it waits,
+    runs, calls a tool and ends, and its approvals, named by its session. Its text and
+    reasoning stay in its own log."""
+
+    def __init__(self, child: Session, call: ParentCall, on_event: OnEvent) -> None:
+        self.child, self.call, self.on_event = child, call, on_event
+        self.tool_calls, self.tool = 0, ""
+        self.running = self.ended = False
+
+    def __call__(self, event: TurnEvent) -> None:
+        if isinstance(event, ApprovalNeeded | ApprovalDecided):
+            named = event if event.session else event.model_copy(update={"session": self.child.id})
+            self.on_event(named)
+        elif isinstance(event, AgentUpdate):
+            self.on_event(event)  # one of its own sub-agents
+        elif isinstance(event, Queued):
+            self._tell("waiting")
+        elif isinstance(event, ToolCallStarted):
+            self.tool_calls += 1
+            self.tool = event.tool or event.name
+            self._tell("running")
+        elif not self.running:
+            self.running = True
+            self._tell("running")
+
+    def end(self, state: AgentState, detail: str | None = None) -> None:
+        self.ended = True
+        self._tell(state, detail)
+
+    def _tell(self, state: AgentState, detail: str | None = None) -> None:
+        tokens = sum(
+            r.timings.predicted_n
+            for r in self.child.records
+            if isinstance(r, UsageRecord) and r.timings
+        )
+        self.on_event(
+            AgentUpdate(
+                session=self.child.id,
+                parent=self.call.session,
+                call=self.call.call,
+                state=state,
+                tool_calls=self.tool_calls,
+                tokens=tokens,
+                tool=self.tool or None,
+                detail=detail,
+            )
+        )

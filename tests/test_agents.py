@@ -1,0 +1,402 @@
+"""Sub-agents on a scripted server of four slots: a `delegate` call runs a new session on a slot
+of its own; its answer, or why there is none, is the call's result. Each conversation (the
+parent's, each child's) is answered from its own script, with its own slot figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
+from loopd.baseline import SUB_AGENT_NOTE
+from loopd.config import AgentsConfig, Config
+from loopd.events import AgentUpdate, ApprovalNeeded
+from loopd.infer import Client
+from loopd.records import (
+    ApprovalRecord,
+    CacheLossRecord,
+    Record,
+    SessionHeader,
+    ToolResultRecord,
+    TurnEndRecord,
+    UserRecord,
+    conversation_problems,
+)
+from loopd.store import Store
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama, Reply
+from support.replay import Exchange, ReplayServer
+from test_actors import collect, config, next_of, read_file
+
+
+def delegate(*tasks: str) -> Reply:
+    """One answer with a `delegate` call for each task."""
+    return Reply(
+        tool_calls=tuple(
+            (f"d{n}", "call_tool", json.dumps({"name": "delegate", "arguments": {"task": task}}))
+            for n, task in enumerate(tasks, start=1)
+        )
+    )
+
+
+@dataclass
+class Conversations:
+    """Answers each conversation, known by its first user message, from its own script."""
+
+    scripts: dict[str, list[Reply]]
+    fakes: dict[str, FakeLlama] = field(default_factory=dict)
+
+    def __call__(self, request: Any) -> Exchange:
+        first = next(m["content"] for m in request["messages"] if m["role"] == "user")
+        if first not in self.fakes:
+            self.fakes[first] = FakeLlama(self.scripts[first])
+        return self.fakes[first](request)
+
+
+@dataclass
+class Scripted:
+    tmp_path: Path
+    server: ReplayServer
+    store: Store
+    core: Core
+    parent: SessionHandle
+    first: str
+    events: Subscription
+
+    def log(self, session: str | None = None) -> list[Record]:
+        return self.store.read(session or self.first)[1]
+
+    def header(self, session: str) -> SessionHeader:
+        return self.store.read(session)[0]
+
+    def children(self) -> list[str]:
+        """The sub-agents' sessions, in the order they were started."""
+        ids = sorted(p.stem for p in self.store.directory.glob("*.jsonl"))
+        return [i for i in ids if self.header(i).parent is not None]
+
+    def results(self, session: str | None = None) -> list[str]:
+        return [r.content for r in self.log(session) if isinstance(r, ToolResultRecord)]
+
+    async def turn(self, turn: str, text: str) -> list[Any]:
+        await self.parent.send(turn, text)
+        with trio.fail_after(10):
+            return [m.item for m in await collect(self.events, 1)]
+
+
+@asynccontextmanager
+async def scripted(
+    tmp_path: Path, scripts: dict[str, list[Reply]], *, cfg: Config | None = None, **agents: Any
+) -> AsyncIterator[Scripted]:
+    server = ReplayServer([Conversations(scripts)] * 100, slots=4)
+    base = cfg or config(tmp_path)
+    settings = base.model_copy(update={"agents": AgentsConfig(**agents)})
+    store = Store(tmp_path / "sessions")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        async with Client(server.url) as client, open_core(settings, store, [client]) as core:
+            parent, first = await core.sessions.attach("new")
+            events = await parent.subscribe(1000)
+            yield Scripted(tmp_path, server, store, core, parent, first, events)
+        nursery.cancel_scope.cancel()
+
+
+def valid(s: Scripted, *sessions: str) -> None:
+    for session in sessions:
+        assert conversation_problems(s.log(session)) == [], session
+
+
+async def test_a_delegate_call_runs_a_child_session_and_its_answer_is_the_result(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "How many moons has Mars?": [delegate("Count the moons of Mars."), Reply(content="Two.")],
+        "Count the moons of Mars.": [Reply(content="Mars has two moons.")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        items = await s.turn("t1", "How many moons has Mars?")
+    (child,) = s.children()
+    assert s.results() == [f"The sub-agent in session {child} answered:\n\nMars has two moons."]
+    header = s.header(child)
+    assert (header.parent, header.call, header.call_id) == (s.first, 1, "d1")
+    assert header.baseline.system.endswith(SUB_AGENT_NOTE)
+    assert [r.content for r in s.log(child) if isinstance(r, UserRecord)] == [
+        "Count the moons of Mars."
+    ]
+    assert [r.reason for r in s.log(child) if isinstance(r, TurnEndRecord)] == ["answer"]
+    news = [i for i in items if isinstance(i, AgentUpdate)]
+    assert {(n.session, n.parent, n.call) for n in news} == {(child, s.first, 1)}
+    assert [n.state for n in news][-1] == "answered"
+    assert news[-1].tokens > 0
+    assert isinstance(items[-1], TurnDone)
+    valid(s, s.first, child)
+    assert not any(isinstance(r, CacheLossRecord) for r in s.log())  # the parent's slot kept
+
+
+async def test_three_delegate_calls_of_one_answer_run_at_once_and_answer_in_call_order(
+    tmp_path: Path,
+) -> None:
+    tasks = [f"Name a colour, number {n}." for n in range(3)]
+    slow = {task: [Reply(content=f"colour {n} is red", delay=0.05)] for n, task in enumerate(tasks)}
+    scripts = {"Three colours, please.": [delegate(*tasks), Reply(content="ok")], **slow}
+    async with scripted(tmp_path, scripts) as s:
+        await s.turn("t1", "Three colours, please.")
+    children = s.children()
+    assert len(children) == 3
+    starts = [next(r.time for r in s.log(c) if isinstance(r, UserRecord)) for c in children]
+    ends = [next(r.time for r in s.log(c) if isinstance(r, TurnEndRecord)) for c in children]
+    assert max(starts) < min(ends)  # each began before any ended
+    results = s.log()
+    order = [r.tool_call_id for r in results if isinstance(r, ToolResultRecord)]
+    assert order == ["d1", "d2", "d3"]
+    by_call = {s.header(c).call_id: c for c in children}
+    for n, result in enumerate(s.results()):
+        assert result == (
+            f"The sub-agent in session {by_call[f'd{n + 1}']} answered:\n\ncolour {n} is red"
+        )
+    valid(s, s.first, *children)
+
+
+async def test_a_child_cannot_delegate_at_the_default_depth(tmp_path: Path) -> None:
+    scripts = {
+        "Go.": [delegate("Plan it."), Reply(content="done")],
+        "Plan it.": [delegate("Plan it deeper."), Reply(content="I planned it myself.")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.turn("t1", "Go.")
+    (child,) = s.children()  # the grandchild was never made
+    assert s.results(child) == [
+        (
+            "The tool failed: a sub-agent 1 level deep cannot delegate ([agents] depth = 1); do "
+            "the task yourself"
+        )
+    ]
+    assert "I planned it myself." in s.results()[0]
+
+
+async def test_depth_two_lets_a_child_delegate_once_more(tmp_path: Path) -> None:
+    scripts = {
+        "Go.": [delegate("Plan it."), Reply(content="done")],
+        "Plan it.": [delegate("Plan a part."), Reply(content="planned")],
+        "Plan a part.": [Reply(content="the part")],
+    }
+    async with scripted(tmp_path, scripts, depth=2) as s:
+        items = await s.turn("t1", "Go.")
+    child, grandchild = s.children()
+    assert s.header(grandchild).parent == child
+    assert "the part" in s.results(child)[0]
+    # The grandchild's news reaches the top session's clients, naming its own parent.
+    assert any(isinstance(i, AgentUpdate) and i.parent == child for i in items)
+
+
+async def test_depth_zero_offers_no_delegate_tool(tmp_path: Path) -> None:
+    scripts = {"Go.": [delegate("Plan it."), Reply(content="done")]}
+    async with scripted(tmp_path, scripts, depth=0) as s:
+        await s.turn("t1", "Go.")
+    assert s.children() == []
+    assert "no tool" in s.results()[0].lower()
+
+
+async def test_children_at_once_beyond_the_bound_are_refused(tmp_path: Path) -> None:
+    scripts = {
+        "Two things.": [delegate("First thing.", "Second thing."), Reply(content="ok")],
+        "First thing.": [Reply(content="first", delay=0.05)],
+        "Second thing.": [Reply(content="second", delay=0.05)],
+    }
+    async with scripted(tmp_path, scripts, at_once=1) as s:
+        await s.turn("t1", "Two things.")
+    assert len(s.children()) == 1
+    first, second = s.results()
+    assert "answered" in first
+    assert second == (
+        "The tool failed: 1 sub-agents are running, as many as loopd runs at once "
+        "([agents] at_once = 1); wait for their answers, or do it yourself"
+    )
+
+
+async def test_children_per_turn_beyond_the_bound_are_refused(tmp_path: Path) -> None:
+    scripts = {
+        "Two things.": [delegate("First thing."), delegate("Second thing."), Reply(content="ok")],
+        "First thing.": [Reply(content="first")],
+        "Second thing.": [Reply(content="second")],
+    }
+    async with scripted(tmp_path, scripts, per_turn=1) as s:
+        await s.turn("t1", "Two things.")
+    assert len(s.children()) == 1
+    assert "([agents] per_turn = 1)" in s.results()[1]
+
+
+async def test_one_slot_leaves_no_room_for_a_child(tmp_path: Path) -> None:
+    scripts = {"Go.": [delegate("Plan it."), Reply(content="done")]}
+    server = ReplayServer([Conversations(scripts)] * 10, slots=1)
+    store = Store(tmp_path / "one")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        async with (
+            Client(server.url) as client,
+            open_core(config(tmp_path), store, [client]) as core,
+        ):
+            parent, first = await core.sessions.attach("new")
+            events = await parent.subscribe(100)
+            await parent.send("t1", "Go.")
+            with trio.fail_after(10):
+                await collect(events, 1)
+        nursery.cancel_scope.cancel()
+    results = [r.content for r in store.read(first)[1] if isinstance(r, ToolResultRecord)]
+    assert results[0].startswith("The tool failed: loopd has one slot, and this turn holds it")
+
+
+async def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> None:
+    scripts = {
+        "Two things.": [delegate("First thing.", "Second thing.")],
+        "First thing.": [Reply(kind="stall")],
+        "Second thing.": [Reply(kind="stall")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.parent.send("t1", "Two things.")
+        with trio.fail_after(10):
+            await s.server.wait_until(lambda: len(s.server.requests) == 3)  # both stall
+        assert len(s.core.agents.running) == 2
+        assert await s.parent.cancel("t1")
+        with trio.fail_after(10):
+            items = [m.item for m in await collect(s.events, 1)]
+        assert s.core.agents.running == {}
+    assert isinstance(items[-1], TurnFailed)
+    assert items[-1].kind == "cancelled"
+    children = s.children()
+    for child in children:
+        assert [r.reason for r in s.log(child) if isinstance(r, TurnEndRecord)] == ["cancelled"]
+    ended = [i.state for i in items if isinstance(i, AgentUpdate) and i.state != "running"]
+    assert ended == ["cancelled", "cancelled"]
+    assert [r.reason for r in s.log() if isinstance(r, TurnEndRecord)] == ["cancelled"]
+    valid(s, s.first, *children)
+
+
+async def test_a_child_past_its_iteration_cap_gives_the_limit_as_the_result(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Read twice.": [delegate("Read the note twice."), Reply(content="ok")],
+        "Read the note twice.": [read_file("a.md", "r1"), read_file("b.md", "r2")],
+    }
+    async with scripted(tmp_path, scripts, tool_iterations=1) as s:
+        items = await s.turn("t1", "Read twice.")
+    (child,) = s.children()
+    assert s.results()[0] == (
+        f"The tool failed: the sub-agent in session {child} stopped without an answer (turn "
+        "limit): more than 1 rounds of tool calls in one turn ([agents] tool_iterations)"
+    )
+    assert [r.reason for r in s.log(child) if isinstance(r, TurnEndRecord)] == ["turn_limit"]
+    failed = [i for i in items if isinstance(i, AgentUpdate) and i.state == "failed"]
+    assert len(failed) == 1
+    assert failed[0].tool_calls == 1  # the second round is refused before its call starts
+
+
+async def test_a_childs_approval_reaches_the_parents_client_and_is_answered_there(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "What do I buy?": [delegate("Read today.md."), Reply(content="milk")],
+        "Read today.md.": [read_file("today.md"), Reply(content="buy milk")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.parent.send("t1", "What do I buy?")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        (child,) = s.children()
+        assert (needed.session, needed.tool) == (child, "read_file")
+        pending = (await s.parent.status()).pending
+        assert [p.item for p in pending] == [needed]
+        assert not await s.parent.decide(needed.call, "once")  # the parent's own call 1: none
+        assert not await s.parent.decide(needed.call, "once", session="20260101T000000000Z-0")
+        assert await s.parent.decide(needed.call, "once", session=child)
+        with trio.fail_after(10):
+            await collect(s.events, 1)
+    assert "buy milk" in s.results()[0]
+    approvals = [r for r in s.log(child) if isinstance(r, ApprovalRecord)]
+    assert [(a.tool, a.decision, a.by) for a in approvals] == [("read_file", "once", "user")]
+
+
+async def test_a_tool_the_parent_approved_for_its_session_is_approved_in_its_children(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Read it.": [
+            read_file("today.md"),
+            Reply(content="read"),
+            delegate("Read today.md."),
+            Reply(content="milk"),
+        ],
+        "Read today.md.": [read_file("today.md"), Reply(content="buy milk")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.parent.send("t1", "Read it.")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        assert await s.parent.decide(needed.call, "session")
+        with trio.fail_after(10):
+            await collect(s.events, 1)
+        items = await s.turn("t2", "Read it.")
+    assert not any(isinstance(i, ApprovalNeeded) for i in items)  # the child did not ask
+    (child,) = s.children()
+    assert s.header(child).grants == ("read_file",)
+    assert "buy milk" in s.results()[-1]
+
+
+async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_nothing_again(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Two things.": [delegate("First thing.", "Second thing.")],
+        "First thing.": [Reply(kind="stall")],
+        "Second thing.": [Reply(kind="stall")],
+    }
+    server = ReplayServer([Conversations(scripts)] * 10, slots=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / "loopd", server.url, slots='save = "never"\n')
+        await d.start()
+        try:
+            client = await d.connect()
+            await client.send({"type": "hello", "session": "new"})
+            parent = (await client.until("welcome"))[-1]["session"]
+            await client.send({"type": "send", "id": "t1", "content": "Two things."})
+            with trio.fail_after(10):
+                await server.wait_until(lambda: len(server.requests) == 3)
+            await d.kill()
+            store = Store(d.home / "sessions")
+            children = [i.id for i in await store.sessions() if i.parent == parent]
+            assert len(children) == 2
+            await d.start()
+            client = await d.connect()
+            await client.send({"type": "hello", "session": parent})
+            await client.until("welcome")
+        finally:
+            await d.end()
+        nursery.cancel_scope.cancel()
+    assert len(server.requests) == 3  # no child ran again
+    log = store.read(parent)[1]
+    assert conversation_problems(log) == []
+    results = {r.tool_call_id: r.content for r in log if isinstance(r, ToolResultRecord)}
+    by_call = {str(store.read(c)[0].call_id): c for c in children}
+    for call_id, child in by_call.items():
+        assert results[call_id].startswith(
+            f"Interrupted: loopd stopped while the sub-agent in session {child}"
+        )
+        child_log = store.read(child)[1]
+        assert conversation_problems(child_log) == []
+        assert [r.reason for r in child_log if isinstance(r, TurnEndRecord)] == ["error"]
+    assert [i.id for i in await store.sessions() if i.parent is None] == [parent]
+    assert store.latest() == parent  # `latest` is never a sub-agent's
+
+
+@pytest.mark.parametrize("bad", [{"depth": -1}, {"at_once": 0}, {"per_turn": 0}])
+def test_bad_agents_settings_are_refused(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="agents"):
+        Config.model_validate({"agents": bad})
