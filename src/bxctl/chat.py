@@ -30,6 +30,7 @@ from bxctl.view import (
     DEMO_NOTE,
     TurnView,
     approval_panel,
+    as_tree,
     context_line,
     session_line,
 )
@@ -51,7 +52,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /compact    go on in a new session that starts from the model's summary of this one
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
-  /approve N once|session|deny   answer call N, which waits for approval
+  /approve N once|session|deny [SESSION]   answer call N, which waits for approval (of
+              the sub-agent SESSION, when the prompt names one)
   /think off  let the model answer without reasoning first (/think on: with; /think: as
               loopd's config says)
   /help       this text
@@ -176,14 +178,23 @@ async def _joined(connection: Connection, console: Console) -> None:
     for line in status.pending:
         if isinstance(asking := line.event, ApprovalNeeded):
             console.print(approval_panel(asking))
-            console.print(f"answer with /approve {asking.call} once|session|deny", style="yellow")
+            of = f" {asking.session}" if asking.session else ""
+            console.print(
+                f"answer with /approve {asking.call} once|session|deny{of}", style="yellow"
+            )
 
 
 async def _approve(words: list[str], connection: Connection, console: Console) -> None:
-    if len(words) != 2 or not words[0].isdigit() or words[1] not in ("once", "session", "deny"):
-        console.print("/approve N once|session|deny", style="red")
+    if (
+        len(words) not in (2, 3)
+        or not words[0].isdigit()
+        or words[1] not in ("once", "session", "deny")
+    ):
+        console.print("/approve N once|session|deny [SUB-AGENT SESSION]", style="red")
         return
     message = {"type": "approve", "call": int(words[0]), "decision": words[1]}
+    if len(words) == 3:
+        message["session"] = words[2]
     answer = await connection.request(message, "approved")
     if isinstance(answer, Error):
         console.print(answer.message, style="red")
@@ -234,8 +245,11 @@ async def _list_sessions(_: list[str], connection: Connection, console: Console)
     answer = await connection.request({"type": "sessions"}, "sessions")
     if not isinstance(answer, Sessions):
         return
-    for number, s in enumerate(reversed(answer.sessions), start=1):
-        line = session_line(s.id, s.turns, s.last_activity, answer.current, s.continues)
+    tree = as_tree(answer.sessions, newest_first=True)
+    for number, (depth, s) in enumerate(tree, start=1):
+        line = session_line(
+            s.id, s.turns, s.last_activity, answer.current, s.continues, depth=depth
+        )
         console.print(f"{number:3d}. {line}", markup=False)
 
 
@@ -246,7 +260,8 @@ async def _resume(words: list[str], connection: Connection, console: Console) ->
     choice = words[0]
     if choice.isdigit():
         answer = await connection.request({"type": "sessions"}, "sessions")
-        ids = [s.id for s in reversed(answer.sessions)] if isinstance(answer, Sessions) else []
+        listed = as_tree(answer.sessions, newest_first=True) if isinstance(answer, Sessions) else []
+        ids = [s.id for _, s in listed]
         if not 1 <= int(choice) <= len(ids):
             console.print(f"no session {choice}: /sessions lists {len(ids)}", style="red")
             return
@@ -280,6 +295,8 @@ def _status(answer: object) -> Text:
     for line in answer.pending:
         if isinstance(asking := line.event, ApprovalNeeded):
             text += f"\nwaiting for approval: call {asking.call}, {asking.tool}"
+            if asking.session:
+                text += f" (sub-agent {asking.session})"
     return Text(text)
 
 
@@ -351,7 +368,14 @@ async def _answer_approvals(connection: Connection, view: TurnView) -> None:
                     decision = APPROVAL_KEYS.get(await read_key(fd))
         if decision is not None and view.approval is waiting:
             view.approval = None  # answered: the daemon's `approval_decided` follows
-            await connection.send({"type": "approve", "call": waiting.call, "decision": decision})
+            await connection.send(
+                {
+                    "type": "approve",
+                    "call": waiting.call,
+                    "session": waiting.session,
+                    "decision": decision,
+                }
+            )
 
 
 async def _cancel_on_interrupt(connection: Connection, turn: str) -> None:

@@ -18,17 +18,18 @@ from pathlib import Path
 
 import trio
 from rich.console import Console
+from rich.text import Text
 
 from bxctl.chat import interactive
 from bxctl.connection import Connection, SessionRefused, Unreachable
-from bxctl.view import context_line, session_line
-from loopd import __version__
+from bxctl.view import as_tree, context_line, session_line
+from loopd import __version__, proto
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
 from loopd.events import ApprovalNeeded
 from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
-from loopd.records import Record, SessionHeader
-from loopd.store import Store, StoreError
+from loopd.records import Record, SessionHeader, ToolResultRecord
+from loopd.store import SessionInfo, Store, StoreError
 from loopd.transcript import transcript
 
 EXIT_OK = 0
@@ -118,6 +119,11 @@ def parser() -> argparse.ArgumentParser:
         default="latest",
         help="the session the call waits in (default: the latest)",
     )
+    approve.add_argument(
+        "--sub-agent",
+        metavar="SESSION",
+        help="the call is one of this sub-agent's, started from the session of --in",
+    )
     decision = approve.add_mutually_exclusive_group(required=True)
     for flag, meaning in (
         ("--once", "run this call"),
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
         if args.command == "status":
             return trio.run(_status, path, args.where)
         if args.command == "approve":
-            return trio.run(_approve, path, args.call, args.decision, args.where)
+            return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
@@ -235,12 +241,19 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             if not approve:
                 print(
                     f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
-                    f"it with `bxctl approve {asking.call} --once|--session|--deny --in "
-                    f"{connection.session}`, or run with --yes",
+                    f"it with `{_approve_command(asking, connection.session)}`, or run with "
+                    "--yes",
                     file=sys.stderr,
                 )
                 return EXIT_APPROVAL
-            await connection.send({"type": "approve", "call": asking.call, "decision": "once"})
+            await connection.send(
+                {
+                    "type": "approve",
+                    "call": asking.call,
+                    "session": asking.session,
+                    "decision": "once",
+                }
+            )
         if isinstance(message, TurnDone):
             if not as_json:
                 print(flush=True)
@@ -251,6 +264,11 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             return FAILURE_EXIT.get(what, EXIT_FAILED)
     print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
     return EXIT_UNREACHABLE
+
+
+def _approve_command(asking: ApprovalNeeded, session: str | None) -> str:
+    command = f"bxctl approve {asking.call} --once|--session|--deny --in {session}"
+    return f"{command} --sub-agent {asking.session}" if asking.session else command
 
 
 async def _status(path: Path, where: str) -> int:
@@ -283,17 +301,17 @@ async def _status(path: Path, where: str) -> int:
         if isinstance(asking := line.event, ApprovalNeeded):
             console.print(
                 f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
-                f"(bxctl approve {asking.call} --once|--session|--deny --in {status.session})",
+                f"({_approve_command(asking, status.session)})",
                 markup=False,
             )
     return EXIT_OK
 
 
-async def _approve(path: Path, call: int, decision: str, where: str) -> int:
+async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:
     connection = await Connection.open(path)
     await connection.hello(where)
     answer = await connection.request(
-        {"type": "approve", "call": call, "decision": decision}, "approved"
+        {"type": "approve", "call": call, "session": agent, "decision": decision}, "approved"
     )
     await connection.aclose()
     if isinstance(answer, Error):
@@ -303,11 +321,19 @@ async def _approve(path: Path, call: int, decision: str, where: str) -> int:
 
 
 async def _sessions(path: Path, store: Store) -> int:
+    """The sessions, oldest first, each sub-agent's under the session that started it."""
     try:
         connection = await Connection.open(path)
     except Unreachable:
         listed = [
-            (s.id, s.turns, s.last_activity.isoformat(), s.continues)
+            proto.SessionInfo(
+                id=s.id,
+                created=s.created.isoformat(),
+                turns=s.turns,
+                last_activity=s.last_activity.isoformat(),
+                continues=s.continues,
+                parent=s.parent,
+            )
             for s in await store.sessions()
         ]
         current = None
@@ -316,10 +342,9 @@ async def _sessions(path: Path, store: Store) -> int:
         await connection.aclose()
         if not isinstance(answer, Sessions):
             raise Unreachable(f"loopd answered {answer.type}, not sessions")
-        listed = [(s.id, s.turns, s.last_activity, s.continues) for s in answer.sessions]
-        current = answer.current
-    for session_id, turns, last, continues in listed:
-        print(session_line(session_id, turns, last, current, continues))
+        listed, current = answer.sessions, answer.current
+    for depth, s in as_tree(listed):
+        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
     if not listed:
         print(f"no sessions in {store.directory}")
     return EXIT_OK
@@ -346,10 +371,37 @@ def _log(store: Store, session_id: str | None) -> int:
             return EXIT_FAILED
         print(f"bxctl: the session it continues is not readable: {e}", file=sys.stderr)
     console = Console()
+    infos = store.sessions_now()
     for header, records in chain:
         console.print(
             f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold"
         )
-        for line in transcript(records):
+        for line in _with_sub_agents(store, infos, header.id, records):
             console.print(line)
     return EXIT_OK
+
+
+def _with_sub_agents(
+    store: Store, infos: list[SessionInfo], session_id: str, records: list[Record]
+) -> list[Text]:
+    """The transcript of a session, each sub-agent's own under the result of the call that
+    started it."""
+    lines: list[Text] = []
+    children = {}
+    for info in infos:
+        if info.parent == session_id:
+            try:
+                header, child_records, _ = store.read(info.id)
+            except StoreError as e:
+                lines.append(Text(f"  (sub-agent {info.id} is not readable: {e})", style="red"))
+                continue
+            if header.call is not None:
+                children[header.call] = (info.id, child_records)
+    for record in records:
+        lines += transcript([record])
+        if isinstance(record, ToolResultRecord) and record.call in children:
+            child, child_records = children.pop(record.call)
+            lines.append(Text(f"    ┌ sub-agent {child}", style="bold cyan"))
+            for line in _with_sub_agents(store, infos, child, child_records):
+                lines.append(Text("    │ ", style="cyan") + line)
+    return lines

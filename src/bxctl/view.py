@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
@@ -20,6 +22,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from loopd.events import (
+    AgentUpdate,
     ApprovalDecided,
     ApprovalNeeded,
     CacheLoss,
@@ -47,7 +50,9 @@ __all__ = [
     "DEMO_NOTE",
     "HINTS",
     "TurnView",
+    "agent_line",
     "approval_panel",
+    "as_tree",
     "context_line",
     "session_line",
     "usage_line",
@@ -111,7 +116,10 @@ class TurnView:
     reasoning: str = ""
     show_reasoning: bool = False
     state: str = "sending"
-    tools: list[Text] = field(default_factory=list)
+    tools: list[Text | str] = field(default_factory=list)
+    """Lines about tool calls; a string stands for a sub-agent's line (its session), drawn
+    from its latest news."""
+    agents: dict[str, AgentUpdate] = field(default_factory=dict)
     notes: list[Text] = field(default_factory=list)
     requests: list[_Request] = field(default_factory=list)
     outcome: TurnDone | TurnFailed | None = None
@@ -152,12 +160,20 @@ class TurnView:
                 self.state = "answering"
         elif isinstance(event, _Note):
             self._note(event)
-        elif isinstance(event, ToolCallStarted):
+        else:
+            self._tool(event)
+
+    def _tool(self, event: object) -> None:
+        if isinstance(event, ToolCallStarted):
             what = f"{event.name} → {event.tool}" if event.tool else event.name
             self.tools.append(Text(f"⚙ {what} (call {event.call})", style="cyan"))
             self.state = f"running {event.tool or event.name}"
         elif isinstance(event, ApprovalNeeded | ApprovalDecided):
             self._approval(event)
+        elif isinstance(event, AgentUpdate):
+            if event.session not in self.agents:
+                self.tools.append(event.session)
+            self.agents[event.session] = event
         elif isinstance(event, ToolResult):
             what = flags(event.data_class, event.untrusted, event.truncated)
             self.tools.append(Text(f"  ↳ {event.preview}  [{what}]", style="dim cyan"))
@@ -202,13 +218,16 @@ class TurnView:
     def _approval(self, event: ApprovalNeeded | ApprovalDecided) -> None:
         # An `approval_needed` can come twice (a subscription replays what waits): once shown.
         if isinstance(event, ApprovalNeeded):
-            if self.approval is None or self.approval.call != event.call:
+            if self.approval is None or _key(self.approval) != _key(event):
                 self.approval = event
                 self.state = f"waiting for your approval of {event.tool}"
             return
-        if self.approval is not None and self.approval.call == event.call:
+        if self.approval is not None and _key(self.approval) == _key(event):
             self.approval = None
-        self.tools.append(approval_line(event.call, event.tool, event.decision, event.by))
+        line = approval_line(event.call, event.tool, event.decision, event.by)
+        if event.session:
+            line.append(f" (sub-agent {event.session})")
+        self.tools.append(line)
 
     def _request(self) -> _Request:
         if not self.requests:
@@ -241,7 +260,9 @@ class TurnView:
         return lines
 
     def _body(self) -> list[RenderableType]:
-        parts: list[RenderableType] = [*self.tools]
+        parts: list[RenderableType] = [
+            agent_line(self.agents[line]) if isinstance(line, str) else line for line in self.tools
+        ]
         if (reasoning := self._reasoning()) is not None:
             parts.append(reasoning)
         if self.content:
@@ -277,6 +298,26 @@ class TurnView:
         return Group(*parts)
 
 
+def _key(event: ApprovalNeeded | ApprovalDecided) -> tuple[str | None, int]:
+    return event.session, event.call
+
+
+_AGENT_STYLES = {"answered": "green", "failed": "red", "cancelled": "yellow"}
+
+
+def agent_line(news: AgentUpdate) -> Text:
+    """A sub-agent, under the call that started it: its state, tool calls and tokens."""
+    calls = f"{news.tool_calls} tool call{'s' * (news.tool_calls != 1)}"
+    if news.tool:
+        calls += f", last {news.tool}"
+    line = Text(f"  ↳ sub-agent {news.session} (call {news.call}): ", style="cyan")
+    line.append(news.state, style=_AGENT_STYLES.get(news.state, "bold cyan"))
+    line.append(f" · {calls} · {news.tokens} tokens", style="dim cyan")
+    if news.detail:
+        line.append(f" · {news.detail}", style="red")
+    return line
+
+
 def approval_panel(asking: ApprovalNeeded) -> Panel:
     """A call that waits for approval: what it would do, and the keys that answer."""
     marks = flags(asking.data_class, asking.untrusted, truncated=False)
@@ -294,7 +335,8 @@ def approval_panel(asking: ApprovalNeeded) -> Panel:
             (f"   (denied in {asking.timeout:g} s)", "dim"),
         ),
     )
-    return Panel(body, title=f"approve call {asking.call}?", border_style="yellow")
+    of = f" of sub-agent {asking.session}" if asking.session else ""
+    return Panel(body, title=f"approve call {asking.call}{of}?", border_style="yellow")
 
 
 def usage_line(usage: Usage) -> Text:
@@ -308,18 +350,49 @@ def usage_line(usage: Usage) -> Text:
     return Text(text, style="dim")
 
 
-def session_line(
+def session_line(  # noqa: PLR0913 - one line says all of these
     session_id: str,
     turns: int,
     last_activity: str,
     current: str | None,
     continues: str | None = None,
+    *,
+    depth: int = 0,
 ) -> str:
-    """One session in a list; the one loopd serves is starred, and one that continues another
-    (a compaction) names it."""
+    """One session in a list; the one loopd serves is starred, one that continues another (a
+    compaction) names it, and a sub-agent's is drawn `depth` levels under its parent."""
     mark = "*" if session_id == current else " "
-    line = f"{mark} {session_id}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
+    name = f"{'   ' * (depth - 1)}└─ {session_id}" if depth else session_id
+    line = f"{mark} {name}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
     return f"{line}  continues {continues}" if continues else line
+
+
+class _Listed(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def parent(self) -> str | None: ...
+
+
+L = TypeVar("L", bound=_Listed)
+
+
+def as_tree(sessions: Sequence[L], *, newest_first: bool = False) -> list[tuple[int, L]]:
+    """The sessions with their depth, each sub-agent's under the session that started it
+    (oldest first there); the top sessions in order, or newest first."""
+    ids = {s.id for s in sessions}
+    children: dict[str, list[L]] = {}
+    for s in sessions:
+        if s.parent in ids:
+            children.setdefault(s.parent, []).append(s)
+    tops = [s for s in sessions if s.parent not in ids]
+    tree: list[tuple[int, L]] = []
+    stack = [(0, s) for s in (tops if newest_first else reversed(tops))]
+    while stack:
+        depth, s = stack.pop()
+        tree.append((depth, s))
+        stack += [(depth + 1, c) for c in reversed(children.get(s.id, []))]
+    return tree
 
 
 def context_line(context: int, past_reasoning: int | None) -> str:

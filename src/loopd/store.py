@@ -249,6 +249,10 @@ class Store:
         """Every session, oldest first."""
         return await trio.to_thread.run_sync(self._sessions)
 
+    def sessions_now(self) -> list[SessionInfo]:
+        """`sessions`, read in this thread: for a command-line tool with no event loop."""
+        return self._sessions()
+
     def read(self, session_id: str) -> tuple[SessionHeader, list[Record], int]:
         """Read a log without taking it: for looking, while a daemon may be writing it. Gives
         the header, the records and the length of a torn last line (left as it is)."""

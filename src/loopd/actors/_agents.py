@@ -177,7 +177,7 @@ class _Delegation:
             )
         if agents.live >= agents.at_once:
             raise ToolFailure(
-                f"{agents.live} sub-agents are running, as many as loopd runs at once "
+                "as many sub-agents as loopd runs at once are running "
                 f"([agents] at_once = {agents.at_once}); wait for their answers, or do it "
                 "yourself"
             )
