@@ -9,16 +9,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 
+from bxctl.view import TurnView, as_tree
 from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
 from loopd.baseline import SUB_AGENT_NOTE
 from loopd.config import AgentsConfig, Config
-from loopd.events import AgentUpdate, ApprovalNeeded
+from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
 from loopd.infer import Client
+from loopd.proto import Event
 from loopd.records import (
     ApprovalRecord,
     CacheLossRecord,
@@ -34,6 +38,7 @@ from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 from test_actors import collect, config, next_of, read_file
+from test_bxctl import bxctl
 
 
 def delegate(*tasks: str) -> Reply:
@@ -401,3 +406,96 @@ async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_no
 def test_bad_agents_settings_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="agents"):
         Config.model_validate({"agents": bad})
+
+
+# -- bxctl -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def daemon_on(tmp_path: Path, scripts: dict[str, list[Reply]]) -> AsyncIterator[Daemon]:
+    """`loopd serve` on a scripted server of four slots, `read_file` asking for approval."""
+    server = ReplayServer([Conversations(scripts)] * 100, slots=4)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "today.md").write_text("buy milk\n")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / "loopd", server.url, slots='save = "never"\n')
+        d.config.write_text(
+            d.config.read_text()
+            + f'[tools]\nroots = ["{notes}"]\n[tools.policies.read_file]\naction = "ask"\n'
+        )
+        await d.start()
+        try:
+            yield d
+        finally:
+            await d.end()
+            nursery.cancel_scope.cancel()
+
+
+async def test_bxctl_shows_sub_agents_in_sessions_and_log_and_answers_their_approvals(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "What do I buy?": [delegate("Read today.md."), Reply(content="Milk.")],
+        "Read today.md.": [read_file("today.md"), Reply(content="buy milk")],
+    }
+    async with daemon_on(tmp_path, scripts) as d:
+        code, _, err = await bxctl(d, "chat", "-m", "What do I buy?")
+        assert code == 6  # the sub-agent's call waits for approval
+        store = Store(d.home / "sessions")
+        parent = store.latest()
+        (child,) = [i.id for i in store.sessions_now() if i.parent]
+        hint = f"bxctl approve 1 --once|--session|--deny --in {parent} --sub-agent {child}"
+        assert hint in err
+        watching = await d.connect()
+        await watching.send({"type": "hello", "session": parent})
+        await watching.until("welcome")
+        await watching.send({"type": "subscribe"})
+        code, _, err = await bxctl(d, "approve", "1", "--once", "--sub-agent", child)
+        assert (code, err) == (0, "")
+        await watching.until("turn_done")
+        code, out, _ = await bxctl(d, "sessions")
+        assert out.splitlines()[1].startswith(f"  └─ {child}")
+        code, out, _ = await bxctl(d, "log")
+    lines = out.splitlines()
+    start = lines.index(f"    ┌ sub-agent {child}")
+    assert lines[start - 1].startswith(f"  ↳ #1 The sub-agent in session {child} answered")
+    assert lines[start + 1] == "    │ you: Read today.md."
+    assert "    │ model: buy milk" in lines
+    assert lines[-1].startswith("model: Milk.") or "model: Milk." in out
+
+
+def test_the_live_view_draws_a_line_per_sub_agent_under_its_call() -> None:
+    view = TurnView()
+    news = AgentUpdate(session="S1", parent="P", call=1, state="running", tool_calls=2)
+    for event in (
+        ToolCallStarted(name="call_tool", call=1, tool="delegate"),
+        news.model_copy(update={"tool": "read_file", "tokens": 40}),
+        news.model_copy(update={"state": "failed", "tokens": 90, "detail": "turn limit"}),
+    ):
+        view.feed(Event(id="t1", event=event))
+    console = Console(record=True, width=120, color_system=None)
+    console.print(view.final())
+    assert console.export_text().splitlines()[:2] == [
+        "⚙ call_tool → delegate (call 1)",
+        "  ↳ sub-agent S1 (call 1): failed · 2 tool calls · 90 tokens · turn limit",
+    ]
+
+
+def test_sessions_are_listed_as_a_tree() -> None:
+    listed = [
+        SimpleNamespace(id="a", parent=None),
+        SimpleNamespace(id="a1", parent="a"),
+        SimpleNamespace(id="b", parent=None),
+        SimpleNamespace(id="a1x", parent="a1"),
+        SimpleNamespace(id="a2", parent="a"),
+    ]
+    assert [(d, s.id) for d, s in as_tree(listed)] == [
+        (0, "a"),
+        (1, "a1"),
+        (2, "a1x"),
+        (1, "a2"),
+        (0, "b"),
+    ]
+    assert [s.id for _, s in as_tree(listed, newest_first=True)][:2] == ["b", "a"]
