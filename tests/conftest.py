@@ -58,7 +58,7 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
     started = 0
     async with AsyncExitStack() as stack:
 
-        async def start(
+        async def start(  # noqa: PLR0917 - each is a llama-server option
             n_ctx: int = 2048,
             template: Path | None = None,
             port: int | None = None,

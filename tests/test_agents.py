@@ -258,6 +258,42 @@ async def test_one_slot_leaves_no_room_for_a_child(tmp_path: Path) -> None:
     assert results[0].startswith("The tool failed: loopd has one slot, and this turn holds it")
 
 
+async def test_a_child_never_waits_for_a_slot_every_turn_holds_one(tmp_path: Path) -> None:
+    """Two slots: one holds another session's stalled turn, the other the delegating turn.
+    Waiting for a slot could wait forever (that turn may wait for sub-agents of its own)."""
+    scripts = {
+        "Stall.": [Reply(kind="stall")],
+        "Go.": [delegate("Plan it."), Reply(content="done")],
+        "Plan it.": [Reply(content="planned")],
+    }
+    server = ReplayServer([Conversations(scripts)] * 10, slots=2)
+    store = Store(tmp_path / "sessions")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        async with (
+            Client(server.url) as client,
+            open_core(config(tmp_path), store, [client]) as core,
+        ):
+            other, _ = await core.sessions.attach("new")
+            await other.send("t0", "Stall.")
+            with trio.fail_after(10):
+                await server.wait_until(lambda: len(server.requests) == 1)
+            parent, first = await core.sessions.attach("new")
+            events = await parent.subscribe(100)
+            await parent.send("t1", "Go.")
+            with trio.fail_after(10):
+                await collect(events, 1)
+        nursery.cancel_scope.cancel()
+    results = [r.content for r in store.read(first)[1] if isinstance(r, ToolResultRecord)]
+    assert results == [
+        (
+            "The tool failed: no slot is free for a sub-agent: every slot runs a turn now; do "
+            "the task yourself, or delegate it later"
+        )
+    ]
+    assert [i for i in store.sessions_now() if i.parent] == []  # no log for a child never run
+
+
 async def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> None:
     scripts = {
         "Two things.": [delegate("First thing.", "Second thing.")],

@@ -208,7 +208,8 @@ class AgentsConfig(_Table):
     `delegate` tool at all."""
     at_once: PositiveInt | None = None
     """Sub-agents running at once in all of loopd; more are refused until one answers. Unset:
-    the pool's slots less one, so a delegating turn always keeps its own."""
+    the pool's slots less one. A sub-agent also needs a slot idle when it starts (it never
+    waits for one: the turns holding the others may be waiting for sub-agents)."""
     per_turn: PositiveInt = 8
     """Sub-agents one turn may start; more are refused."""
     tool_iterations: PositiveInt = 10
@@ -218,8 +219,8 @@ class AgentsConfig(_Table):
     repetition_cap: NonNegativeInt = 2000
     """A sub-agent's `[loop] repetition_cap`."""
     turn_timeout: PositiveFloat = 300.0
-    """Seconds a sub-agent may take, waiting for a slot included; the delegating turn's own
-    `[loop] turn_timeout` still bounds it and all its siblings."""
+    """Seconds a sub-agent's turn may take; the delegating turn's own `[loop] turn_timeout`
+    still bounds it and all its siblings."""
 
     def loop(self, parent: LoopConfig) -> LoopConfig:
         """A sub-agent's limits: these, the rest as its parent's."""

@@ -121,7 +121,7 @@ class SessionContinued(_Event):
     summary: str
 
 
-AgentState = Literal["waiting", "running", "answered", "failed", "cancelled"]
+AgentState = Literal["running", "answered", "failed", "cancelled"]
 
 
 class AgentUpdate(_Event):
@@ -135,7 +135,7 @@ class AgentUpdate(_Event):
     call: int
     """That call's number in `parent`."""
     state: AgentState
-    """`waiting` for a slot; `failed`: it ended by a limit or an error (`detail` says which)."""
+    """`failed`: it ended by a limit or an error (`detail` says which)."""
     tool_calls: int = 0
     """Tool calls it has made."""
     tokens: int = 0

@@ -15,11 +15,8 @@ session; never an empty answer.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-import trio
 
 from loopd.calls import OnEvent
 from loopd.config import AgentsConfig
@@ -31,14 +28,13 @@ from loopd.events import (
     ToolCallStarted,
     TurnEvent,
 )
-from loopd.infer import Queued
 from loopd.records import Baseline, UsageRecord
 from loopd.slots import SlotFiles
 from loopd.store import ParentCall, Session, Store
 from loopd.tools import ToolFailure, ToolOutput
 from loopd.turn import Runtime, TurnError, run_turn
 
-from ._pool import PoolHandle, slot_for
+from ._pool import Lease, PoolHandle
 
 __all__ = ["AGENTS", "Agents"]
 
@@ -83,41 +79,31 @@ class Agents:
         """The running sub-agents started, at any depth, from session `root`."""
         return [child for child in self.running if child != root and self.root(child) == root]
 
-    async def run(self, child: Session, task: str, runtime: Runtime, news: _News) -> ToolOutput:
-        """The sub-agent's one turn: its answer, or a `ToolFailure` that says why there is none.
-        Its wait for a slot is bounded by its `turn_timeout` too."""
-        timeout = runtime.loop.turn_timeout
-        with trio.move_on_after(timeout) as waiting:
-            async with slot_for(self.pool, child.id, None, lambda: news(Queued())) as lease:
-                waiting.deadline = math.inf  # from here on, the turn's own deadline
-                # A sub-agent's cache is of no use once it has answered: the slot is left free,
-                # and nothing is saved when another session takes it.
-                lease.owner = None
-                await self.pool.prepare(lease, self.files, None)
-                exact = runtime.exact
-                runtime = replace(
-                    runtime,
-                    inference=lease.slot,
-                    slot=lease.slot.number,
-                    exact=exact.on(lease.slot.client) if exact else None,
-                )
-                try:
-                    outcome = await run_turn(child, runtime, task, news)
-                except TurnError as e:
-                    news.end("failed", str(e))
-                    raise ToolFailure(
-                        f"the sub-agent in session {child.id} stopped without an answer "
-                        f"({e.reason.replace('_', ' ')}): {e}"
-                    ) from e
-            news.end("answered")
-            if not outcome.content.strip():
-                return ToolOutput(f"The sub-agent in session {child.id} gave an empty answer.")
-            return ToolOutput(f"The sub-agent in session {child.id} answered:\n\n{outcome.content}")
-        news.end("failed", "no slot became free in time")
-        raise ToolFailure(
-            f"the sub-agent in session {child.id} got no slot within {timeout:g} s "
-            "([agents] turn_timeout): every slot was busy; the task was not started"
+    async def run(
+        self, lease: Lease, child: Session, task: str, runtime: Runtime, news: _News
+    ) -> ToolOutput:
+        """The sub-agent's one turn on the slot `lease` lends: its answer, or a `ToolFailure`
+        that says why there is none."""
+        await self.pool.prepare(lease, self.files, None)
+        exact = runtime.exact
+        runtime = replace(
+            runtime,
+            inference=lease.slot,
+            slot=lease.slot.number,
+            exact=exact.on(lease.slot.client) if exact else None,
         )
+        try:
+            outcome = await run_turn(child, runtime, task, news)
+        except TurnError as e:
+            news.end("failed", str(e))
+            raise ToolFailure(
+                f"the sub-agent in session {child.id} stopped without an answer "
+                f"({e.reason.replace('_', ' ')}): {e}"
+            ) from e
+        news.end("answered")
+        if not outcome.content.strip():
+            return ToolOutput(f"The sub-agent in session {child.id} gave an empty answer.")
+        return ToolOutput(f"The sub-agent in session {child.id} answered:\n\n{outcome.content}")
 
 
 @dataclass
@@ -131,30 +117,48 @@ class _Delegation:
     started: int = 0
 
     async def __call__(self, call: ParentCall, task: str, on_event: OnEvent) -> ToolOutput:
-        agents, config = self.agents, self.agents.config
+        agents = self.agents
         self._check_bounds()
+        # Counted before the first await: the calls of one round start side by side.
         self.started += 1
-        agents.live += 1  # before the first await: calls of one round start side by side
+        agents.live += 1
         try:
-            child = await agents.store.create(
-                agents.baseline(), grants=self.session.granted, parent=call
-            )
-            log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
-            agents.running[child.id] = self.session.id
-            news = _News(child, call, on_event)
-            runtime = replace(self.runtime, loop=config.loop(self.runtime.loop), limits="agents")
-            runtime = replace(runtime, delegate=_Delegation(agents, child, runtime, self.depth + 1))
-            try:
-                return await agents.run(child, task, runtime, news)
-            except BaseException:
-                if not news.ended:
-                    news.end("cancelled")
-                raise
-            finally:
-                del agents.running[child.id]
-                child.close()
+            # A slot idle now, or none: a sub-agent never waits for one, since the turns that
+            # hold the others may be waiting for sub-agents themselves. Leased for no session:
+            # its cache is of no use once it has answered, so nothing is saved when another
+            # session takes the slot.
+            async with agents.pool.lease(None, wait=False) as lease:
+                if lease is None:
+                    self.started -= 1
+                    raise ToolFailure(
+                        "no slot is free for a sub-agent: every slot runs a turn now; do the "
+                        "task yourself, or delegate it later"
+                    )
+                return await self._run(lease, call, task, on_event)
         finally:
             agents.live -= 1
+
+    async def _run(
+        self, lease: Lease, call: ParentCall, task: str, on_event: OnEvent
+    ) -> ToolOutput:
+        agents = self.agents
+        child = await agents.store.create(
+            agents.baseline(), grants=self.session.granted, parent=call
+        )
+        log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
+        agents.running[child.id] = self.session.id
+        news = _News(child, call, on_event)
+        runtime = replace(self.runtime, loop=agents.config.loop(self.runtime.loop), limits="agents")
+        runtime = replace(runtime, delegate=_Delegation(agents, child, runtime, self.depth + 1))
+        try:
+            return await agents.run(lease, child, task, runtime, news)
+        except BaseException:
+            if not news.ended:
+                news.end("cancelled")
+            raise
+        finally:
+            del agents.running[child.id]
+            child.close()
 
     def _check_bounds(self) -> None:
         agents, config = self.agents, self.agents.config
@@ -199,8 +203,6 @@ class _News:
             self.on_event(named)
         elif isinstance(event, AgentUpdate):
             self.on_event(event)  # one of its own sub-agents
-        elif isinstance(event, Queued):
-            self._tell("waiting")
         elif isinstance(event, ToolCallStarted):
             self.tool_calls += 1
             self.tool = event.tool or event.name

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -36,7 +36,7 @@ from loopd.infer import Slot
 from loopd.slots import SlotFiles
 from loopd.store import Session
 
-__all__ = ["SAVE_AT_STOP", "Lease", "PoolHandle", "SlotView", "pool_actor", "slot_for"]
+__all__ = ["SAVE_AT_STOP", "Lease", "PoolHandle", "SlotView", "pool_actor"]
 
 log = logging.getLogger(__name__)
 
@@ -189,21 +189,6 @@ class PoolHandle:
 
     async def views(self) -> tuple[SlotView, ...]:
         return await ask(self._inbox, _Views)
-
-
-@asynccontextmanager
-async def slot_for(
-    pool: PoolHandle, owner: str, prefer: str | None, queued: Callable[[], None]
-) -> AsyncIterator[Lease]:
-    """A slot for a turn of `owner`; `queued` is told when it must wait for one."""
-    async with pool.lease(owner, prefer=prefer, wait=False) as lease:
-        if lease is not None:
-            yield lease
-            return
-    queued()
-    async with pool.lease(owner, prefer=prefer) as lease:
-        assert lease is not None  # noqa: S101 - a waiting lease always comes
-        yield lease
 
 
 async def pool_actor(

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 import trio
@@ -33,7 +33,7 @@ from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
 from ._agents import Agents
-from ._pool import Lease, PoolHandle, slot_for
+from ._pool import Lease, PoolHandle
 from ._session_inbox import (
     HISTORY_PAGE,
     Busy,
@@ -268,11 +268,19 @@ class SessionActor:
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
 
-    def _slot(self, on_event: Callable[[TurnEvent], None]) -> AbstractAsyncContextManager[Lease]:
+    @asynccontextmanager
+    async def _slot(self, on_event: Callable[[TurnEvent], None]) -> AsyncIterator[Lease]:
         """A slot for the turn; while every slot runs a turn, the client hears it waits."""
         # Which server saved its slot file: a read of the note, worth it only with several.
         prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
-        return slot_for(self.pool, self.session.id, prefer, lambda: on_event(Queued()))
+        async with self.pool.lease(self.session.id, prefer=prefer, wait=False) as lease:
+            if lease is not None:
+                yield lease
+                return
+        on_event(Queued())
+        async with self.pool.lease(self.session.id, prefer=prefer) as lease:
+            assert lease is not None  # noqa: S101 - a waiting lease always comes
+            yield lease
 
     async def _on(
         self, lease: Lease, message: _Message, on_event: Callable[[TurnEvent], None]
