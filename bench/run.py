@@ -13,6 +13,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     freeze    how long `status` waits while a tool call burns its whole deadline
     parser    llama.cpp's own parser cases read by loopd's parser; its cost per streamed piece
     concurrency  1, 2 and 4 sessions at once: tokens/s and time to first token, against direct
+    agents    four sub-agents at once against the same four tasks one after another
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import agents
 import cache
 import concurrency
 import freeze
@@ -68,6 +70,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
         templates.measure, *_assets(), Path(os.environ["LOOPD_TEMPLATES"])
     ),
     "concurrency": lambda: trio.run(concurrency.measure, *_assets()),
+    "agents": lambda: trio.run(agents.measure, *_assets()),
     "parser": lambda: trio.run(
         parser.measure,
         *_assets(),
@@ -170,6 +173,20 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 
             ),
             "",
             *concurrency.table(f),
+        ]
+    if name == "agents":
+        return [
+            "## 14. Sub-agents at once",
+            "",
+            (
+                f"One llama-server with {f['tasks'] + 1} slots, SmolLM2-135M on two threads "
+                f"(bench/agents.py): {f['tasks']} tasks given to {f['tasks']} sub-agents in one "
+                "round of `delegate` calls, against the same tasks one after another, through "
+                f"the same machinery; every answer runs to {f['max_tokens']} tokens. Medians of "
+                f"{f['rounds']} rounds, alternating which side goes first."
+            ),
+            "",
+            *agents.table(f),
         ]
     if name == "freeze":
         return [
