@@ -19,7 +19,7 @@ from rich.console import Console
 from bxctl.view import TurnView, as_tree
 from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
 from loopd.baseline import SUB_AGENT_NOTE
-from loopd.config import AgentsConfig, Config
+from loopd.config import AgentsConfig, Config, Policy
 from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
 from loopd.infer import Client
 from loopd.proto import Event
@@ -363,6 +363,39 @@ async def test_a_childs_approval_reaches_the_parents_client_and_is_answered_ther
     assert "buy milk" in s.results()[0]
     approvals = [r for r in s.log(child) if isinstance(r, ApprovalRecord)]
     assert [(a.tool, a.decision, a.by) for a in approvals] == [("read_file", "once", "user")]
+
+
+async def test_a_delegate_policy_of_ask_waits_for_a_person_before_the_child_starts(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Go.": [delegate("Plan it."), delegate("Plan it again."), Reply(content="done")],
+        "Plan it.": [Reply(content="planned")],
+        "Plan it again.": [Reply(content="planned again")],
+    }
+    cfg = config(tmp_path)
+    cfg.tools.policies["delegate"] = Policy(action="ask")
+    async with scripted(tmp_path, scripts, cfg=cfg) as s:
+        await s.parent.send("t1", "Go.")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        assert (needed.tool, needed.session, needed.arguments) == (
+            "delegate",
+            None,
+            {"task": "Plan it."},
+        )
+        assert s.children() == []  # nothing started before the answer
+        assert await s.parent.decide(needed.call, "deny")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        assert await s.parent.decide(needed.call, "once")
+        with trio.fail_after(10):
+            await collect(s.events, 1)
+    (child,) = s.children()
+    assert [r.content for r in s.log(child) if isinstance(r, UserRecord)] == ["Plan it again."]
+    denied, answered = s.results()
+    assert denied == "The call was denied: the user did not approve it"
+    assert answered.startswith(f"The sub-agent in session {child} answered")
 
 
 async def test_a_tool_the_parent_approved_for_its_session_is_approved_in_its_children(

@@ -154,7 +154,11 @@ def _sessions(config: Config) -> int:
         print(f"no sessions in {store.directory}")
     for s in listed:
         line = f"{s.id}  {s.turns:4d} turns  last {s.last_activity:%Y-%m-%d %H:%M}"
-        print(f"{line}  continues {s.continues}" if s.continues else line)
+        if s.continues:
+            line += f"  continues {s.continues}"
+        if s.parent:
+            line += f"  sub-agent of {s.parent}"
+        print(line)
     return EXIT_OK
 
 
