@@ -19,7 +19,7 @@ from rich.console import Console
 from bxctl.view import TurnView, as_tree
 from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
 from loopd.baseline import SUB_AGENT_NOTE
-from loopd.config import AgentsConfig, Config, Policy
+from loopd.config import AgentsConfig, Config, LoopConfig, Policy
 from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
 from loopd.infer import Client
 from loopd.proto import Event
@@ -338,6 +338,49 @@ async def test_a_child_past_its_iteration_cap_gives_the_limit_as_the_result(
     failed = [i for i in items if isinstance(i, AgentUpdate) and i.state == "failed"]
     assert len(failed) == 1
     assert failed[0].tool_calls == 1  # the second round is refused before its call starts
+
+
+async def test_a_child_past_its_own_deadline_gives_the_limit_as_the_result(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Wait.": [delegate("Wait forever."), Reply(content="ok")],
+        "Wait forever.": [Reply(kind="stall")],
+    }
+    async with scripted(tmp_path, scripts, turn_timeout=0.5) as s:
+        await s.turn("t1", "Wait.")
+    (child,) = s.children()
+    assert s.results()[0] == (
+        f"The tool failed: the sub-agent in session {child} stopped without an answer (turn "
+        "limit): the turn took longer than 0.5 s ([agents] turn_timeout)"
+    )
+    assert [r.reason for r in s.log() if isinstance(r, TurnEndRecord)] == ["answer"]
+
+
+async def test_the_parents_deadline_ends_its_children(tmp_path: Path) -> None:
+    scripts = {
+        "Wait.": [delegate("Wait forever.", "Wait as well.")],
+        "Wait forever.": [Reply(kind="stall")],
+        "Wait as well.": [Reply(kind="stall")],
+    }
+    async with scripted(tmp_path, scripts, cfg=config(tmp_path, turn_timeout=0.5)) as s:
+        items = await s.turn("t1", "Wait.")
+    assert isinstance(items[-1], TurnFailed)
+    assert items[-1].kind == "turn_limit"
+    children = s.children()
+    assert len(children) == 2
+    for child in children:
+        assert [r.reason for r in s.log(child) if isinstance(r, TurnEndRecord)] == ["cancelled"]
+    valid(s, s.first, *children)
+
+
+def test_a_childs_limits_are_the_agents_table_and_the_rest_its_parents() -> None:
+    parent = LoopConfig(thinking=False, max_tokens=100, tool_result_cap=50, turn_timeout=9.0)
+    agents = AgentsConfig(tool_iterations=2, thinking_cap=3, repetition_cap=4, turn_timeout=5.0)
+    child = agents.loop(parent)
+    assert (child.tool_iterations, child.thinking_cap, child.repetition_cap) == (2, 3, 4)
+    assert child.turn_timeout == 5.0
+    assert (child.thinking, child.max_tokens, child.tool_result_cap) == (False, 100, 50)
 
 
 async def test_a_childs_approval_reaches_the_parents_client_and_is_answered_there(

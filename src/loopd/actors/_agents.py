@@ -4,12 +4,12 @@ first message is the task; its answer is the call's result.
 A sub-agent runs in the task of the call that started it, under the port's cancel scope for
 that call: cancelling the delegating turn, or its deadline, ends the sub-agent with it (its own
 log closed as `cancelled`). Nothing runs it again after a crash: the registry closes its log
-as interrupted when the delegating session opens (`close_interrupted_turn`).
+as interrupted when the delegating session opens (`_registry.close_interrupted`).
 
 Bounds: how deep delegation goes, how many sub-agents run at once in all of loopd, how many
-one turn may start, and each sub-agent's own limits (`[agents]`). A sub-agent refused by a
-bound, or ended by a limit or an error, is a failed call whose text says why and names its
-session; never an empty answer.
+one turn may start, a slot idle for it, and each sub-agent's own limits (`[agents]`). A
+sub-agent refused by a bound (it then has no session), or ended by a limit or an error (its
+session named), is a failed call whose text says why; never an empty answer.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ class _Delegation:
         runtime = replace(runtime, delegate=_Delegation(agents, child, runtime, self.depth + 1))
         try:
             return await agents.run(lease, child, task, runtime, news)
-        except BaseException:
-            if not news.ended:
-                news.end("cancelled")
+        except BaseException as e:
+            if not news.ended:  # cancelled, or a bug (the port logs it, the model reads it)
+                news.end("failed" if isinstance(e, Exception) else "cancelled")
             raise
         finally:
             del agents.running[child.id]
@@ -171,7 +171,7 @@ class _Delegation:
             )
         if self.started >= config.per_turn:
             raise ToolFailure(
-                f"this turn has started {self.started} sub-agents, as many as one turn may "
+                "this turn has started as many sub-agents as one turn may "
                 f"([agents] per_turn = {config.per_turn}); do the rest yourself"
             )
         if agents.at_once == 0:
@@ -188,9 +188,9 @@ class _Delegation:
 
 
 class _News:
-    """What the delegating turn's clients hear of a sub-agent: an `agent` event when it waits,
-    runs, calls a tool and ends, and its approvals, named by its session. Its text and
-    reasoning stay in its own log."""
+    """What the delegating turn's clients hear of a sub-agent: an `agent` event when it starts,
+    calls a tool and ends, and its approvals, named by its session. Its text and reasoning stay
+    in its own log."""
 
     def __init__(self, child: Session, call: ParentCall, on_event: OnEvent) -> None:
         self.child, self.call, self.on_event = child, call, on_event
