@@ -14,6 +14,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     parser    llama.cpp's own parser cases read by loopd's parser; its cost per streamed piece
     concurrency  1, 2 and 4 sessions at once: tokens/s and time to first token, against direct
     agents    four sub-agents at once against the same four tasks one after another
+    hands     a sandboxed command against a bare one; an edit against a plain write
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import agents
 import cache
 import concurrency
 import freeze
+import hands
 import history
 import memory
 import models
@@ -71,6 +73,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     ),
     "concurrency": lambda: trio.run(concurrency.measure, *_assets()),
     "agents": lambda: trio.run(agents.measure, *_assets()),
+    "hands": lambda: trio.run(hands.measure),
     "parser": lambda: trio.run(
         parser.measure,
         *_assets(),
@@ -80,7 +83,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 - one per figure
+def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR0912, C901 - one per figure
     if name == "cache":
         return [
             "## 1-2. Tokens processed per request against the minimum",
@@ -187,6 +190,20 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, C901 
             ),
             "",
             *agents.table(f),
+        ]
+    if name == "hands":
+        return [
+            "## 15. The agent's hands",
+            "",
+            (
+                f"bench/hands.py: `true` through `run_command`, in the bubblewrap sandbox and "
+                f"bare, fork to exit (median of {f['runs']}); an `edit_file` of a "
+                f"{f['size'] // 1024} KiB file (read, edit, diff, both contents kept, the log "
+                "record, a temporary file, fsync, rename) against a plain write of the same "
+                f"bytes with one fsync (median of {f['edits']})."
+            ),
+            "",
+            *hands.table(f),
         ]
     if name == "freeze":
         return [

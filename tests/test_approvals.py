@@ -101,6 +101,7 @@ async def test_approve_once_runs_the_call_and_the_log_says_so(
         "class": "private",
         "untrusted": False,
         "timeout": 60.0,
+        "preview": None,  # reading a file: its arguments say all it will do
     }
     approved = {"type": "approved", "call": 1, "session": None, "decision": "once"}
     assert await approve(client, 1, "once") == approved

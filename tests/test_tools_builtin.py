@@ -42,7 +42,15 @@ def run(builtins: Builtins, name: str, **arguments: Any) -> str:
 def test_file_tools_exist_only_with_roots(tmp_path: Path) -> None:
     assert [e.name for e in builtin_entries(ToolsConfig())] == ["current_time"]
     names = [e.name for e in builtin_entries(ToolsConfig(roots=[tmp_path]))]
-    assert names == ["read_file", "list_directory", "search_text", "current_time"]
+    assert names == [
+        "read_file",
+        "list_directory",
+        "search_text",
+        "write_file",
+        "edit_file",
+        "run_command",
+        "current_time",
+    ]
 
 
 def test_read_file_reads_a_text_file(root: Path) -> None:

@@ -35,7 +35,7 @@ from bxctl.view import (
     session_line,
 )
 from loopd.events import ApprovalNeeded
-from loopd.proto import Error, History, Sessions, Status, TurnFailed, Welcome
+from loopd.proto import Error, History, Sessions, Status, TurnFailed, Undone, Welcome
 from loopd.records import RECORD
 from loopd.transcript import transcript
 
@@ -52,6 +52,7 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /compact    go on in a new session that starts from the model's summary of this one
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
+  /undo [N]    put back the files the last turn (or call N) changed
   /approve N once|session|deny [SESSION]   answer call N, which waits for approval (of
               the sub-agent SESSION, when the prompt names one)
   /think off  let the model answer without reasoning first (/think on: with; /think: as
@@ -300,7 +301,25 @@ def _status(answer: object) -> Text:
     return Text(text)
 
 
-_LOCAL = {"/approve": _approve, "/sessions": _list_sessions, "/resume": _resume}
+async def _undo(words: list[str], connection: Connection, console: Console) -> None:
+    if len(words) > 1 or (words and not words[0].isdigit()):
+        console.print("/undo, or /undo N for call N's changes only", style="red")
+        return
+    message = {"type": "undo", "call": int(words[0]) if words else None}
+    answer = await connection.request(message, "undone")
+    if isinstance(answer, Error):
+        console.print(answer.message, style="red")
+    elif isinstance(answer, Undone):
+        calls = ", ".join(map(str, answer.calls))
+        console.print(f"put back what call {calls} changed: {', '.join(answer.paths)}")
+
+
+_LOCAL = {
+    "/approve": _approve,
+    "/sessions": _list_sessions,
+    "/resume": _resume,
+    "/undo": _undo,
+}
 
 _COMMANDS = {
     "/new": ("new_session", "welcome", _new),

@@ -1,4 +1,4 @@
-"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `approve`,
+"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `approve`, `undo`,
 `sessions`, `log`.
 
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
@@ -27,7 +27,7 @@ from loopd import __version__, proto
 from loopd._groups import innermost
 from loopd.config import ConfigError, load_config
 from loopd.events import ApprovalNeeded
-from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed
+from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
 from loopd.records import Record, SessionHeader, ToolResultRecord
 from loopd.store import SessionInfo, Store, StoreError
 from loopd.transcript import transcript
@@ -133,6 +133,17 @@ def parser() -> argparse.ArgumentParser:
         decision.add_argument(
             flag, dest="decision", action="store_const", const=flag[2:], help=meaning
         )
+    undo = commands.add_parser(
+        "undo",
+        help="put back the files the model changed",
+        description="Put back what the last turn that changed files changed (or one call's "
+        "changes), when each file still holds what the model wrote; otherwise nothing is "
+        "touched and bxctl says which file changed since.",
+    )
+    undo.add_argument("call", type=int, nargs="?", help="only this call's changes")
+    undo.add_argument(
+        "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
+    )
     commands.add_parser(
         "sessions",
         help="list the sessions",
@@ -168,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
             return trio.run(_status, path, args.where)
         if args.command == "approve":
             return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
+        if args.command == "undo":
+            return trio.run(_undo, path, args.call, args.where)
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
@@ -317,6 +330,22 @@ async def _approve(path: Path, call: int, decision: str, where: str, agent: str 
     if isinstance(answer, Error):
         print(f"bxctl: {answer.message}", file=sys.stderr)
         return EXIT_FAILED
+    return EXIT_OK
+
+
+async def _undo(path: Path, call: int | None, where: str) -> int:
+    connection = await Connection.open(path)
+    await connection.hello(where)
+    answer = await connection.request({"type": "undo", "call": call}, "undone")
+    await connection.aclose()
+    if isinstance(answer, Error):
+        print(f"bxctl: {answer.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(answer, Undone):
+        calls = ", ".join(map(str, answer.calls))
+        print(f"put back what call{'s' * (len(answer.calls) > 1)} {calls} changed:")
+        for changed in answer.paths:
+            print(f"  {changed}")
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.segment import Segment
 from rich.spinner import Spinner
+from rich.syntax import Syntax
 from rich.text import Text
 
 from loopd.events import (
@@ -322,9 +323,13 @@ def approval_panel(asking: ApprovalNeeded) -> Panel:
     """A call that waits for approval: what it would do, and the keys that answer."""
     marks = flags(asking.data_class, asking.untrusted, truncated=False)
     arguments = json.dumps(asking.arguments, indent=2, ensure_ascii=False)
+    shown: RenderableType = Text(arguments)
+    if asking.preview is not None:  # what it would do says more than its arguments
+        lexer = "diff" if asking.preview.startswith(("---", "@@")) else "text"
+        shown = Syntax(asking.preview, lexer, theme="ansi_dark", background_color="default")
     body = Group(
         Text.assemble(("tool  ", "dim"), (asking.tool, "bold"), ("   result: ", "dim"), marks),
-        Text(arguments),
+        shown,
         Text.assemble(
             ("y", "bold green"),
             " run it   ",

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from loopd.baseline import untrusted_envelope
+from loopd.changes import Hands
 from loopd.config import LoopConfig
 from loopd.events import ApprovalDecided, ApprovalNeeded, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import ToolCall
@@ -29,6 +30,7 @@ from loopd.records import (
 from loopd.store import ParentCall, Session
 from loopd.tools import (
     DELEGATE,
+    WRITE_TOOLS,
     Asking,
     CallOrigin,
     ModelAnswer,
@@ -86,6 +88,7 @@ def approval_needed(asking: Asking, session: str | None = None) -> ApprovalNeede
         data_class=asking.data_class,
         untrusted=asking.untrusted,
         timeout=asking.timeout,
+        preview=asking.preview,
     )
 
 
@@ -100,6 +103,7 @@ class ToolCalls:
     find_limit: int
     on_event: OnEvent
     delegate: Delegate | None = None
+    hands: Hands | None = None
     seen: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     async def answer_round(self, calls: Sequence[ToolCall]) -> None:
@@ -208,6 +212,7 @@ class ToolCalls:
                     arguments=asking.arguments,
                     data_class=asking.data_class,
                     untrusted=asking.untrusted,
+                    preview=asking.preview,
                 )
             )
             self.on_event(approval_needed(asking))
@@ -217,6 +222,9 @@ class ToolCalls:
         if self.delegate is not None:
             parent = ParentCall(self.session.id, number, call.id)
             own[DELEGATE] = partial(self._delegate, self.delegate, parent)
+        if self.hands is not None:
+            for tool in WRITE_TOOLS:  # the change goes to the log before the file
+                own[tool] = partial(self.hands.write, self.session, number, call.id, tool)
         return await answer_call(
             self.registry,
             self.port,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 
 from loopd.records import (
     ApprovalRecord,
     AssistantRecord,
+    FileChangeRecord,
     ToolResultRecord,
     TurnEndReason,
     TurnEndRecord,
@@ -15,6 +17,7 @@ from loopd.records import (
     open_approvals,
 )
 from loopd.store import Session
+from loopd.tools import digest
 
 __all__ = ["INTERRUPTED", "close_interrupted_turn", "close_turn", "turn_open"]
 
@@ -86,5 +89,26 @@ async def close_interrupted_turn(
         call_id: (number, INTERRUPTED.format(child=child))
         for call_id, (number, child) in (sub_agents or {}).items()
     }
+    said |= _writes_cut_short(session)
     await close_turn(session, "error", said)
     return True
+
+
+def _writes_cut_short(session: Session) -> dict[str, tuple[int, str]]:
+    """The writes of the last turn that were recorded and never answered: whether each file
+    holds what was meant, read from it (the rename made it whole, old or new)."""
+    last_user = max(i for i, r in enumerate(session.records) if isinstance(r, UserRecord))
+    said = {}
+    for record in session.records[last_user:]:
+        if isinstance(record, FileChangeRecord):
+            try:
+                now: str | None = digest(Path(record.path).read_bytes())
+            except FileNotFoundError:
+                now = None
+            held = {record.after: "the new content", record.before: "its old content"}
+            what = held.get(now, "neither: it changed since")
+            said[record.tool_call_id] = (
+                record.call,
+                f"Interrupted: loopd stopped while it wrote {record.path}; the file holds {what}.",
+            )
+    return said

@@ -46,6 +46,7 @@ __all__ = [
     "McpServer",
     "Policy",
     "RetryConfig",
+    "RunConfig",
     "ServerConfig",
     "SessionConfig",
     "SlotsConfig",
@@ -287,15 +288,31 @@ class McpServer(_Table):
     """The policy of every tool of this server (a per-tool policy wins)."""
 
 
+class RunConfig(_Table):
+    """`run_command`: shell commands in a folder under the roots."""
+
+    sandbox: Literal["bubblewrap", "none"] = "bubblewrap"
+    """`bubblewrap`: each command in a `bwrap` sandbox (the filesystem read-only but the roots
+    and a private /tmp, no network unless `network`, its processes killed with it); refused
+    where `bwrap` is not installed. `none`: commands run unconfined, as the user."""
+    network: bool = False
+    """Whether sandboxed commands reach the network."""
+    timeout: PositiveFloat = 120.0
+    """Seconds a command may run at most (the model may ask for less); then it is killed,
+    with every process it started."""
+
+
 class ToolsConfig(_Table):
     roots: list[Path] = []
-    """Directories the built-in file tools may read; nothing outside them."""
+    """Directories the built-in file tools may read, write and run commands in; nothing
+    outside them."""
     timeout: PositiveFloat = 30.0
-    """Seconds one tool call may take."""
+    """Seconds one tool call may take (`run_command`: `[tools.run] timeout`)."""
     find_limit: PositiveInt = 5
     """Matches `find_tool` returns at most."""
     policies: dict[str, Policy] = {}
-    """Per tool name or per source (an MCP server's name, or `builtin`)."""
+    """Per tool name or per source (an MCP server's name, or `builtin`). Without one,
+    `write_file`, `edit_file` and `run_command` ask, every other tool is allowed."""
     class_actions: dict[DataClass, Action] = {}
     """The least action for tools whose results have this class, whatever their own policy
     says: `{ secret = "ask" }` asks before any call that would read secret data. The stricter
@@ -305,6 +322,7 @@ class ToolsConfig(_Table):
     toward `[loop] turn_timeout`."""
     mcp: dict[str, McpServer] = {}
     """MCP servers over stdio, by name; their tools join the registry."""
+    run: RunConfig = RunConfig()
 
 
 class Config(_Table):

@@ -79,6 +79,9 @@ class ApprovalNeeded(_Event):
     """Its result would come from outside (the model sees it marked as data)."""
     timeout: float
     """Seconds it waits before it is denied (`[tools] approval_timeout`)."""
+    preview: str | None = None
+    """What it would do: a write's or an edit's unified diff; a command, its folder and
+    sandbox."""
 
 
 class ApprovalDecided(_Event):

@@ -43,6 +43,8 @@ __all__ = [
     "Subscribe",
     "TurnDone",
     "TurnFailed",
+    "Undo",
+    "Undone",
     "Usage",
     "Welcome",
     "dump",
@@ -152,6 +154,15 @@ class Approve(_Message):
     asking; `deny`: do not run it."""
 
 
+class Undo(_Message):
+    """Put back what the model changed: the files of call `call`, or (without one) of the
+    last turn that changed files and was not undone. Refused, changing nothing, while a turn
+    runs or when a file changed since; answered with `undone`."""
+
+    type: Literal["undo"] = "undo"
+    call: int | None = None
+
+
 ClientMessage = Annotated[
     Hello
     | Send
@@ -163,7 +174,8 @@ ClientMessage = Annotated[
     | OpenSession
     | SessionsRequest
     | HistoryRequest
-    | Approve,
+    | Approve
+    | Undo,
     Discriminator("type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
@@ -295,6 +307,14 @@ class SessionInfo(_Message):
     """The session this one continues (it began from a summary of it)."""
 
 
+class Undone(_Message):
+    """An `undo` was done: these calls' changes are put back in these files."""
+
+    type: Literal["undone"] = "undone"
+    calls: list[int]
+    paths: list[str]
+
+
 class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
@@ -321,6 +341,7 @@ class Error(_Message):
         "bad_message",
         "line_too_long",
         "busy",
+        "undo_refused",
         "unknown_turn",
         "duplicate_id",
         "lagged",
@@ -354,6 +375,7 @@ DaemonMessage = Annotated[
     | Sessions
     | History
     | Approved
+    | Undone
     | Error
     | Bye,
     Discriminator("type"),

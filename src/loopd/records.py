@@ -31,6 +31,7 @@ __all__ = [
     "CacheLossRecord",
     "DataClass",
     "Decision",
+    "FileChangeRecord",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -38,6 +39,7 @@ __all__ = [
     "ToolResultRecord",
     "TurnEndReason",
     "TurnEndRecord",
+    "UndoRecord",
     "UsageRecord",
     "UserRecord",
     "conversation_problems",
@@ -47,10 +49,11 @@ __all__ = [
     "open_approvals",
 ]
 
-FORMAT = 4
+FORMAT = 5
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
-records (a session that continues another)."""
+records (a session that continues another); 5 added `file_change` and `undo` records, an
+approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`)."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -193,6 +196,32 @@ class ApprovalRequestRecord(_Record):
     arguments: dict[str, Any]
     data_class: DataClass = Field(default="public", alias="class")
     untrusted: bool = False
+    preview: str | None = None
+    """What the call would do, as the person was shown it (a diff, a command)."""
+
+
+class FileChangeRecord(_Record):
+    """A call is about to change a file: written before the change, so a log cut short by a
+    crash still says what was meant (the file's hash says whether it happened). The contents
+    are kept by their hashes in loopd's state folder, for `undo`."""
+
+    kind: Literal["file_change"] = "file_change"
+    call: int
+    tool_call_id: str
+    path: str
+    """The file's absolute path."""
+    before: str | None
+    """SHA-256 of what it held; None: it did not exist."""
+    after: str
+    """SHA-256 of what it will hold."""
+
+
+class UndoRecord(_Record):
+    """A person put back what these calls changed."""
+
+    kind: Literal["undo"] = "undo"
+    calls: tuple[int, ...]
+    paths: tuple[str, ...]
 
 
 class ApprovalRecord(_Record):
@@ -239,7 +268,9 @@ Record = Annotated[
     | PromptRecord
     | ApprovalRequestRecord
     | ApprovalRecord
-    | SummaryRecord,
+    | SummaryRecord
+    | FileChangeRecord
+    | UndoRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

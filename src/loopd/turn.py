@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import trio
 
 from loopd.calls import Delegate, RepeatedCall, ToolCalls
+from loopd.changes import Hands
 from loopd.closing import close_turn
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, TurnEvent
@@ -106,6 +107,8 @@ class Runtime:
     sub-agent)."""
     delegate: Delegate | None = None
     """Runs the sub-agents of the turn's `delegate` calls; None: there are none."""
+    hands: Hands | None = None
+    """Makes the changes of `write_file` and `edit_file` calls; None: there are no roots."""
     prefill: Callable[[list[Record]], tuple[str, str]] | None = None
     """For tests on a real server: the text an answer starts with and a GBNF grammar for the
     rest, given the log so far (so a model too small to call tools on its own is made to, and
@@ -165,7 +168,7 @@ class _Turn:
         self.session, self.rt, self.on_event = session, rt, on_event
         self.thinking = thinking
         self.calls = ToolCalls(
-            session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate
+            session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate, rt.hands
         )
 
     async def run(self) -> TurnOutcome:

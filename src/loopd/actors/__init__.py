@@ -24,6 +24,7 @@ from pathlib import Path
 import trio
 
 from loopd.baseline import SUB_AGENT_NOTE, make_baseline
+from loopd.changes import Blobs, Hands
 from loopd.compact import Compactor
 from loopd.config import Config
 from loopd.exact import ExactHistory
@@ -31,7 +32,7 @@ from loopd.infer import Client, Slot
 from loopd.records import Baseline
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store
-from loopd.tools import delegate_entry, open_tool_port
+from loopd.tools import Roots, delegate_entry, open_tool_port
 from loopd.turn import Runtime
 
 from ._agents import AGENTS, Agents
@@ -113,6 +114,7 @@ async def open_core(
             find_limit=config.tools.find_limit,
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
+            hands=hands(config),
         )
         agents = Agents(
             config.agents,
@@ -159,6 +161,15 @@ async def _slots_of(client: Client, most: int) -> list[Slot]:
             client.base_url,
         )
     return [Slot(client, n) for n in range(min(count or 1, most))]
+
+
+def hands(config: Config) -> Hands | None:
+    """What writes and edits files, keeping every content it replaces in `file-history`
+    beside the sessions, for `undo`; None without roots."""
+    if not config.tools.roots:
+        return None
+    blobs = Blobs(config.store.directory.parent / "file-history")
+    return Hands(Roots(config.tools.roots), blobs)
 
 
 def slot_files(config: Config, directory: Path | None) -> SlotFiles:

@@ -1,6 +1,6 @@
 """The session actor: owns one live conversation (its log, its turns, its subscribers). Everything
 reaches it through its inbox (`_session_inbox`): messages to send, cancels, history pages,
-status, subscriptions and approval decisions. Turns run one at a time, in order, in a task of
+status, subscriptions, approval decisions and undos. Turns run one at a time, in order, in a task of
 its own, each on a slot lent by the slot pool (`_pool`); every event of a turn is published,
 tagged with the turn, to whoever subscribed.
 
@@ -21,12 +21,13 @@ from dataclasses import dataclass, replace
 import trio
 
 from loopd.calls import approval_needed
+from loopd.changes import NothingToUndo, UndoRefused, undo
 from loopd.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import InferError, Queued, slot_tokens
-from loopd.records import Baseline, UsageRecord
+from loopd.records import Baseline, UndoRecord, UsageRecord
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
@@ -52,6 +53,7 @@ from ._session_inbox import (
     Subscription,
     TurnDone,
     TurnFailed,
+    Undo,
     Unsubscribe,
 )
 
@@ -123,7 +125,7 @@ class SessionActor:
             async for message in inbox:
                 try:
                     await self._take(message)
-                except (Busy, DuplicateTurn, StoreError) as e:
+                except (Busy, DuplicateTurn, StoreError, UndoRefused) as e:
                     reply_error(message.reply, e)
 
     async def _take(self, message: SessionMessage) -> None:
@@ -139,6 +141,8 @@ class SessionActor:
             subscription = Subscription(message.buffer)
             self._subscribers.append(subscription)
             reply_value(message.reply, subscription)
+        elif isinstance(message, Undo):
+            reply_value(message.reply, await self._undo(message.call))
         elif isinstance(message, Unsubscribe):
             message.subscription.close()
             if message.subscription in self._subscribers:
@@ -176,6 +180,16 @@ class SessionActor:
                 self._publish(Published(turn, TurnFailed("cancelled", "cancelled before it ran")))
                 return True
         return False
+
+    async def _undo(self, call: int | None) -> UndoRecord:
+        if self._running is not None or self._queue:
+            raise Busy("a turn is running: undo once it has ended")
+        hands = self.runtime.hands
+        if hands is None:
+            raise NothingToUndo("loopd changes no files here ([tools] roots is empty)")
+        record = await undo(self.session, hands.blobs, call)
+        log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
+        return record
 
     def _history(self, start: int | None, end: int | None) -> HistoryPage:
         records = self.session.records

@@ -15,7 +15,7 @@ import trio
 
 from loopd.events import TurnEvent
 from loopd.inbox import Reply, ask
-from loopd.records import Decision, Record, UsageRecord
+from loopd.records import Decision, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
 
 __all__ = [
@@ -163,7 +163,15 @@ class Decide:
     reply: Reply[bool]
 
 
-SessionMessage = Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide
+@dataclass(frozen=True)
+class Undo:
+    call: int | None
+    reply: Reply[UndoRecord]
+
+
+SessionMessage = (
+    Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide | Undo
+)
 
 
 class SessionHandle:
@@ -203,6 +211,11 @@ class SessionHandle:
         gone = (trio.BrokenResourceError, trio.ClosedResourceError)
         with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
             await ask(self._inbox, partial(Unsubscribe, subscription))
+
+    async def undo(self, call: int | None = None) -> UndoRecord:
+        """Put back what call `call` (None: the last turn that changed files) changed. Raises
+        `Busy` while a turn runs, `UndoRefused` when a file changed since."""
+        return await ask(self._inbox, lambda r: Undo(call, r))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);

@@ -25,6 +25,7 @@ from loopd.actors import (
     TurnDone,
     TurnFailed,
 )
+from loopd.changes import UndoRefused
 from loopd.store import StoreError, UnknownSession
 
 __all__ = ["Client", "DaemonInfo", "handle"]
@@ -231,6 +232,17 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
     return None
 
 
+async def _undo(client: Client, message: proto.Undo) -> proto.Error | None:
+    try:
+        record = await (await client.attached()).undo(message.call)
+    except Busy as e:
+        return proto.Error(code="busy", message=str(e))
+    except UndoRefused as e:
+        return proto.Error(code="undo_refused", message=str(e))
+    client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
+    return None
+
+
 Handler = Callable[[Client, Any], Awaitable[proto.Error | None]]
 
 HANDLERS: dict[type[proto.ClientMessage], Handler] = {
@@ -245,6 +257,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.NewSession: _new_session,
     proto.OpenSession: _open_session,
     proto.Approve: _approve,
+    proto.Undo: _undo,
 }
 
 

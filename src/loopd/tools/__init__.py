@@ -8,7 +8,14 @@ import trio
 
 from loopd.config import ToolsConfig
 
-from ._builtin import DELEGATE, Builtins, Roots, builtin_entries, delegate_entry
+from ._builtin import (
+    DELEGATE,
+    WRITE_TOOLS,
+    Builtins,
+    Roots,
+    builtin_entries,
+    delegate_entry,
+)
 from ._call import CallerTool, CallOrigin, ModelAnswer, answer_call
 from ._dispatch import (
     MAX_ARGUMENT_BYTES,
@@ -43,12 +50,15 @@ from ._port import (
     run_tool_port,
 )
 from ._registry import BUILTIN, Registry, policy_for
+from ._run import Sandbox, missing_bubblewrap
+from ._write import Planned, commit, digest, plan, write_atomically
 
 __all__ = [
     "BUILTIN",
     "DELEGATE",
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
+    "WRITE_TOOLS",
     "Answered",
     "Approval",
     "Asking",
@@ -63,6 +73,7 @@ __all__ = [
     "McpSource",
     "ModelAnswer",
     "OnAsking",
+    "Planned",
     "Port",
     "PortAnswer",
     "PortHandle",
@@ -70,6 +81,7 @@ __all__ = [
     "Result",
     "Roots",
     "Runner",
+    "Sandbox",
     "ToolEntry",
     "ToolFailure",
     "ToolOutput",
@@ -78,14 +90,19 @@ __all__ = [
     "answer_call",
     "builtin_entries",
     "call_key",
+    "commit",
     "delegate_entry",
+    "digest",
     "dispatch",
     "find_tool_text",
     "for_the_model",
+    "missing_bubblewrap",
     "open_tool_port",
+    "plan",
     "policy_for",
     "requested_tool",
     "run_tool_port",
+    "write_atomically",
 ]
 
 
@@ -98,7 +115,7 @@ async def open_tool_port(config: ToolsConfig) -> AsyncIterator[PortHandle]:
     before the port is handed out, so their tools are in the registry from the first turn on.
     """
     registry = Registry(builtin_entries(config))
-    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots, config.timeout)}
+    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots, config.timeout, config.run)}
     sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
     async with trio.open_nursery() as nursery:
         for source in sources:

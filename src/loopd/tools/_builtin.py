@@ -1,7 +1,8 @@
-"""The built-in tools: reading, listing and searching files under the configured roots, and the
-time. Nothing reaches outside the roots: absolute paths and `..` are refused, and a path whose
-resolved form (symlinks followed) leaves its root is refused too. Reads are bounded, binary files
-are named as such, and only regular files are opened (a FIFO would hang a read forever).
+"""The built-in tools: reading, listing, searching, writing and editing files under the
+configured roots (writes in `_write`), running commands in them (`_run`), and the time.
+Nothing reaches outside the roots: absolute paths and `..` are refused, and a path whose
+resolved form (symlinks followed) leaves its root is refused too. Reads are bounded, binary
+files are named as such, and only regular files are opened (a FIFO would hang a read forever).
 
 The tools run in threads of their own limiter, never the one the store's appends use. A thread
 cannot be cancelled, so each tool also watches its own deadline: a regular expression runs in
@@ -16,17 +17,20 @@ import stat
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import regex
 import trio
 
-from loopd.config import ToolsConfig
+from loopd.config import RunConfig, ToolsConfig
 
 from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput
 from ._registry import BUILTIN, policy_for
+from ._roots import SNIFF_BYTES, Roots
+from ._run import Sandbox, run_command
+from ._write import plan
 
 __all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
 
@@ -35,49 +39,9 @@ READ_BYTES = 256 * 1024
 LIST_LIMIT = 500
 SEARCH_MATCHES = 100
 SEARCH_FILE_BYTES = 2 * 1024 * 1024
-# Enough of a file to tell text from binary the way git does: a NUL byte.
-SNIFF_BYTES = 8192
 # Threads for tool calls at once; an abandoned call keeps its thread until it notices its deadline.
 TOOL_THREADS = 8
 _SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv"})
-
-
-class Roots:
-    """The folders file tools may read. With one root, paths are relative to it; with several,
-    a path starts with the root's folder name."""
-
-    def __init__(self, roots: list[Path]) -> None:
-        self.roots = {r.expanduser().resolve().name: r.expanduser().resolve() for r in roots}
-
-    def resolve(self, path: str) -> Path:
-        if not self.roots:
-            raise ToolFailure("no folders are open to file tools (set [tools] roots)")
-        parts = PurePosixPath(path).parts
-        if PurePosixPath(path).is_absolute() or path.startswith("~"):
-            raise ToolFailure(
-                f"{path}: absolute paths are refused; give a path relative to "
-                "the root (list_directory '.' shows it)"
-            )
-        if ".." in parts:
-            raise ToolFailure(f"{path}: '..' is refused; paths stay inside the roots")
-        if len(self.roots) == 1:
-            (root,) = self.roots.values()
-            rest = parts
-        else:
-            if not parts or parts[0] not in self.roots:
-                raise ToolFailure(f"{path}: start with one of the roots: {', '.join(self.roots)}")
-            root, rest = self.roots[parts[0]], parts[1:]
-        resolved = root.joinpath(*rest).resolve()
-        if not resolved.is_relative_to(root):
-            raise ToolFailure(f"{path} leads outside the allowed folders")
-        return resolved
-
-    def shown(self, path: Path) -> str:
-        for name, root in self.roots.items():
-            if path.is_relative_to(root):
-                relative = path.relative_to(root).as_posix()
-                return relative if len(self.roots) == 1 else f"{name}/{relative}".rstrip("/.")
-        return path.name
 
 
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -120,20 +84,88 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             ["pattern"],
         ),
     ),
+    "write_file": (
+        "Write a text file: create it, or replace all it holds.",
+        (
+            "Write a text file under the open folders: create it (its folder must exist) or "
+            "replace everything in it with content. To change part of a file, edit_file."
+        ),
+        _schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
+    ),
+    "edit_file": (
+        "Edit a text file: replace exact pieces of its text.",
+        (
+            "Edit a text file under the open folders: each edit replaces old_text, which must "
+            "occur exactly once in the file (copy it exactly, with enough around it to be "
+            "unique), with new_text. Several edits of one file apply in order, all or none."
+        ),
+        _schema(
+            {
+                "path": _PATH,
+                "edits": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _schema(
+                        {"old_text": {"type": "string"}, "new_text": {"type": "string"}},
+                        ["old_text", "new_text"],
+                    ),
+                },
+            },
+            ["path", "edits"],
+        ),
+    ),
+    "run_command": (
+        "Run a shell command in a folder.",
+        (
+            "Run a shell command (sh -c) in a folder under the open folders, in a sandbox: "
+            "files outside the open folders are read-only, /tmp is its own. Gives its exit "
+            "status and its output (stdout and stderr together; the head and tail when long)."
+        ),
+        _schema(
+            {
+                "command": {"type": "string", "minLength": 1},
+                "folder": {**_PATH, "default": "."},
+                "timeout": {"type": "number", "exclusiveMinimum": 0},
+            },
+            ["command"],
+        ),
+    ),
     "current_time": (
         "Tell the current date and time.",
         "The current date and time, in UTC and in the machine's local time zone.",
         _schema({}, []),
     ),
 }
-_FILE_TOOLS = ("read_file", "list_directory", "search_text")
+_FILE_TOOLS = (
+    "read_file",
+    "list_directory",
+    "search_text",
+    "write_file",
+    "edit_file",
+    "run_command",
+)
+WRITE_TOOLS = frozenset({"write_file", "edit_file"})
+"""Run by the turn that calls them, which writes the change to the log first (`loopd.changes`)."""
+PREVIEW_CHARS = 20_000
+"""Characters of a diff shown for approval at most."""
+RUN_MARGIN = 5.0
+"""Seconds past `[tools.run] timeout` before the port stops waiting for a command (which
+kills itself at its own timeout first)."""
 
 
 def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
-    """The built-in tools; the file tools only when there are roots to read."""
+    """The built-in tools; the file tools only when there are roots to work in."""
     names = [n for n in _TOOLS if config.roots or n not in _FILE_TOOLS]
     return [
-        ToolEntry(name, summary, description, schema, BUILTIN, policy_for(config, name, BUILTIN))
+        ToolEntry(
+            name,
+            summary,
+            description,
+            schema,
+            BUILTIN,
+            policy_for(config, name, BUILTIN),
+            timeout=config.run.timeout + RUN_MARGIN if name == "run_command" else None,
+        )
         for name in names
         for summary, description, schema in [_TOOLS[name]]
     ]
@@ -162,9 +194,13 @@ def delegate_entry(config: ToolsConfig, source: str) -> ToolEntry:
 
 
 class Builtins:
-    def __init__(self, roots: list[Path], timeout: float) -> None:
+    def __init__(self, roots: list[Path], timeout: float, run: RunConfig | None = None) -> None:
         self.roots = Roots(roots)
         self.timeout = timeout
+        self.run = run or RunConfig()
+        self.sandbox = Sandbox(
+            list(self.roots.roots.values()), self.run.network, self.run.sandbox == "bubblewrap"
+        )
         """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
         self._threads = trio.CapacityLimiter(TOOL_THREADS)
         self._run: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -174,13 +210,61 @@ class Builtins:
             "current_time": lambda _: _now(),
         }
 
+    async def preview(self, entry: ToolEntry, arguments: dict[str, Any]) -> str | None:
+        """A write's or an edit's diff, a command with its folder and sandbox; or why the call
+        will fail."""
+        try:
+            if entry.name in WRITE_TOOLS:
+                planned = await trio.to_thread.run_sync(
+                    plan, self.roots, entry.name, arguments, abandon_on_cancel=True
+                )
+                shown = planned.diff or "(no change)"
+                if len(shown) > PREVIEW_CHARS:  # the event and the log carry it
+                    cut = len(shown) - PREVIEW_CHARS
+                    shown = f"{shown[:PREVIEW_CHARS]}\n[... {cut} more characters of the diff]"
+                return shown
+            if entry.name == "run_command":
+                return self.command_preview(arguments)
+        except ToolFailure as e:
+            return f"(it will fail: {e})"
+        return None
+
     async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
+        if entry.name == "run_command":
+            return await self.run_command(arguments)
+        if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first
+            raise ToolFailure(f"{entry.name} cannot run here: this turn keeps no file history")
         function = self._run[entry.name]
         # File I/O in a thread; abandoned on cancel, so a timeout always ends the call.
         text = await trio.to_thread.run_sync(
             function, arguments, abandon_on_cancel=True, limiter=self._threads
         )
         return ToolOutput(text)
+
+    def command_folder(self, arguments: dict[str, Any]) -> tuple[Path, float]:
+        """Where `run_command` would run, and for how long at most."""
+        folder = self.roots.resolve(arguments.get("folder", "."))
+        if not folder.is_dir():
+            raise ToolFailure(f"{arguments.get('folder')}: no such folder")
+        return folder, min(float(arguments.get("timeout", self.run.timeout)), self.run.timeout)
+
+    def command_preview(self, arguments: dict[str, Any]) -> str:
+        """The command as a person approves it: what, where, with what around it."""
+        folder, timeout = self.command_folder(arguments)
+        sandbox = "bubblewrap" if self.sandbox.enabled else "none (unconfined)"
+        network = "yes" if self.sandbox.network or not self.sandbox.enabled else "no"
+        return (
+            f"$ {arguments['command']}\nin {folder}\nsandbox {sandbox}, network {network}, "
+            f"stopped after {timeout:g} s"
+        )
+
+    async def run_command(self, arguments: dict[str, Any]) -> ToolOutput:
+        folder, timeout = self.command_folder(arguments)
+        status, output = await run_command(self.sandbox, arguments["command"], folder, timeout)
+        if status is None:
+            stopped = f"stopped after {timeout:g} s (its timeout), and all it had started"
+            return ToolOutput(f"{stopped}\n{output}")
+        return ToolOutput(f"exit status {status}\n{output}")
 
     def _regular_file(self, path: str) -> tuple[Path, os.stat_result]:
         resolved = self.roots.resolve(path)

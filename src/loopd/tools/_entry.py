@@ -24,3 +24,5 @@ class ToolEntry:
     """`builtin`, or the MCP server's name."""
     policy: Policy
     available: bool = True
+    timeout: float | None = None
+    """Seconds a call may take, when not `[tools] timeout` (a command's own bound)."""

@@ -17,9 +17,9 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import outcome
 import trio
@@ -97,6 +97,8 @@ class Asking:
     data_class: DataClass
     untrusted: bool
     timeout: float
+    preview: str | None = None
+    """What the call would do (a diff, a command), as its tool's source says."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,13 @@ class Executor(Protocol):
     """Runs the tools of one source."""
 
     async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput: ...
+
+
+@runtime_checkable
+class Previews(Protocol):
+    """An executor that can say what a call would do, for the person asked to approve it."""
+
+    async def preview(self, entry: ToolEntry, arguments: dict[str, Any]) -> str | None: ...
 
 
 # -- the inbox -------------------------------------------------------------------------------
@@ -295,6 +304,8 @@ class _PortActor:
             policy.untrusted,
             self.approval_timeout,
         )
+        if isinstance(executor := self.executors.get(entry.source), Previews):
+            asking = replace(asking, preview=await executor.preview(entry, request.arguments))
         key = (request.session, request.call)
         waiting = self._pending[key] = _Pending(asking, job.scope)
         try:
@@ -308,7 +319,7 @@ class _PortActor:
         return Approval(entry.name, waiting.decision, "user")
 
     async def _run(self, entry: ToolEntry, request: ToolRequest, run: Runner | None) -> PortAnswer:
-        timeout = math.inf if run else self.timeout
+        timeout = math.inf if run else entry.timeout or self.timeout
         if run is None:
             if (executor := self.executors.get(entry.source)) is None:
                 return Failed(f"{entry.name} is run by whoever calls it, and this caller cannot")
@@ -327,7 +338,7 @@ class _PortActor:
                 )
                 return Failed(f"{type(e).__name__}: {e}"[:MESSAGE_LIMIT])
         if deadline.cancelled_caught:
-            return Failed(f"{entry.name} did not finish within {self.timeout:g} s and was stopped")
+            return Failed(f"{entry.name} did not finish within {timeout:g} s and was stopped")
         if output.is_error:
             return Failed(output.text[:MESSAGE_LIMIT] or f"{entry.name} reported an error")
         return Result(output.text, entry.policy.data_class, entry.policy.untrusted)

@@ -21,17 +21,22 @@ BUILTIN = "builtin"
 
 
 _STRICTNESS: tuple[Action, ...] = ("allow", "ask", "deny")
+ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command"})
+"""Built-in tools that change the world: they ask unless a policy says otherwise."""
 
 
 def policy_for(config: ToolsConfig, name: str, source: str) -> Policy:
-    """Per tool, else per source (for MCP: the server's own policy), else allow/public; then
-    made as strict as `[tools] class_actions` asks for its data class."""
+    """Per tool, else per source (for MCP: the server's own policy), else ask for the tools
+    that change files or run commands and allow the rest; then made as strict as `[tools]
+    class_actions` asks for its data class."""
     if name in config.policies:
         policy = config.policies[name]
     elif source in config.policies:
         policy = config.policies[source]
     elif source in config.mcp:
         policy = config.mcp[source].policy
+    elif source == BUILTIN and name in ASK_BY_DEFAULT:
+        policy = Policy(action="ask")
     else:
         policy = Policy()
     least = config.class_actions.get(policy.data_class, "allow")

@@ -1,0 +1,153 @@
+"""Files the model changed, kept so a person can put them back.
+
+Before a file is changed, its content and the new one are kept by their SHA-256 in loopd's
+state folder (`Blobs`), and the session log gets a `file_change` record (path, hash before,
+hash after) ahead of the change itself: if loopd stops in the middle, the log says what was
+meant, and the file's hash says whether it happened.
+
+`undo` puts back what a turn's calls changed (by default the last turn that changed files and
+was not undone), newest change first, when each file still holds what those calls wrote;
+otherwise it refuses, naming the file that changed since, and touches nothing. An undo is
+itself a record (`undo`), and a call is undone once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from loopd.records import FileChangeRecord, Record, UndoRecord, UserRecord
+from loopd.store import Session
+from loopd.tools import Roots, ToolOutput, commit, digest, plan, write_atomically
+
+__all__ = ["Blobs", "Hands", "NothingToUndo", "UndoRefused", "undo"]
+
+
+class Blobs:
+    """Content-addressed copies of files: `<sha256>` in one folder."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def put(self, data: bytes) -> str:
+        key = digest(data)
+        path = self.directory / key
+        if not path.exists():
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomically(path, data, 0o600)
+        return key
+
+    def get(self, key: str) -> bytes:
+        return (self.directory / key).read_bytes()
+
+
+class Hands:
+    """The turn's side of `write_file` and `edit_file`: each change planned, both contents
+    kept, the change recorded, then made."""
+
+    def __init__(self, roots: Roots, blobs: Blobs) -> None:
+        self.roots, self.blobs = roots, blobs
+
+    async def write(
+        self, session: Session, call: int, call_id: str, tool: str, arguments: dict[str, Any]
+    ) -> ToolOutput:
+        planned = await trio.to_thread.run_sync(
+            plan, self.roots, tool, arguments, abandon_on_cancel=True
+        )
+        if planned.old == planned.new:
+            return ToolOutput(planned.summary())
+        # Not cut short by a cancel: the log and the file agree, the record first.
+        with trio.CancelScope(shield=True):
+            before = None
+            if planned.old is not None:
+                before = await trio.to_thread.run_sync(self.blobs.put, planned.old)
+            after = await trio.to_thread.run_sync(self.blobs.put, planned.new)
+            await session.append(
+                FileChangeRecord(
+                    call=call,
+                    tool_call_id=call_id,
+                    path=str(planned.path),
+                    before=before,
+                    after=after,
+                )
+            )
+            await trio.to_thread.run_sync(commit, planned)
+        return ToolOutput(planned.summary())
+
+
+class UndoRefused(Exception):
+    """A file no longer holds what the calls to undo wrote: nothing was put back."""
+
+
+class NothingToUndo(UndoRefused):
+    pass
+
+
+def _changes(records: Sequence[Record]) -> list[tuple[int, FileChangeRecord]]:
+    """The file changes not undone yet, with the turn each belongs to."""
+    undone = {c for r in records if isinstance(r, UndoRecord) for c in r.calls}
+    turn, found = 0, []
+    for record in records:
+        if isinstance(record, UserRecord):
+            turn += 1
+        elif isinstance(record, FileChangeRecord) and record.call not in undone:
+            found.append((turn, record))
+    return found
+
+
+def _chosen(records: Sequence[Record], call: int | None) -> list[FileChangeRecord]:
+    changes = _changes(records)
+    if call is not None:
+        chosen = [c for _, c in changes if c.call == call]
+        if not chosen:
+            raise NothingToUndo(f"call {call} changed no file, or was undone already")
+        return chosen
+    if not changes:
+        raise NothingToUndo("no turn of this session changed a file that is not undone")
+    last = changes[-1][0]
+    return [c for turn, c in changes if turn == last]
+
+
+def _plan(changes: list[FileChangeRecord]) -> dict[str, tuple[str | None, str]]:
+    """Per file: the content to put back (its hash, None: remove it) and the hash it must
+    hold now."""
+    plan: dict[str, tuple[str | None, str]] = {}
+    for change in changes:  # oldest first: the first `before` and the last `after` count
+        before = plan[change.path][0] if change.path in plan else change.before
+        plan[change.path] = (before, change.after)
+    return plan
+
+
+def _put_back(blobs: Blobs, plan: dict[str, tuple[str | None, str]]) -> None:
+    for path, (_, after) in plan.items():
+        try:
+            now = digest(Path(path).read_bytes())
+        except FileNotFoundError:
+            raise UndoRefused(f"{path} was removed since; nothing was put back") from None
+        if now != after:
+            raise UndoRefused(
+                f"{path} changed since the call wrote it; nothing was put back (undo the later "
+                "changes first, or put it back by hand)"
+            )
+    for path, (before, _) in plan.items():
+        if before is None:
+            with contextlib.suppress(FileNotFoundError):
+                Path(path).unlink()
+        else:
+            mode = Path(path).stat().st_mode & 0o7777
+            write_atomically(Path(path), blobs.get(before), mode)
+
+
+async def undo(session: Session, blobs: Blobs, call: int | None = None) -> UndoRecord:
+    """Put back what call `call` (None: the last turn that changed files) changed; the record
+    written. Raises `UndoRefused` (or `NothingToUndo`) and changes nothing otherwise."""
+    changes = _chosen(session.records, call)
+    plan = _plan(changes)
+    await trio.to_thread.run_sync(_put_back, blobs, plan)
+    record = UndoRecord(calls=tuple(sorted({c.call for c in changes})), paths=tuple(sorted(plan)))
+    await session.append(record)
+    return record
