@@ -1,7 +1,8 @@
 """The llama-server client: one streamed chat completion at a time, over httpx under trio.
 
-Events go to a plain callback, called in order from the task that reads the stream: the
-inference actor forwards them with `send_nowait`, tests append them to a list. Every deadline is
+Events go to a plain callback, called in order from the task that reads the stream: a turn
+passes them to its session actor's subscribers (each with `send_nowait` into a bounded
+channel), tests append them to a list. Every deadline is
 a trio cancel scope, so a caller's cancellation ends the HTTP stream at once, and closing it
 makes llama-server cancel the generation and free the slot.
 """
@@ -214,7 +215,8 @@ class Client:
         return None
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A small request that does not touch the slot, with the read deadline."""
+        """A small JSON request and its JSON answer, not a stream, with the read deadline: a
+        template's rendering, tokens' text, a slot's save or restore."""
         with trio.move_on_after(self.timeouts.read):
             try:
                 response = await self._http.post(path, content=canonical(body))

@@ -1,7 +1,8 @@
 """MCP servers over stdio as tool sources, with the official `mcp` SDK (it runs on trio
 through anyio).
 
-Each server has a supervisor task in the port's nursery that holds its connection open. Its
+Each server has a supervisor task in `open_tool_port`'s nursery, beside the port actor, that
+holds its connection open. Its
 tools join the registry as `<server>.<tool>`. The SDK notices a dead server only when a call
 fails, so that call answers `Failed`, the tools are marked unavailable, and the next call
 starts the server again; starts that keep failing back off, up to a minute apart. Nothing a
