@@ -179,6 +179,8 @@ async def _open_and_serve(config: Config, socket_path: Path, stop: _Stop) -> Non
 
 
 async def _serve(config: Config, store: Store, listener: trio.SocketListener, stop: _Stop) -> None:
+    # Unbounded: the keeper of the embedded server says "restarted" with `send_nowait` and
+    # must never block; it restarts at most once per backoff period.
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
     async with trio.open_nursery() as nursery:

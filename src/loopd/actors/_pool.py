@@ -198,6 +198,9 @@ async def pool_actor(
     task_status: trio.TaskStatus[PoolHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
+    # Unbounded on purpose: releases, saves and health news are sent with `send_nowait` from
+    # `finally` blocks and cancelled tasks, and must never block or be lost; each lease sends
+    # at most two, and acquires wait for their answer.
     send, receive = trio.open_memory_channel[_Message](math.inf)
     pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
     task_status.started(PoolHandle(send, len({s.client.base_url for s in slots})))

@@ -392,6 +392,9 @@ class SessionActor:
     ) -> None:
         """Serve the session (and the sessions that continue it) until cancelled; the actor
         closes its session when it stops."""
+        # Unbounded, and safe so: every sender waits for its answer (`ask`), so what waits in
+        # it is at most one message per client task, and clients are bounded
+        # (`[channel] max_clients`).
         send, receive = trio.open_memory_channel[SessionMessage](math.inf)
         handle = SessionHandle(send)
         try:

@@ -359,6 +359,8 @@ async def run_tool_port(
     approval_timeout: float = math.inf,
 ) -> AsyncIterator[PortHandle]:
     """The tool-port actor, running until the block ends."""
+    # Unbounded, and safe so: every message is a call or a question whose sender waits for the
+    # answer, so at most one per turn, sub-agent or client task waits in it.
     send, receive = trio.open_memory_channel[_PortMessage](math.inf)
     actor = _PortActor(registry, executors, timeout, approval_timeout)
     async with trio.open_nursery() as nursery:
