@@ -21,13 +21,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import trio
 
 from loopd.actors import PoolHandle, open_core
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.config import Config, ManagedServer
-from loopd.infer import Client, RetryPolicy, Timeouts
+from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.store import Store
 
@@ -39,6 +38,8 @@ RESTART_BASE = 1.0
 HEALTH_EVERY = 1.0
 """Seconds between two looks at an external llama-server's `/health`."""
 HEALTH_TIMEOUT = 5.0
+"""Seconds a `/health` answer may take before the server counts as not answering; also the
+start-up probe's deadline."""
 RESTART_CAP = 60.0
 
 
@@ -125,17 +126,15 @@ async def _keep_running(
 
 async def _probe(url: str) -> str | None:
     """Say early whether an external llama-server answers, and which model it runs."""
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
-            health = await http.get("/health")
-            props = (await http.get("/props")).json() if health.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError) as e:
-        log.warning("llama-server at %s does not answer yet (%s); requests will retry", url, e)
-        return None
-    if health.status_code != 200:
-        log.warning("llama-server at %s is not ready (HTTP %d)", url, health.status_code)
-    model = props.get("model_path") if isinstance(props, dict) else None
-    return Path(model).name if isinstance(model, str) else None
+    async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
+        if not await llama.healthy():
+            log.warning("llama-server at %s is not ready yet; requests will retry", url)
+            return None
+        try:
+            return await llama.model()
+        except InferError as e:
+            log.warning("llama-server at %s does not say its model: %s", url, e)
+            return None
 
 
 @dataclass
@@ -240,12 +239,9 @@ async def _watch_health(url: str, pool: PoolHandle) -> None:
     """Tell the pool when an external llama-server stops answering `/health`, and when it
     answers again: its slots are lent only while it does."""
     up = True
-    async with httpx.AsyncClient(base_url=url, timeout=HEALTH_TIMEOUT) as http:
+    async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
         while True:
-            try:
-                answers = (await http.get("/health")).status_code == httpx.codes.OK
-            except httpx.HTTPError:
-                answers = False
+            answers = await llama.healthy()
             if answers != up:
                 up = answers
                 pool.health(url, up=up)

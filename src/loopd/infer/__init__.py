@@ -4,6 +4,7 @@ from ._assemble import THINKING_CAP_GRACE
 from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
 from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts
 from ._errors import (
+    BadAnswer,
     ConnectError,
     HttpError,
     InferError,
@@ -51,6 +52,7 @@ __all__ = [
     "OPENING",
     "THINKING_CAP_GRACE",
     "AnyRequest",
+    "BadAnswer",
     "CacheOutcome",
     "ChatEvent",
     "ChatFormat",

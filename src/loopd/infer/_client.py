@@ -10,9 +10,10 @@ makes llama-server cancel the generation and free the slot.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from contextlib import aclosing
+from collections.abc import Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -25,6 +26,7 @@ from loopd.canonical import canonical
 
 from ._assemble import Assembler
 from ._errors import (
+    BadAnswer,
     ConnectError,
     HttpError,
     InferError,
@@ -156,27 +158,35 @@ class Client:
         }
         prompt = (await self._post_json("/apply-template", body)).get("prompt")
         if not isinstance(prompt, str):
-            raise StreamBroken("llama-server's /apply-template answered without a prompt")
+            raise BadAnswer("llama-server's /apply-template answered without a prompt")
         return prompt
 
     async def detokenize(self, tokens: list[int]) -> str:
         text = (await self._post_json("/detokenize", {"tokens": tokens})).get("content")
         if not isinstance(text, str):
-            raise StreamBroken("llama-server's /detokenize answered without content")
+            raise BadAnswer("llama-server's /detokenize answered without content")
         return text
 
     async def chat_template(self) -> str:
         """The chat template the server uses (`/props`)."""
+        template = (await self._get_json("/props")).get("chat_template")
+        return template if isinstance(template, str) else ""
+
+    async def model(self) -> str | None:
+        """The file name of the model the server runs (`/props`)."""
+        path = (await self._get_json("/props")).get("model_path")
+        return Path(path).name if isinstance(path, str) else None
+
+    async def healthy(self) -> bool:
+        """The server answers `/health` with 200 (it has loaded its model) within the read
+        deadline."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                response = await self._http.get("/props")
-            except httpx.TransportError as e:
-                raise ConnectError(f"cannot reach llama-server at {self.base_url}: {e}") from e
-            if response.status_code != 200:
-                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
-            template = response.json().get("chat_template")
-            return template if isinstance(template, str) else ""
-        raise InferTimeout(f"llama-server did not answer /props in {self.timeouts.read} s")
+                with _mapped(self.base_url):
+                    return (await self._http.get("/health")).status_code == httpx.codes.OK
+            except InferError:
+                return False
+        return False
 
     async def slot_file(self, slot: int, action: str, filename: str) -> SlotFile:
         """Save the slot's KV cache to `filename`, or restore it from there (in the server's
@@ -207,21 +217,28 @@ class Client:
     async def _slots(self) -> list[Any] | None:
         with trio.move_on_after(self.timeouts.read):
             try:
-                response = await self._http.get("/slots")
+                with _mapped(self.base_url):
+                    response = await self._http.get("/slots")
                 slots = response.json() if response.status_code == 200 else None
-            except (httpx.TransportError, ValueError):
+            except (InferError, ValueError):
                 return None
             return slots if isinstance(slots, list) else None
         return None
 
+    async def _get_json(self, path: str) -> dict[str, Any]:
+        return await self._json(path, self._http.build_request("GET", path))
+
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A small JSON request and its JSON answer, not a stream, with the read deadline: a
-        template's rendering, tokens' text, a slot's save or restore."""
+        return await self._json(
+            path, self._http.build_request("POST", path, content=canonical(body))
+        )
+
+    async def _json(self, path: str, request: httpx.Request) -> dict[str, Any]:
+        """A small JSON request and its JSON answer, not a stream, with the read deadline: the
+        server's properties, a template's rendering, tokens' text, a slot's save or restore."""
         with trio.move_on_after(self.timeouts.read):
-            try:
-                response = await self._http.post(path, content=canonical(body))
-            except httpx.TransportError as e:
-                raise ConnectError(f"cannot reach llama-server at {self.base_url}: {e}") from e
+            with _mapped(self.base_url):
+                response = await self._http.send(request)
             if response.status_code != 200:
                 raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
             try:
@@ -229,9 +246,12 @@ class Client:
             except ValueError:
                 answer = None
             if not isinstance(answer, dict):
-                raise StreamBroken(f"llama-server's {path} answered {answer!r:.200}")
+                raise BadAnswer(f"llama-server's {path} answered {answer!r:.200}")
             return answer
-        raise InferTimeout(f"llama-server did not answer {path} in {self.timeouts.read} s")
+        raise InferTimeout(
+            f"llama-server did not answer {path} within {self.timeouts.read:g} s "
+            "([server] read_timeout)"
+        )
 
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`chat`, retried on connect failures and 503 until output has been passed on."""
@@ -288,18 +308,12 @@ class Client:
         return opened.unwrap()
 
     async def _open(self, http_request: httpx.Request) -> httpx.Response:
-        with trio.move_on_after(self.timeouts.queue) as waited:
-            try:
-                response = await self._http.send(http_request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                raise ConnectError(f"cannot connect to llama-server at {self.base_url}: {e}") from e
-            except httpx.TransportError as e:
-                raise StreamBroken(
-                    f"llama-server closed the connection before answering: {e!r}"
-                ) from e
+        with trio.move_on_after(self.timeouts.queue) as waited, _mapped(self.base_url):
+            response = await self._http.send(http_request, stream=True)
         if waited.cancelled_caught:
             raise InferTimeout(
-                f"llama-server did not start on the request in {self.timeouts.queue} s"
+                f"llama-server did not start on the request within {self.timeouts.queue:g} s "
+                "([server] queue_timeout)"
             )
         if response.status_code != 200:
             try:
@@ -329,7 +343,10 @@ class Client:
                     with trio.move_on_after(self.timeouts.read) as silent:
                         sse = await anext(events, None)
                     if silent.cancelled_caught:
-                        raise InferTimeout(f"llama-server sent nothing for {self.timeouts.read} s")
+                        raise InferTimeout(
+                            f"llama-server sent nothing for {self.timeouts.read:g} s "
+                            "([server] read_timeout)"
+                        )
                     if sse is None:
                         last = "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
                         raise StreamBroken(f"the stream ended without {last}")
@@ -340,7 +357,7 @@ class Client:
                     await trio.lowlevel.checkpoint()
         except SSEError as e:
             raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
-        except httpx.TransportError as e:
+        except httpx.TransportError as e:  # once the answer began: `_mapped` is for before
             raise StreamBroken(f"the stream broke: {e!r}") from e
 
 
@@ -357,6 +374,19 @@ def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -
     for event in events:
         on_event(event)
     return done
+
+
+@contextmanager
+def _mapped(base_url: str) -> Iterator[None]:
+    """httpx's errors before an answer began, as loopd's: the one place they are mapped. No
+    connection is a `ConnectError` (retried); a connection that broke before the answer, a
+    `StreamBroken`."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        raise ConnectError(f"cannot connect to llama-server at {base_url}: {e}") from e
+    except httpx.TransportError as e:
+        raise StreamBroken(f"llama-server closed the connection before answering: {e!r}") from e
 
 
 async def _close(response: httpx.Response) -> None:

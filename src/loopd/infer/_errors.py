@@ -3,7 +3,8 @@
 InferError                  anything that kept a request from completing
  ├── ConnectError           no connection to llama-server (retried)
  ├── HttpError              llama-server answered with an error status (503 is retried)
- ├── InferTimeout           llama-server stopped answering within a deadline
+ ├── InferTimeout           llama-server stopped answering within a deadline (it names which)
+ ├── BadAnswer              a JSON endpoint answered 200 without what was asked
  └── StreamError            the answer began but could not be read to its end
       ├── StreamBroken      cut, garbled, or not an event stream at all
       └── StreamErrorEvent  llama-server reported an error inside the stream
@@ -15,6 +16,7 @@ import json
 from typing import Any
 
 __all__ = [
+    "BadAnswer",
     "ConnectError",
     "HttpError",
     "InferError",
@@ -57,6 +59,11 @@ class HttpError(InferError):
 
 class InferTimeout(InferError):
     """The server accepted the request but said nothing within the deadline."""
+
+
+class BadAnswer(InferError):
+    """A JSON endpoint (`/apply-template`, `/detokenize`, a slot action) answered 200 with
+    something other than what it is for: a server of another version, or not llama-server."""
 
 
 class StreamError(InferError):
