@@ -11,6 +11,7 @@ from conftest import StartReplay
 from loopd.infer import (
     BUDGET_MESSAGE,
     THINKING_CAP_GRACE,
+    BadAnswer,
     ChatEvent,
     ChatRequest,
     Client,
@@ -35,6 +36,7 @@ from loopd.infer import (
     is_context_full,
 )
 from loopd.server_proc import free_port
+from support.replay import Exchange, ReplayServer
 
 FAST_RETRY = RetryPolicy(attempts=3, base=0.01, cap=0.02)
 # Never reports Queued: for tests about the order of events, on a machine however busy.
@@ -288,3 +290,20 @@ async def test_cancelling_a_request_closes_its_stream_at_once(replay: StartRepla
         with trio.fail_after(5):
             await server.wait_until(lambda: server.broken > 0)
     assert sum(isinstance(e, Content) for e in events) == 1
+
+
+async def test_a_json_endpoint_without_what_it_is_for_is_a_bad_answer(
+    nursery: trio.Nursery,
+) -> None:
+    """Another server, or another version, on the address: `/detokenize` answers 200 with an
+    object that holds no `content`."""
+    body = json.dumps({"tokens": [1, 2]})
+    server = ReplayServer([Exchange({}, 200, [("content-type", "application/json")], body, {})])
+    await nursery.start(server.run)
+    async with Client(server.url) as client:
+        with pytest.raises(BadAnswer, match="/detokenize answered without content"):
+            await client.detokenize([1, 2])
+        assert await client.healthy()
+        assert await client.model() == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    async with Client(f"http://127.0.0.1:{free_port()}") as nobody:
+        assert not await nobody.healthy()
