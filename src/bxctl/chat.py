@@ -34,6 +34,7 @@ from bxctl.view import (
     context_line,
     session_line,
 )
+from loopd.backoff import RECONNECT
 from loopd.events import ApprovalNeeded
 from loopd.proto import Error, History, Sessions, Status, TurnFailed, Undone, Welcome
 from loopd.records import RECORD
@@ -42,7 +43,6 @@ from loopd.transcript import transcript
 __all__ = ["Settings", "interactive", "live_turn", "open_session"]
 
 REFRESH = 1 / 12
-RECONNECT_CAP = 5.0
 HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
 at the prompt, Ctrl-C or Ctrl-D quits. A call that needs your approval is shown with its
 arguments: y runs it, n does not, a runs it and every later call of that tool in this session.
@@ -146,12 +146,12 @@ async def _reconnect(path: Path, console: Console, session: str) -> Connection |
     (Ctrl-C)."""
     console.print("loopd went away; reconnecting (Ctrl-C to quit)…", style="yellow")
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
-        for attempt in itertools.count():
+        for attempt in itertools.count(start=1):
             try:
                 connection = await Connection.open(path)
                 session = await connection.hello(session)
             except Unreachable:
-                with trio.move_on_after(min(RECONNECT_CAP, 0.25 * 2**attempt)):
+                with trio.move_on_after(RECONNECT.delay(attempt)):
                     async for _ in interrupts:
                         return None
                 continue

@@ -24,6 +24,7 @@ from pathlib import Path
 import trio
 
 from loopd.actors import PoolHandle, open_core
+from loopd.backoff import RESTART
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
 from loopd.config import Config, ManagedServer
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
@@ -34,13 +35,11 @@ __all__ = ["StartupError", "launch_spec", "serve"]
 
 log = logging.getLogger(__name__)
 
-RESTART_BASE = 1.0
 HEALTH_EVERY = 1.0
 """Seconds between two looks at an external llama-server's `/health`."""
 HEALTH_TIMEOUT = 5.0
 """Seconds a `/health` answer may take before the server counts as not answering; also the
 start-up probe's deadline."""
-RESTART_CAP = 60.0
 
 
 class StartupError(Exception):
@@ -119,7 +118,7 @@ async def _keep_running(
             if not started:
                 raise StartupError(f"llama-server did not start: {e}") from e
             failures += 1
-            delay = min(RESTART_CAP, RESTART_BASE * 2 ** (failures - 1))
+            delay = RESTART.delay(failures)
             log.warning("llama-server did not start (%s); next try in %.0f s", e, delay)
             await trio.sleep(delay)
 

@@ -9,7 +9,6 @@ makes llama-server cancel the generation and free the slot.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import outcome
 import trio
 from httpx_sse import EventSource, SSEError
 
+from loopd.backoff import Backoff
 from loopd.canonical import canonical
 
 from ._assemble import Assembler
@@ -78,17 +78,12 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """Capped exponential backoff with jitter, for connect failures and 503 only."""
+class RetryPolicy(Backoff):
+    """loopd's backoff for requests: connect failures and 503 only, `attempts` tries."""
 
-    attempts: int = 5
     base: float = 0.5
     cap: float = 8.0
-
-    def delay(self, attempt: int) -> float:
-        # Half fixed, half random: never a thundering herd, never a zero wait.
-        ceiling = min(self.cap, self.base * 2.0 ** (attempt - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+    attempts: int = 5
 
 
 @dataclass(frozen=True)

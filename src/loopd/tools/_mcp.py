@@ -23,6 +23,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from loopd._groups import innermost
+from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
 
 from ._entry import ToolEntry
@@ -34,8 +35,6 @@ __all__ = ["McpSource"]
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 30.0
-BACKOFF_BASE = 1.0
-BACKOFF_CAP = 60.0
 
 
 class McpSource:
@@ -109,7 +108,7 @@ class McpSource:
         self._starts += 1
         self._failures += 1
         self._last_error = why
-        delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (self._failures - 1))
+        delay = RESTART.delay(self._failures)
         self._not_before = trio.current_time() + delay
         log.warning(
             "MCP server %s did not start: %s (next try in %.0f s at the earliest)",
