@@ -19,7 +19,8 @@ def gbnf(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-PATHS = f"( {gbnf('today.md')} | {gbnf('notes/today.md')} )"
+PATHS = gbnf("today.md")
+"""The note's path under the conversation's one root (tests/support/conversation.py)."""
 
 Arguments = Callable[[ToolCallFormat, bool, str], tuple[str, str]]
 """For a call (find_tool, else call_tool) and what closes it: the start of its arguments, and a
@@ -58,8 +59,8 @@ def _params(call: ToolCallFormat, find: bool, end: str) -> tuple[str, str]:
         return head, f"root ::= {WORDS} {gbnf(p.end_of('query') + end)}"
     head = p.key_open + "name" + p.key_end + "read_file" + p.end_of("name")
     head += p.key_open + "arguments" + p.key_end
-    one, other = (gbnf(json.dumps({"path": path})) for path in ("today.md", "notes/today.md"))
-    return head, f"root ::= ( {one} | {other} ) {gbnf(p.end_of('arguments') + end)}"
+    path = gbnf(json.dumps({"path": "today.md"}))
+    return head, f"root ::= {path} {gbnf(p.end_of('arguments') + end)}"
 
 
 def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:

@@ -29,7 +29,7 @@ from ._types import (
     ToolCallDelta,
 )
 
-__all__ = ["THINKING_CAP_GRACE", "Assembler"]
+__all__ = ["THINKING_CAP_GRACE", "Assembler", "Loose", "PromptProgress", "read_chunk"]
 
 # Reasoning that the server does not end (a template without thinking tags ignores the budget)
 # is cut by the client once it runs this many pieces past the cap: room for the server's own
@@ -37,42 +37,42 @@ __all__ = ["THINKING_CAP_GRACE", "Assembler"]
 THINKING_CAP_GRACE = 16
 
 
-class _Loose(BaseModel):
+class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class _Function(_Loose):
+class _Function(Loose):
     name: str | None = None
     arguments: str | None = None
 
 
-class _ToolCallPiece(_Loose):
+class _ToolCallPiece(Loose):
     index: int = 0
     id: str | None = None
     function: _Function | None = None
 
 
-class _Delta(_Loose):
+class _Delta(Loose):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[_ToolCallPiece] | None = None
 
 
-class _Choice(_Loose):
+class _Choice(Loose):
     delta: _Delta | None = None
     finish_reason: str | None = None
 
 
-class _PromptProgress(_Loose):
+class PromptProgress(Loose):
     total: int
     cache: int
     processed: int
 
 
-class _Chunk(_Loose):
+class _Chunk(Loose):
     choices: list[_Choice] = []
     timings: Timings | None = None
-    prompt_progress: _PromptProgress | None = None
+    prompt_progress: PromptProgress | None = None
     error: object | None = None
 
 
@@ -123,8 +123,14 @@ class Assembler:
     _loops: dict[str, Repetition] = field(default_factory=dict)
     _cut: str | None = None
     """Why the client ends the stream: `thinking_cap` or `repetition`."""
+    done: bool = False
+    """The stream said it is over (`[DONE]`)."""
 
     def feed(self, data: str) -> list[ChatEvent]:
+        """One `data:` payload of the chat endpoint's stream."""
+        if data == "[DONE]":
+            self.done = True
+            return self.finish()
         chunk = read_chunk(_CHUNK, data)
         events: list[ChatEvent] = []
         if (p := chunk.prompt_progress) is not None:
@@ -140,31 +146,56 @@ class Assembler:
 
     def _feed_delta(self, delta: _Delta, events: list[ChatEvent]) -> None:
         if delta.reasoning_content:
-            self._reasoning.append(delta.reasoning_content)
-            self.reasoning_tokens += 1
-            events.append(Reasoning(text=delta.reasoning_content))
-            self._watch("reasoning", delta.reasoning_content, events)
-        elif delta.content or delta.tool_calls:
-            self._reasoning_ended(events)
+            events += self.reasoning(delta.reasoning_content)
         if delta.content:
-            self._content.append(delta.content)
-            events.append(Content(text=delta.content))
-            self._watch("content", delta.content, events)
+            events += self.content(delta.content)
         for piece in delta.tool_calls or ():
-            parts = self._calls.setdefault(piece.index, _CallParts())
-            name = piece.function.name if piece.function else None
-            arguments = (piece.function.arguments if piece.function else None) or ""
-            # id and name come whole, and are sent again whole if the parser revises them.
-            if piece.id:
-                parts.id = piece.id
-            if name:
-                parts.name = name
-            parts.arguments.append(arguments)
-            events.append(
-                ToolCallDelta(
-                    index=piece.index, id=piece.id or None, name=name or None, arguments=arguments
-                )
-            )
+            function = piece.function or _Function()
+            events += self.call(piece.index, piece.id, function.name, function.arguments or "")
+
+    # -- what any stream is made of: fed by this assembler's `feed`, or by `RawAssembler`'s
+    # parser of `/completion`'s raw text --------------------------------------------------------
+
+    def reasoning(self, text: str) -> list[ChatEvent]:
+        """A piece of the model's reasoning."""
+        events: list[ChatEvent] = [Reasoning(text=text)]
+        self._reasoning.append(text)
+        self.reasoning_tokens += 1
+        self._watch("reasoning", text, events)
+        return events
+
+    def content(self, text: str) -> list[ChatEvent]:
+        """A piece of the answer."""
+        events: list[ChatEvent] = []
+        self._reasoning_ended(events)
+        self._content.append(text)
+        events.append(Content(text=text))
+        self._watch("content", text, events)
+        return events
+
+    def call(
+        self, index: int, call_id: str | None, name: str | None, arguments: str
+    ) -> list[ChatEvent]:
+        """A piece of tool call `index`: its id and name come whole (and again whole if the
+        parser revises them), its arguments in pieces."""
+        events: list[ChatEvent] = []
+        self._reasoning_ended(events)
+        parts = self._calls.setdefault(index, _CallParts())
+        if call_id:
+            parts.id = call_id
+        if name:
+            parts.name = name
+        parts.arguments.append(arguments)
+        events.append(
+            ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments=arguments)
+        )
+        return events
+
+    def end(self, finish_reason: str, timings: Timings | None) -> list[ChatEvent]:
+        """The stream is over, as another reader of it found: its finish reason and figures."""
+        self.done = True
+        self._finish_reason, self._timings = finish_reason, timings
+        return self.finish()
 
     def _reasoning_ended(self, events: list[ChatEvent]) -> None:
         """The server ends capped reasoning with the budget message: that is how we know."""

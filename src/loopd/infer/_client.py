@@ -358,14 +358,11 @@ class Client:
 
 def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -> Completion | None:
     """Pass on what one `data:` line holds; the completion once the stream is done."""
-    if data == "[DONE]" and isinstance(assembler, Assembler):
-        events, done = assembler.finish(), assembler.completion()
-    else:
-        events, done = assembler.feed(data), None
-        if isinstance(assembler, RawAssembler) and assembler.done:
-            done = assembler.completion()
-        elif (last := assembler.past_limit()) is not None:
-            events, done = [*events, *last], assembler.completion(cut_by_client=True)
+    events, done = assembler.feed(data), None
+    if assembler.done:
+        done = assembler.completion()
+    elif (last := assembler.past_limit()) is not None:
+        events, done = [*events, *last], assembler.completion(cut_by_client=True)
     for event in events:
         on_event(event)
     return done

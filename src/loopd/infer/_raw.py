@@ -15,15 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import Field, TypeAdapter
 
-from ._assemble import (
-    Assembler,
-    _Delta,
-    _Function,
-    _Loose,
-    _PromptProgress,
-    _ToolCallPiece,
-    read_chunk,
-)
+from ._assemble import Assembler, Loose, PromptProgress, read_chunk
 from ._format import ChatFormat
 from ._harmony import HarmonyParser
 from ._parse import OutputParser, Piece
@@ -38,14 +30,14 @@ def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputPar
     return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types)
 
 
-class _RawChunk(_Loose):
+class _RawChunk(Loose):
     content: str = ""
     tokens: list[int] = Field(default_factory=list)
     stop: bool = False
     stop_type: str | None = None
     tokens_predicted: int = 0
     timings: Timings | None = None
-    prompt_progress: _PromptProgress | None = None
+    prompt_progress: PromptProgress | None = None
     error: object | None = None
 
 
@@ -57,7 +49,6 @@ class RawAssembler:
     parser: OutputParser | HarmonyParser
     inner: Assembler
     tokens: list[PromptPiece] = field(default_factory=list)
-    done: bool = False
     _held: str = ""
     """The newest token's text when it is a delimiter (a special token whose text the server
     sends), parsed once the next chunk shows it did not end the message. Other text goes on
@@ -99,38 +90,33 @@ class RawAssembler:
             pieces += self.parser.feed(chunk.content)
         return events + self._relay(pieces)
 
+    @property
+    def done(self) -> bool:
+        return self.inner.done
+
     def _stop(self, chunk: _RawChunk) -> list[ChatEvent]:
-        self.done = True
         self._ended = chunk.stop_type == "eos"
         # The text of an end-of-generation token is not part of the answer.
         held = "" if self._ended else self._held
-        pieces = self.parser.feed(held) + self.parser.finish()
-        events = self._relay(pieces)
-        self.inner._timings = chunk.timings  # noqa: SLF001 - the two assemblers are one unit
+        events = self._relay(self.parser.feed(held) + self.parser.finish())
         if self._calls:
             reason = "tool_calls"
         else:
             reason = "stop" if chunk.stop_type in ("eos", "word") else "length"
-        self.inner._finish_reason = reason  # noqa: SLF001
-        return events + self.inner.finish()
+        return events + self.inner.end(reason, chunk.timings)
 
     def _relay(self, pieces: list[Piece]) -> list[ChatEvent]:
         events: list[ChatEvent] = []
         for piece in pieces:
             if piece.kind == "reasoning":
-                delta = _Delta(reasoning_content=piece.text)
+                events += self.inner.reasoning(piece.text)
             elif piece.kind == "content":
-                delta = _Delta(content=piece.text)
+                events += self.inner.content(piece.text)
             else:
                 self._calls += 1
-                call = _ToolCallPiece(
-                    index=self._calls - 1,
-                    # Nine characters: the length Mistral's templates insist on.
-                    id=f"call{self._calls:05d}",
-                    function=_Function(name=piece.name, arguments=piece.text),
-                )
-                delta = _Delta(tool_calls=[call])
-            self.inner._feed_delta(delta, events)  # noqa: SLF001
+                # Nine characters: the length Mistral's templates insist on.
+                call_id = f"call{self._calls:05d}"
+                events += self.inner.call(self._calls - 1, call_id, piece.name, piece.text)
         return events
 
     def past_limit(self) -> list[ChatEvent] | None:

@@ -53,7 +53,11 @@ def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     }
 
 
-_PATH = {"type": "string", "description": "Relative to the root, e.g. notes/today.md"}
+_PATH = {
+    "type": "string",
+    "description": "As list_directory shows it: relative to the open folder (with several, "
+    "starting with the folder's name)",
+}
 
 _TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "read_file": (
