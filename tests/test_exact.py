@@ -247,3 +247,29 @@ async def test_the_models_own_calls_stay_where_the_template_renders_none() -> No
     nxt = await next_after_a_call(DropsCalls(), known, answer)
     assert nxt.record.trim == 1  # the model's end token is not the template's `</s>`
     assert nxt.pieces == ["prompt", 5, 6, "</s><tool>found</s><assistant>"]
+
+
+class _Refusing(ExactHistory):
+    """Learns nothing (every template refused), and counts what it was asked to learn."""
+
+    learned: list[str]
+
+    async def _learn(self, baseline: Any, *, thinking: bool) -> ChatFormat:  # noqa: ARG002
+        self.learned.append(baseline.system)
+        raise FormatError("refused")
+
+
+async def test_the_format_cache_keeps_the_newest_system_prompts_only() -> None:
+    from loopd.exact import FORMATS_KEPT  # noqa: PLC0415 - only this test needs the bound
+    from loopd.infer import Client  # noqa: PLC0415
+
+    async with Client("http://127.0.0.1:9") as client:  # never asked: `_learn` answers
+        history = _Refusing(client)
+        history.learned = []
+        for n in range(FORMATS_KEPT + 1):
+            with pytest.raises(FormatError):
+                await history.format(make_baseline(f"prompt {n}"), thinking=True)
+        for n in (FORMATS_KEPT, 0):  # the newest is kept, the oldest went
+            with pytest.raises(FormatError):
+                await history.format(make_baseline(f"prompt {n}"), thinking=True)
+    assert history.learned == [f"prompt {n}" for n in range(FORMATS_KEPT + 1)] + ["prompt 0"]

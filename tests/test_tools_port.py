@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import trio
 
 from loopd.config import Policy
@@ -17,12 +18,14 @@ from loopd.tools import (
     Denied,
     Failed,
     PortHandle,
+    PortStopped,
     Registry,
     Result,
     ToolEntry,
     ToolFailure,
     ToolOutput,
     ToolRequest,
+    run_tool_port,
 )
 from support.ports import never_asked, start_port
 
@@ -205,3 +208,11 @@ async def test_cancelling_the_caller_cancels_the_call(nursery: trio.Nursery) -> 
     assert scope.cancelled_caught
     await trio.testing.wait_all_tasks_blocked()
     assert executor.cancelled
+
+
+async def test_a_call_to_a_port_that_has_stopped_says_so() -> None:
+    registry = Registry([ToolEntry("echo", "echo", "echo", {"type": "object"}, "test", Policy())])
+    async with run_tool_port(registry, {"test": Scripted()}, timeout=1) as handle:
+        pass  # the block ends: the port stops
+    with pytest.raises(PortStopped, match="the tool port has stopped"):
+        await handle.call(request("echo"), never_asked)

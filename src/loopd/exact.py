@@ -171,6 +171,11 @@ def past_reasoning(records: Iterable[Record]) -> int | None:
     return kept
 
 
+FORMATS_KEPT = 64
+"""System prompts whose format is kept: each compaction's session has a new one (its summary),
+so without a bound the cache would grow for the life of a loopd."""
+
+
 class ExactHistory:
     """Builds token-exact prompts with the server's own template (one per model: servers of
     the same model share what was learned, `on`)."""
@@ -195,12 +200,15 @@ class ExactHistory:
         key = (baseline.system, thinking)
         if key not in self._formats:
             try:
-                self._formats[key] = await self._learn(baseline, thinking=thinking)
+                learned: ChatFormat | FormatError = await self._learn(baseline, thinking=thinking)
             except FormatError as e:
                 log.warning(
                     "history goes as messages: the chat template cannot be made exact: %s", e
                 )
-                self._formats[key] = e
+                learned = e
+            if len(self._formats) >= FORMATS_KEPT:  # the oldest first: compactions add one each
+                del self._formats[next(iter(self._formats))]
+            self._formats[key] = learned
         known = self._formats[key]
         if isinstance(known, FormatError):
             raise FormatError(str(known))

@@ -40,6 +40,7 @@ __all__ = [
     "OnAsking",
     "PortAnswer",
     "PortHandle",
+    "PortStopped",
     "Result",
     "Runner",
     "ToolFailure",
@@ -138,6 +139,10 @@ class ToolPort(Protocol):
     ) -> Answered: ...
 
 
+class PortStopped(Exception):
+    """The tool-port actor is gone (loopd is stopping): the call got no answer."""
+
+
 class ToolFailure(Exception):
     """A tool's own, expected failure; its message is shown to the model as it is."""
 
@@ -223,7 +228,10 @@ class PortHandle:
         send, receive = trio.open_memory_channel[_Note](2)
         job = _Call(request, send, run)
         try:
-            await self._inbox.send(job)
+            try:
+                await self._inbox.send(job)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                raise PortStopped("the tool port has stopped: loopd is shutting down") from e
             async with receive:
                 async for note in receive:
                     if isinstance(note, Asking):
@@ -232,7 +240,7 @@ class PortHandle:
                         return note.unwrap()
         finally:
             job.scope.cancel()  # a no-op once the call is done; ends it if we were cancelled
-        raise trio.BrokenResourceError("the tool port stopped")
+        raise PortStopped("the tool port stopped before it answered: loopd is shutting down")
 
     async def decide(self, session: str, call: int, decision: Decision) -> bool:
         """Answer a waiting approval; False when no call of `session` by that number waits."""
