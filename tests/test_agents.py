@@ -97,9 +97,14 @@ class Scripted:
 
 @asynccontextmanager
 async def scripted(
-    tmp_path: Path, scripts: dict[str, list[Reply]], *, cfg: Config | None = None, **agents: Any
+    tmp_path: Path,
+    scripts: dict[str, list[Reply]],
+    *,
+    cfg: Config | None = None,
+    slots: int = 4,
+    **agents: Any,
 ) -> AsyncIterator[Scripted]:
-    server = ReplayServer([Conversations(scripts)] * 100, slots=4)
+    server = ReplayServer([Conversations(scripts)] * 100, slots=slots)
     base = cfg or config(tmp_path)
     settings = base.model_copy(update={"agents": AgentsConfig(**agents)})
     store = Store(tmp_path / "sessions")
@@ -240,22 +245,9 @@ async def test_children_per_turn_beyond_the_bound_are_refused(tmp_path: Path) ->
 
 async def test_one_slot_leaves_no_room_for_a_child(tmp_path: Path) -> None:
     scripts = {"Go.": [delegate("Plan it."), Reply(content="done")]}
-    server = ReplayServer([Conversations(scripts)] * 10, slots=1)
-    store = Store(tmp_path / "one")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        async with (
-            Client(server.url) as client,
-            open_core(config(tmp_path), store, [client]) as core,
-        ):
-            parent, first = await core.sessions.attach("new")
-            events = await parent.subscribe(100)
-            await parent.send("t1", "Go.")
-            with trio.fail_after(10):
-                await collect(events, 1)
-        nursery.cancel_scope.cancel()
-    results = [r.content for r in store.read(first)[1] if isinstance(r, ToolResultRecord)]
-    assert results[0].startswith("The tool failed: loopd has one slot, and this turn holds it")
+    async with scripted(tmp_path, scripts, slots=1) as s:
+        await s.turn("t1", "Go.")
+    assert s.results()[0].startswith("The tool failed: loopd has one slot, and this turn holds it")
 
 
 async def test_a_child_never_waits_for_a_slot_every_turn_holds_one(tmp_path: Path) -> None:
@@ -266,32 +258,19 @@ async def test_a_child_never_waits_for_a_slot_every_turn_holds_one(tmp_path: Pat
         "Go.": [delegate("Plan it."), Reply(content="done")],
         "Plan it.": [Reply(content="planned")],
     }
-    server = ReplayServer([Conversations(scripts)] * 10, slots=2)
-    store = Store(tmp_path / "sessions")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        async with (
-            Client(server.url) as client,
-            open_core(config(tmp_path), store, [client]) as core,
-        ):
-            other, _ = await core.sessions.attach("new")
-            await other.send("t0", "Stall.")
-            with trio.fail_after(10):
-                await server.wait_until(lambda: len(server.requests) == 1)
-            parent, first = await core.sessions.attach("new")
-            events = await parent.subscribe(100)
-            await parent.send("t1", "Go.")
-            with trio.fail_after(10):
-                await collect(events, 1)
-        nursery.cancel_scope.cancel()
-    results = [r.content for r in store.read(first)[1] if isinstance(r, ToolResultRecord)]
-    assert results == [
+    async with scripted(tmp_path, scripts, slots=2) as s:
+        other, _ = await s.core.sessions.attach("new")
+        await other.send("t0", "Stall.")
+        with trio.fail_after(10):
+            await s.server.wait_until(lambda: len(s.server.requests) == 1)
+        await s.turn("t1", "Go.")
+    assert s.results() == [
         (
             "The tool failed: no slot is free for a sub-agent: every slot runs a turn now; do "
             "the task yourself, or delegate it later"
         )
     ]
-    assert [i for i in store.sessions_now() if i.parent] == []  # no log for a child never run
+    assert s.children() == []  # no log for a child never run
 
 
 async def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> None:

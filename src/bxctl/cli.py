@@ -354,17 +354,7 @@ async def _sessions(path: Path, store: Store) -> int:
     try:
         connection = await Connection.open(path)
     except Unreachable:
-        listed = [
-            proto.SessionInfo(
-                id=s.id,
-                created=s.created.isoformat(),
-                turns=s.turns,
-                last_activity=s.last_activity.isoformat(),
-                continues=s.continues,
-                parent=s.parent,
-            )
-            for s in await store.sessions()
-        ]
+        listed = [proto.SessionInfo.of(s) for s in await store.sessions()]
         current = None
     else:
         answer = await connection.request({"type": "sessions"}, "sessions")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
 from loopd.events import TurnEvent
 from loopd.records import Decision, UsageRecord
+from loopd.store import SessionInfo as StoredSession
 
 __all__ = [
     "CLIENT_MESSAGE",
@@ -302,9 +303,21 @@ class SessionInfo(_Message):
     turns: int
     last_activity: str
     continues: str | None = None
+    """The session this one continues (it began from a summary of it)."""
     parent: str | None = None
     """For a sub-agent's session: the session that delegated to it."""
-    """The session this one continues (it began from a summary of it)."""
+
+    @classmethod
+    def of(cls, info: StoredSession) -> SessionInfo:
+        """A session of the store, as the wire says it."""
+        return cls(
+            id=info.id,
+            created=info.created.isoformat(),
+            turns=info.turns,
+            last_activity=info.last_activity.isoformat(),
+            continues=info.continues,
+            parent=info.parent,
+        )
 
 
 class Undone(_Message):

@@ -191,17 +191,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
     current = (await (await client.attached()).status()).session
     listed = await client.core.sessions.sessions()
-    infos = [
-        proto.SessionInfo(
-            id=s.id,
-            created=s.created.isoformat(),
-            turns=s.turns,
-            last_activity=s.last_activity.isoformat(),
-            continues=s.continues,
-            parent=s.parent,
-        )
-        for s in listed
-    ]
+    infos = [proto.SessionInfo.of(s) for s in listed]
     client.say(proto.Sessions(current=current, sessions=infos))
 
 
