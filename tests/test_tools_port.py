@@ -36,10 +36,12 @@ class Scripted:
     def __init__(self) -> None:
         self.ran: list[str] = []
         self.cancelled = False
+        self.hanging = trio.Event()
 
     async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
         self.ran.append(entry.name)
         if entry.name == "hang":
+            self.hanging.set()
             try:
                 await trio.sleep_forever()
             except trio.Cancelled:
@@ -73,6 +75,11 @@ async def port(
 
 def request(tool: str, call: int = 1, granted: frozenset[str] = frozenset()) -> ToolRequest:
     return ToolRequest(session="s", call=call, tool=tool, arguments={"x": 1}, granted=granted)
+
+
+async def cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 async def answer(p: PortHandle, tool: str) -> object:
@@ -163,10 +170,12 @@ async def test_cancelling_the_caller_while_it_waits_ends_the_wait(nursery: trio.
     p, executor = await port(nursery, buy=Policy(action="ask"))
     asked: list[Asking] = []
 
-    async def on_asking(asking: Asking) -> None:
-        asked.append(asking)
+    with trio.CancelScope() as scope:
 
-    with trio.move_on_after(0.1) as scope:
+        async def on_asking(asking: Asking) -> None:
+            asked.append(asking)
+            scope.cancel()  # the caller goes away while the port waits for a decision
+
         await p.call(request("buy"), on_asking)
     assert len(asked) == 1
     assert scope.cancelled_caught
@@ -203,8 +212,10 @@ async def test_a_tool_gone_from_the_registry_is_failed(nursery: trio.Nursery) ->
 
 async def test_cancelling_the_caller_cancels_the_call(nursery: trio.Nursery) -> None:
     p, executor = await port(nursery, timeout=60)
-    with trio.move_on_after(0.05) as scope:
-        await p.call(request("hang"), never_asked)
+    async with trio.open_nursery() as caller:
+        with trio.CancelScope() as scope:
+            caller.start_soon(cancel_when_set, executor.hanging, scope)
+            await p.call(request("hang"), never_asked)
     assert scope.cancelled_caught
     await trio.testing.wait_all_tasks_blocked()
     assert executor.cancelled
