@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import StartDaemon
-from loopd.actors import Busy, SessionHandle, Subscription, TurnDone, open_core
+from loopd.actors import Busy, Core, SessionHandle, Subscription, TurnDone, open_core
 from loopd.changes import Blobs, Hands, NothingToUndo, UndoRefused, undo
 from loopd.closing import close_interrupted_turn
 from loopd.config import Config, ToolsConfig
@@ -37,8 +37,10 @@ from loopd.records import (
 from loopd.store import Store
 from loopd.tools import (
     Builtins,
+    FolderRefused,
     Roots,
     ToolFailure,
+    ToolRequest,
     builtin_entries,
     digest,
     missing_bubblewrap,
@@ -66,9 +68,11 @@ def edit(path: str, old: str, new: str) -> Reply:
 class Desk:
     """A core with a session, its scripted model, and a folder of notes to change."""
 
-    def __init__(self, tmp_path: Path, fake: FakeLlama, handle: SessionHandle, first: str) -> None:
+    def __init__(
+        self, tmp_path: Path, fake: FakeLlama, core: Core, handle: SessionHandle, first: str
+    ) -> None:
         self.notes = tmp_path / "notes"
-        self.fake, self.handle, self.first = fake, handle, first
+        self.fake, self.core, self.handle, self.first = fake, core, handle, first
         self.store = Store(tmp_path / "sessions")
         self.events: Subscription | None = None
 
@@ -102,7 +106,7 @@ async def hands(tmp_path: Path, **tools: Any) -> AsyncIterator[Desk]:
         store = Store(tmp_path / "sessions")
         async with Client(server.url) as client, open_core(cfg, store, [client]) as core:
             handle, first = await core.sessions.attach("new")
-            h = Desk(tmp_path, fake, handle, first)
+            h = Desk(tmp_path, fake, core, handle, first)
             h.events = await handle.subscribe(100)
             yield h
         nursery.cancel_scope.cancel()
@@ -370,6 +374,51 @@ def notes_folder(tmp_path: Path) -> Path:
     return notes
 
 
+async def test_a_session_in_a_folder_of_its_own_works_there_alone(tmp_path: Path) -> None:
+    async with hands(tmp_path, policies={"write_file": {"action": "allow"}}) as h:
+        project = h.notes / "project"
+        project.mkdir()
+        (project / "plan.md").write_text("plan\n")
+        handle, session = await h.core.sessions.attach("new", str(project))
+        events = await handle.subscribe(100)
+        h.fake.replies = [
+            call("list_directory", {"path": "."}),
+            call("read_file", {"path": "../today.md"}),
+            write("today.md", "in the project\n"),
+            Reply(content="done"),
+        ]
+        await handle.send("t1", "work here")
+        with trio.fail_after(10):
+            await collect(events, 1)
+        records = h.store.read(session)[1]
+        results = [r.content for r in records if isinstance(r, ToolResultRecord)]
+        assert results[0] == "plan.md (5 bytes)"
+        assert (
+            results[1]
+            == "The tool failed: ../today.md: '..' is refused; paths stay inside the roots"
+        )
+        assert (project / "today.md").read_text() == "in the project\n"
+        assert (h.notes / "today.md").read_text() == "buy milk\n"
+        assert h.store.read(session)[0].cwd == str(project)
+
+
+async def test_a_sessions_folder_outside_the_roots_or_not_a_folder_is_refused(
+    tmp_path: Path,
+) -> None:
+    async with hands(tmp_path) as h:
+        refusals = {
+            str(tmp_path): f"{tmp_path} is not inside the folders loopd's tools may use",
+            "notes": "notes: a session's folder is an absolute path",
+            str(h.notes / "nope"): f"{h.notes / 'nope'}: no such folder",
+            str(h.notes / "today.md"): f"{h.notes / 'today.md'}: no such folder",
+        }
+        for cwd, why in refusals.items():
+            with pytest.raises(FolderRefused) as refused:
+                await h.core.sessions.attach("new", cwd)
+            assert str(refused.value).startswith(why)
+        assert h.core.sessions.live == 1
+
+
 async def test_bxctl_chat_m_stops_at_a_write_unless_yes_and_bxctl_undo_puts_it_back(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:
@@ -440,7 +489,8 @@ async def test_a_long_diff_is_cut_for_approval(tmp_path: Path) -> None:
     builtins = Builtins([notes], 5.0)
     (entry,) = [e for e in builtin_entries(ToolsConfig(roots=[notes])) if e.name == "write_file"]
     content = "".join(f"line {n}\n" for n in range(20_000))
-    preview = await builtins.preview(entry, {"path": "today.md", "content": content})
+    arguments = {"path": "today.md", "content": content}
+    preview = await builtins.preview(entry, ToolRequest("s", 1, "write_file", arguments))
     assert preview is not None
     assert preview.startswith("--- a/today.md\n+++ b/today.md\n")
     assert preview.endswith(" more characters of the diff]")

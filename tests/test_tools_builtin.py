@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from loopd.config import ToolsConfig
-from loopd.tools import Builtins, ToolFailure, builtin_entries
+from loopd.tools import Builtins, ToolFailure, ToolRequest, builtin_entries
 from loopd.tools._builtin import READ_LINES
 
 
@@ -185,7 +185,7 @@ async def test_a_stuck_tool_takes_none_of_the_threads_the_store_uses(
     monkeypatch.setitem(builtins._run, "current_time", lambda _: str(release.wait()))
     (entry,) = [e for e in builtin_entries(ToolsConfig()) if e.name == "current_time"]
     with trio.move_on_after(0.2):
-        await builtins.run_tool(entry, {})  # abandoned; its thread still runs
+        await builtins.run_tool(entry, ToolRequest("s", 1, "current_time", {}))  # abandoned
     try:
         assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
     finally:

@@ -4,7 +4,6 @@ under its deadline; every answer. Only its handle is used: calls, decisions, the
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 import trio
@@ -38,7 +37,8 @@ class Scripted:
         self.cancelled = False
         self.hanging = trio.Event()
 
-    async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
+    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        arguments = request.arguments
         self.ran.append(entry.name)
         if entry.name == "hang":
             self.hanging.set()

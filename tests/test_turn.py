@@ -19,7 +19,7 @@ from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Client, Content, Repeating, RetryPolicy, ThinkingCapped, ToolCallDelta
 from loopd.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
 from loopd.store import Session, Store
-from loopd.tools import PortHandle, Registry, ToolEntry, ToolFailure, ToolOutput
+from loopd.tools import PortHandle, Registry, ToolEntry, ToolFailure, ToolOutput, ToolRequest
 from loopd.turn import (
     InferFailed,
     Runtime,
@@ -38,7 +38,8 @@ NOTE_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}}, "r
 class Notes:
     """Tools that do what their names say."""
 
-    async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
+    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        arguments = request.arguments
         if entry.name == "hang":
             await trio.sleep_forever()
         if entry.name == "broken":

@@ -280,7 +280,7 @@ async def open_session(connection: Connection, session: str) -> str:
     """Ask loopd to go on with `session` (an id, or `latest`); the id it serves now."""
     answer = await connection.request({"type": "open_session", "id": session}, "welcome")
     if isinstance(answer, Error):
-        raise SessionRefused(answer.message)
+        raise SessionRefused(answer)
     return answer.session if isinstance(answer, Welcome) else session
 
 

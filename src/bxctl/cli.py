@@ -1,5 +1,5 @@
 """The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `approve`, `undo`,
-`sessions`, `log`.
+`sessions`, `log`, and `acp` (for editors).
 
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
 cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
@@ -20,6 +20,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
+from bxctl.acp import serve as serve_acp
 from bxctl.chat import interactive
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.view import as_tree, context_line, session_line
@@ -158,6 +159,13 @@ def parser() -> argparse.ArgumentParser:
         "another (a compaction) comes after the sessions it continues, oldest first.",
     )
     log.add_argument("session", nargs="?", help="a session id (default: the latest)")
+    commands.add_parser(
+        "acp",
+        help="serve an editor: the Agent Client Protocol on stdin and stdout",
+        description="Be an Agent Client Protocol agent on stdin and stdout, for an editor "
+        "(Zed, JetBrains IDEs, Neovim, ...) that starts it: each ACP session is a loopd "
+        "session of the running loopd (this starts none). See docs/editors.md.",
+    )
     return p
 
 
@@ -181,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - a status per 
             return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
         if args.command == "undo":
             return trio.run(_undo, path, args.call, args.where)
+        if args.command == "acp":
+            trio.run(serve_acp, path)
+            return EXIT_OK
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)

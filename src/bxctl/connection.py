@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from loopd import __version__
 from loopd.events import SessionContinued
+from loopd.lines import LineReader, TooLong
 from loopd.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
@@ -27,12 +28,18 @@ class Unreachable(Exception):
 class SessionRefused(Exception):
     """loopd would not open the session; the message says why."""
 
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.code = error.code
+
 
 class Connection:
     def __init__(self, stream: trio.SocketStream, path: Path) -> None:
         self.stream = stream
         self.path = path
-        self._buffer = bytearray()
+        self._lines = LineReader(stream, MAX_LINE)
+        self.closed = False
+        """The daemon closed the connection (or it broke)."""
         self.session = "new"
         """The session it is in, as far as loopd said (`welcome`, `session_continued`)."""
 
@@ -51,15 +58,18 @@ class Connection:
     async def send(self, message: dict[str, Any]) -> None:
         await self.stream.send_all(json.dumps(message).encode() + b"\n")
 
-    async def hello(self, session: str = "new") -> str:
-        """Say hello, in session `session` (an id, `latest` or `new`); the session's id.
-        Raises `SessionRefused` when loopd cannot open it."""
+    async def hello(
+        self, session: str = "new", *, cwd: str | None = None, client: str = "bxctl"
+    ) -> str:
+        """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`); the
+        session's id. Raises `SessionRefused` when loopd cannot open it."""
         await self.send(
             {
                 "type": "hello",
                 "protocol": PROTOCOL,
-                "client": f"bxctl {__version__}",
+                "client": f"{client} {__version__}",
                 "session": session,
+                "cwd": cwd,
             }
         )
         while True:
@@ -67,24 +77,18 @@ class Connection:
             if message is None:
                 raise Unreachable(f"loopd at {self.path} closed the connection")
             if isinstance(message, Error):
-                raise SessionRefused(message.message)
+                raise SessionRefused(message)
             if isinstance(message, Welcome):
                 return message.session
 
     async def receive(self) -> DaemonMessage | None:
         """The next message, or None when the daemon closed the connection."""
-        while (newline := self._buffer.find(b"\n")) < 0:
-            if len(self._buffer) > MAX_LINE:
-                raise Unreachable("loopd sent a line too long to read")
-            try:
-                data = await self.stream.receive_some(1 << 16)
-            except trio.BrokenResourceError:
-                return None
-            if not data:
-                return None
-            self._buffer += data
-        line = bytes(self._buffer[:newline])
-        del self._buffer[: newline + 1]
+        line = await self._lines.next()
+        if line is None:
+            self.closed = True
+            return None
+        if isinstance(line, TooLong):
+            raise Unreachable(f"loopd sent a line longer than {line.cap} bytes")
         try:
             message = DAEMON_MESSAGE.validate_json(line)
         except ValidationError as e:

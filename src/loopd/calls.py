@@ -217,7 +217,7 @@ class ToolCalls:
             )
             self.on_event(approval_needed(asking))
 
-        origin = CallOrigin(self.session.id, number, self.session.granted)
+        origin = CallOrigin(self.session.id, number, self.session.granted, self.session.cwd)
         own: dict[str, Any] = {}
         if self.delegate is not None:
             parent = ParentCall(self.session.id, number, call.id)

@@ -55,8 +55,9 @@ class Hands:
     async def write(
         self, session: Session, call: int, call_id: str, tool: str, arguments: dict[str, Any]
     ) -> ToolOutput:
+        roots = self.roots.within(session.cwd)
         planned = await trio.to_thread.run_sync(
-            plan, self.roots, tool, arguments, abandon_on_cancel=True
+            plan, roots, tool, arguments, abandon_on_cancel=True
         )
         if planned.old == planned.new:
             return ToolOutput(planned.summary())

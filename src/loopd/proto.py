@@ -72,6 +72,9 @@ class Hello(_Message):
     """The client's name and version, for the daemon's log."""
     session: str = Field(default="latest", min_length=1, max_length=200)
     """The session this client's messages go to: a session id, `latest`, or `new`."""
+    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+    """With `new`: the one folder the new session's file tools work in (an absolute path
+    inside one of `[tools] roots`); without it, they work in all of `[tools] roots`."""
 
 
 class Send(_Message):
@@ -116,6 +119,8 @@ class NewSession(_Message):
     left running goes on); answered with `welcome`."""
 
     type: Literal["new_session"] = "new_session"
+    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+    """As `hello`'s: the one folder the new session's file tools work in."""
 
 
 class OpenSession(_Message):
@@ -355,6 +360,7 @@ class Error(_Message):
         "line_too_long",
         "busy",
         "undo_refused",
+        "folder_refused",
         "unknown_turn",
         "duplicate_id",
         "lagged",

@@ -105,6 +105,10 @@ class SessionHeader(_Record):
     """A sub-agent's: the number of that call in its parent."""
     call_id: str | None = None
     """A sub-agent's: the model's id of that call (`tool_call_id`)."""
+    cwd: str | None = None
+    """The folder the session's file tools work in (an editor's project), under one of
+    `[tools] roots`; None: all of `[tools] roots`. Kept by the sessions that continue it and
+    by its sub-agents."""
 
 
 class UserRecord(_Record):

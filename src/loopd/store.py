@@ -137,6 +137,11 @@ class Session:
         return self.header.id
 
     @property
+    def cwd(self) -> Path | None:
+        """The one folder its file tools work in; None: all of `[tools] roots`."""
+        return Path(self.header.cwd) if self.header.cwd else None
+
+    @property
     def baseline(self) -> Baseline:
         return self.header.baseline
 
@@ -236,11 +241,12 @@ class Store:
         continues: str | None = None,
         grants: frozenset[str] = frozenset(),
         parent: ParentCall | None = None,
+        cwd: Path | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
         the tools approved for the rest of that session (`grants`); `parent`: for a
-        sub-agent, the call that starts it."""
-        return await trio.to_thread.run_sync(self._create, baseline, continues, grants, parent)
+        sub-agent, the call that starts it; `cwd`: the one folder its file tools work in."""
+        return await trio.to_thread.run_sync(self._create, baseline, continues, grants, parent, cwd)
 
     async def open(self, session_id: str) -> Session:
         return await trio.to_thread.run_sync(self._open, session_id)
@@ -290,6 +296,7 @@ class Store:
         continues: str | None,
         grants: frozenset[str],
         parent: ParentCall | None,
+        cwd: Path | None,
     ) -> Session:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
@@ -304,6 +311,7 @@ class Store:
             parent=parent and parent.session,
             call=parent and parent.call,
             call_id=parent and parent.call_id,
+            cwd=cwd and str(cwd),
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"

@@ -147,7 +147,14 @@ async def open_core(
             )
 
         async with trio.open_nursery() as sessions:
-            registry = SessionRegistry(sessions, store, baseline, actor, config.session.max_live)
+            registry = SessionRegistry(
+                sessions,
+                store,
+                baseline,
+                actor,
+                max_live=config.session.max_live,
+                roots=Roots(config.tools.roots),
+            )
             yield Core(registry, pool, agents)
             sessions.cancel_scope.cancel()
         nursery.cancel_scope.cancel()

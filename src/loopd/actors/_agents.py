@@ -143,7 +143,7 @@ class _Delegation:
     ) -> ToolOutput:
         agents = self.agents
         child = await agents.store.create(
-            agents.baseline(), grants=self.session.granted, parent=call
+            agents.baseline(), grants=self.session.granted, parent=call, cwd=self.session.cwd
         )
         log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
         agents.running[child.id] = self.session.id

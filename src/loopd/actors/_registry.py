@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
 from loopd.closing import close_interrupted_turn, turn_open
 from loopd.records import Baseline
 from loopd.store import Session, SessionInfo, Store
+from loopd.tools import Roots
 
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import SessionHandle
@@ -63,16 +65,20 @@ ActorFactory = Callable[[Session, SessionHooks], SessionActor]
 
 
 class SessionRegistry:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - what a new session is made of, and the bounds
         self,
         nursery: trio.Nursery,
         store: Store,
         baseline: Callable[[], Baseline],
         actor: ActorFactory,
+        *,
         max_live: int,
+        roots: Roots,
     ) -> None:
         self._nursery, self.store, self._baseline = nursery, store, baseline
         self._actor, self.max_live = actor, max_live
+        self.roots = roots
+        """`[tools] roots`: a new session's own folder must be inside one of them."""
         self._by_id: dict[str, _Live] = {}
         self._by_handle: dict[SessionHandle, _Live] = {}
         self._pending: dict[str, trio.Event] = {}
@@ -82,9 +88,12 @@ class SessionRegistry:
     def live(self) -> int:
         return len(set(self._by_id.values()))
 
-    async def attach(self, which: str) -> tuple[SessionHandle, str]:
+    async def attach(self, which: str, cwd: str | None = None) -> tuple[SessionHandle, str]:
         """The session `which` (an id, `latest` or `new`) for one more client: its handle and
-        id. Raises `TooManySessions`, or the store's error for a session that cannot open."""
+        id; `cwd`: a new session's own folder (an existing one keeps its own). Raises
+        `TooManySessions`, `FolderRefused`, or the store's error for a session that cannot
+        open."""
+        folder = self.roots.folder(cwd) if cwd is not None and which == NEW else None
         key = which
         if which == LATEST:
             while (creating := self._pending.get(LATEST)) is not None:
@@ -103,16 +112,17 @@ class SessionRegistry:
                 f"loopd serves {self.max_live} sessions at once ([session] max_live); leave "
                 "one, or wait for its turn to end"
             )
-        return await self._open(which, key)
+        return await self._open(which, key, folder)
 
-    async def _open(self, which: str, key: str) -> tuple[SessionHandle, str]:
-        """Open `which` (an id, or `new`); others asking for `key` meanwhile wait for it."""
+    async def _open(self, which: str, key: str, cwd: Path | None) -> tuple[SessionHandle, str]:
+        """Open `which` (an id, or `new` in folder `cwd`); others asking for `key` meanwhile
+        wait for it."""
         opened = trio.Event()
         if key != NEW:
             self._pending[key] = opened
         try:
             if which == NEW:
-                session = await self.store.create(self._baseline())
+                session = await self.store.create(self._baseline(), cwd=cwd)
                 log.info("new session %s", session.id)
             else:
                 session = await self.store.open(which)

@@ -376,6 +376,7 @@ class SessionActor:
                 continued_baseline(self.baseline(), summary.text),
                 continues=old.id,
                 grants=old.granted,
+                cwd=old.cwd,
             )
             self.session = new
             old.close()

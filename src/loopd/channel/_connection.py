@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from loopd import proto
 from loopd.actors import Core, Subscription
 from loopd.config import ChannelConfig
+from loopd.lines import LineReader, TooLong
 
 from ._handlers import Client, DaemonInfo, handle
 
@@ -28,33 +29,6 @@ log = logging.getLogger(__name__)
 BAD_LINES = 20
 """Bad lines in a row before a connection is closed as abusive."""
 GOODBYE_GRACE = 1.0
-
-
-class _LineTooLong(Exception):
-    pass
-
-
-class _Lines:
-    """Bytes in, whole non-blank lines out; a line over the cap is refused as soon as it is
-    known to be one, before more of it is buffered."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self.buffer += data
-        lines = []
-        while (newline := self.buffer.find(b"\n")) >= 0:
-            line = bytes(self.buffer[:newline])
-            del self.buffer[: newline + 1]
-            if len(line) > self.cap:
-                raise _LineTooLong
-            if line.strip():
-                lines.append(line)
-        if len(self.buffer) > self.cap:
-            raise _LineTooLong
-        return lines
 
 
 @dataclass(eq=False)  # kept in a set by identity
@@ -148,28 +122,21 @@ class Connection:
                 return
 
     async def _read(self) -> None:
-        cap = self.config.max_line
-        lines = _Lines(cap)
+        lines = LineReader(self.stream, self.config.max_line)
         bad = 0
         try:
-            # An empty read: the client is done sending (half a line left over is dropped).
-            while data := await self.stream.receive_some(65536):
-                try:
-                    complete = lines.feed(data)
-                except _LineTooLong:
-                    message = f"a line may be at most {cap} bytes"
+            while (line := await lines.next()) is not None:
+                if isinstance(line, TooLong):
+                    message = f"a line may be at most {line.cap} bytes"
                     self.close_with(proto.Error(code="line_too_long", message=message))
                     return
-                for line in complete:
-                    error = await self._take(line)
-                    bad = bad + 1 if error else 0
-                    if error:
-                        self.say(error)
-                    if bad >= BAD_LINES:
-                        self.close_with(proto.Bye(reason=f"{BAD_LINES} bad lines in a row"))
-                        return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.done.set()
+                error = await self._take(line)
+                bad = bad + 1 if error else 0
+                if error:
+                    self.say(error)
+                if bad >= BAD_LINES:
+                    self.close_with(proto.Bye(reason=f"{BAD_LINES} bad lines in a row"))
+                    return
         finally:
             # No more answers: the writer sends what is queued (a last error, a bye), then ends.
             self.outbox.close()

@@ -27,6 +27,7 @@ from loopd.actors import (
 )
 from loopd.changes import UndoRefused
 from loopd.store import StoreError, UnknownSession
+from loopd.tools import FolderRefused
 
 __all__ = ["Client", "DaemonInfo", "handle"]
 
@@ -71,10 +72,11 @@ class Client:
         assert self.session is not None  # noqa: S101 - move attached it
         return self.session
 
-    async def move(self, which: str) -> str:
-        """Attach it to session `which` (an id, `latest` or `new`), leaving the one it was
-        in; the session's id. Raises `TooManySessions` or a `StoreError`."""
-        handle, session = await self.core.sessions.attach(which)
+    async def move(self, which: str, cwd: str | None = None) -> str:
+        """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`), leaving
+        the one it was in; the session's id. Raises `TooManySessions`, `FolderRefused` or a
+        `StoreError`."""
+        handle, session = await self.core.sessions.attach(which, cwd)
         subscription = await handle.subscribe(self.buffer)
         old, old_subscription = self.session, self.subscription
         self.session, self.subscription = handle, subscription
@@ -113,12 +115,12 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
             message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
             f"{message.protocol}: update the older of the two",
         )
-    await _move(client, message.session)
+    await _move(client, message.session, message.cwd)
     return None
 
 
-async def _move(client: Client, which: str) -> None:
-    session = await client.move(which)
+async def _move(client: Client, which: str, cwd: str | None = None) -> None:
+    session = await client.move(which, cwd)
     client.say(proto.Welcome(daemon=__version__, session=session))
 
 
@@ -201,8 +203,8 @@ async def _history(client: Client, message: proto.HistoryRequest) -> None:
     client.say(proto.History(session=page.session, start=page.start, records=dumped))
 
 
-async def _new_session(client: Client, _: proto.NewSession) -> None:
-    await _move(client, "new")
+async def _new_session(client: Client, message: proto.NewSession) -> None:
+    await _move(client, "new", message.cwd)
 
 
 async def _open_session(client: Client, message: proto.OpenSession) -> None:
@@ -258,6 +260,8 @@ async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | 
         return await HANDLERS[type(message)](client, message)
     except TooManySessions as e:
         return proto.Error(code="too_many_sessions", message=str(e))
+    except FolderRefused as e:
+        return proto.Error(code="folder_refused", message=str(e))
     except UnknownSession as e:
         return proto.Error(code="unknown_session", message=str(e))
     except StoreError as e:  # locked by another process, or a log that does not read

@@ -12,7 +12,6 @@ from ._builtin import (
     DELEGATE,
     WRITE_TOOLS,
     Builtins,
-    Roots,
     builtin_entries,
     delegate_entry,
 )
@@ -51,6 +50,7 @@ from ._port import (
     run_tool_port,
 )
 from ._registry import BUILTIN, Registry, policy_for
+from ._roots import FolderRefused, Roots
 from ._run import Sandbox, missing_bubblewrap
 from ._write import Planned, commit, digest, plan, write_atomically
 
@@ -70,6 +70,7 @@ __all__ = [
     "Dispatch",
     "Executor",
     "Failed",
+    "FolderRefused",
     "Local",
     "McpSource",
     "ModelAnswer",

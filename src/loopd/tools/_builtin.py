@@ -16,6 +16,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import trio
 from loopd.config import RunConfig, ToolsConfig
 
 from ._entry import ToolEntry
-from ._port import ToolFailure, ToolOutput
+from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
@@ -198,15 +199,21 @@ def delegate_entry(config: ToolsConfig, source: str) -> ToolEntry:
 
 
 class Builtins:
-    def __init__(self, roots: list[Path], timeout: float, run: RunConfig | None = None) -> None:
+    def __init__(
+        self,
+        roots: list[Path],
+        timeout: float,
+        run: RunConfig | None = None,
+        threads: trio.CapacityLimiter | None = None,
+    ) -> None:
         self.roots = Roots(roots)
         self.timeout = timeout
+        """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
         self.run = run or RunConfig()
         self.sandbox = Sandbox(
             list(self.roots.roots.values()), self.run.network, self.run.sandbox == "bubblewrap"
         )
-        """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
-        self._threads = trio.CapacityLimiter(TOOL_THREADS)
+        self._threads = threads or trio.CapacityLimiter(TOOL_THREADS)
         self._run: dict[str, Callable[[dict[str, Any]], str]] = {
             "read_file": self.read_file,
             "list_directory": self.list_directory,
@@ -214,9 +221,19 @@ class Builtins:
             "current_time": lambda _: _now(),
         }
 
-    async def preview(self, entry: ToolEntry, arguments: dict[str, Any]) -> str | None:
+    def within(self, cwd: Path | None) -> Builtins:
+        """The same tools working in a session's own folder alone (None: in every root); they
+        share the threads."""
+        if cwd is None:
+            return self
+        return Builtins([cwd], self.timeout, self.run, self._threads)
+
+    async def preview(self, entry: ToolEntry, request: ToolRequest) -> str | None:
         """A write's or an edit's diff, a command with its folder and sandbox; or why the call
         will fail."""
+        if request.cwd is not None:
+            return await self.within(request.cwd).preview(entry, replace(request, cwd=None))
+        arguments = request.arguments
         try:
             if entry.name in WRITE_TOOLS:
                 planned = await trio.to_thread.run_sync(
@@ -233,7 +250,10 @@ class Builtins:
             return f"(it will fail: {e})"
         return None
 
-    async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
+    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        if request.cwd is not None:
+            return await self.within(request.cwd).run_tool(entry, replace(request, cwd=None))
+        arguments = request.arguments
         if entry.name == "run_command":
             return await self.run_command(arguments)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first

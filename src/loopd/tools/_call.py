@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from loopd.records import DataClass
@@ -41,6 +42,8 @@ class CallOrigin:
     """The session's number for this call."""
     granted: frozenset[str] = frozenset()
     """Tools a person approved for the rest of the session."""
+    cwd: Path | None = None
+    """The session's own folder; None: all of `[tools] roots`."""
 
 
 CallerTool = Callable[[dict[str, Any]], Awaitable[ToolOutput]]
@@ -75,7 +78,7 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
         if isinstance(routed, Local):
             return ModelAnswer(routed.text)
         request = ToolRequest(
-            origin.session, origin.number, routed.tool, routed.arguments, origin.granted
+            origin.session, origin.number, routed.tool, routed.arguments, origin.granted, origin.cwd
         )
         run = (own or {}).get(routed.tool)
         answered = await port.call(request, on_asking, run and partial(run, routed.arguments))

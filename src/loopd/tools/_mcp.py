@@ -27,7 +27,7 @@ from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
 
 from ._entry import ToolEntry
-from ._port import ToolFailure, ToolOutput
+from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import Registry, policy_for
 
 __all__ = ["McpSource"]
@@ -151,11 +151,13 @@ class McpSource:
             raise ToolFailure(f"MCP server {self.name} did not start: {self._last_error}")
         return self._client
 
-    async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput:
+    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        """The MCP server's tools work where the server does: a session's own folder (`cwd`)
+        does not reach them."""
         client = await self._connected()
         tool = entry.name.removeprefix(f"{self.name}.")
         try:
-            result = await client.call_tool(tool, arguments)
+            result = await client.call_tool(tool, request.arguments)
         except MCPError as e:
             if "closed" in str(e).lower():
                 # Down now, for every caller; the supervisor cleans up and restarts on demand.

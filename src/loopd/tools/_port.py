@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import outcome
@@ -66,6 +67,8 @@ class ToolRequest:
     arguments: dict[str, Any]
     granted: frozenset[str] = frozenset()
     """Tools a person approved for the rest of this session (from its log)."""
+    cwd: Path | None = None
+    """The session's own folder, the only one its file tools work in; None: all roots."""
 
 
 @dataclass(frozen=True)
@@ -156,14 +159,16 @@ class ToolOutput:
 class Executor(Protocol):
     """Runs the tools of one source."""
 
-    async def run_tool(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolOutput: ...
+    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        """Run `request` (its arguments checked against `entry`'s schema)."""
+        ...
 
 
 @runtime_checkable
 class Previews(Protocol):
     """An executor that can say what a call would do, for the person asked to approve it."""
 
-    async def preview(self, entry: ToolEntry, arguments: dict[str, Any]) -> str | None: ...
+    async def preview(self, entry: ToolEntry, request: ToolRequest) -> str | None: ...
 
 
 # -- the inbox -------------------------------------------------------------------------------
@@ -313,7 +318,7 @@ class _PortActor:
             self.approval_timeout,
         )
         if isinstance(executor := self.executors.get(entry.source), Previews):
-            asking = replace(asking, preview=await executor.preview(entry, request.arguments))
+            asking = replace(asking, preview=await executor.preview(entry, request))
         key = (request.session, request.call)
         waiting = self._pending[key] = _Pending(asking, job.scope)
         try:
@@ -331,7 +336,7 @@ class _PortActor:
         if run is None:
             if (executor := self.executors.get(entry.source)) is None:
                 return Failed(f"{entry.name} is run by whoever calls it, and this caller cannot")
-            run = partial(executor.run_tool, entry, request.arguments)
+            run = partial(executor.run_tool, entry, request)
         with trio.move_on_after(timeout) as deadline:
             try:
                 output = await run()

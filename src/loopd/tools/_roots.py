@@ -6,10 +6,14 @@ from pathlib import Path, PurePosixPath
 
 from ._port import ToolFailure
 
-__all__ = ["SNIFF_BYTES", "Roots"]
+__all__ = ["SNIFF_BYTES", "FolderRefused", "Roots"]
 
 SNIFF_BYTES = 8192
 """Enough of a file to tell text from binary the way git does: a NUL byte."""
+
+
+class FolderRefused(Exception):
+    """A session's folder that is not one file tools may work in; the message says why."""
 
 
 class Roots:
@@ -18,6 +22,32 @@ class Roots:
 
     def __init__(self, roots: list[Path]) -> None:
         self.roots = {r.expanduser().resolve().name: r.expanduser().resolve() for r in roots}
+
+    def within(self, cwd: Path | None) -> Roots:
+        """The roots of a session: its own folder alone, or (None) all of these."""
+        return self if cwd is None else Roots([cwd])
+
+    def folder(self, cwd: str) -> Path:
+        """`cwd` as a session's own folder: an absolute path to a folder inside one of these
+        roots (or one of them). Raises `FolderRefused`."""
+        path = Path(cwd)
+        if not path.is_absolute():
+            raise FolderRefused(f"{cwd}: a session's folder is an absolute path")
+        if not self.roots:
+            raise FolderRefused(
+                f"{cwd}: no folder is open to loopd's file tools; add it (or a folder above "
+                "it) to [tools] roots"
+            )
+        resolved = path.resolve()
+        if not any(resolved.is_relative_to(r) for r in self.roots.values()):
+            allowed = ", ".join(str(r) for r in self.roots.values())
+            raise FolderRefused(
+                f"{cwd} is not inside the folders loopd's tools may use ({allowed}): add it to "
+                "[tools] roots"
+            )
+        if not resolved.is_dir():
+            raise FolderRefused(f"{cwd}: no such folder")
+        return resolved
 
     def resolve(self, path: str) -> Path:
         if not self.roots:

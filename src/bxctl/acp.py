@@ -1,0 +1,359 @@
+"""`bxctl acp`: loopd as an Agent Client Protocol agent, on stdin and stdout.
+
+An editor starts `bxctl acp` and speaks ACP to it: JSON-RPC 2.0, one message a line. It is a
+client of the running loopd (it starts none), with one connection to loopd's socket per ACP
+session, since a loopd client is in one session at a time. What each method does is in
+docs/editors.md; how loopd's events become ACP's is `acp_map`.
+
+The `agent-client-protocol` package's models are the schema: each request's params are read
+with them and each answer and notification is built from them. Its connections are not used:
+they run on asyncio, bxctl on trio, and the framing they would save is a line each way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from acp import PROTOCOL_VERSION, schema
+from pydantic import BaseModel, ValidationError
+
+from bxctl.acp_map import (
+    DECISIONS,
+    permission_request,
+    replayed,
+    stop_reason,
+    text_of,
+    update_of,
+    usage_of,
+)
+from bxctl.connection import Connection, SessionRefused, Unreachable
+from loopd import __version__
+from loopd.actors import HISTORY_PAGE
+from loopd.events import ApprovalNeeded
+from loopd.lines import LineReader, TooLong
+from loopd.proto import DaemonMessage, Error, Event, History, TurnDone, TurnFailed
+from loopd.records import RECORD
+
+__all__ = ["MAX_LINE", "RpcError", "serve"]
+
+MAX_LINE = 16 * 1024 * 1024
+"""The longest line read from the editor; a longer one is answered with an error and skipped."""
+
+# JSON-RPC's own codes, ACP's, and one of ours.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+RESOURCE_NOT_FOUND = -32002
+LOOPD_UNREACHABLE = -32010
+"""loopd is not running, or went away during the request."""
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass
+class _Turn:
+    done: trio.Event = field(default_factory=trio.Event)
+    end: DaemonMessage | None = None
+    """`turn_done`, `turn_failed` or an `error`; None: loopd went away."""
+
+
+@dataclass(eq=False)
+class _Session:
+    """An ACP session: a loopd session, through a connection of its own."""
+
+    id: str
+    """The id the editor knows (the loopd session it began as; a compaction goes on in a new
+    loopd session, under the same ACP id)."""
+    connection: Connection
+    turns: dict[str, _Turn] = field(default_factory=dict)
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class Agent:
+    def __init__(self, socket: Path, output: trio.abc.SendStream) -> None:
+        self.socket, self.output = socket, output
+        self.sessions: dict[str, _Session] = {}
+        self._writing = trio.Lock()
+        self._asked: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
+        """Requests to the editor that wait for its answer, by id."""
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self.methods: dict[str, tuple[type[BaseModel], Callable[[Any], Awaitable[BaseModel]]]] = {
+            "initialize": (schema.InitializeRequest, self.initialize),
+            "session/new": (schema.NewSessionRequest, self.new_session),
+            "session/load": (schema.LoadSessionRequest, self.load_session),
+            "session/prompt": (schema.PromptRequest, self.prompt),
+        }
+
+    # -- the wire ------------------------------------------------------------------------
+
+    async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
+        """Answer the editor until it closes stdin."""
+        lines = LineReader(stdin, MAX_LINE)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while (line := await lines.next()) is not None:
+                if isinstance(line, TooLong):
+                    await self._error(
+                        None, INVALID_REQUEST, f"a line may be at most {line.cap} bytes"
+                    )
+                else:
+                    await self._take(line)
+            nursery.cancel_scope.cancel()
+        for session in self.sessions.values():
+            await session.connection.aclose()
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        async with self._writing:
+            await self.output.send_all(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+
+    async def _error(self, rpc_id: object, code: int, message: str) -> None:
+        await self._write({"id": rpc_id, "error": {"code": code, "message": message}})
+
+    async def notify(self, session: str, update: BaseModel) -> None:
+        notification = schema.SessionNotification(session_id=session, update=update)
+        await self._write({"method": "session/update", "params": _dumped(notification)})
+
+    async def ask(self, method: str, params: BaseModel) -> dict[str, Any]:
+        """A request to the editor; its result."""
+        rpc_id = next(self._ids)
+        answered: tuple[trio.Event, list[dict[str, Any]]] = (trio.Event(), [])
+        self._asked[rpc_id] = answered
+        try:
+            await self._write({"id": rpc_id, "method": method, "params": _dumped(params)})
+            await answered[0].wait()
+        finally:
+            del self._asked[rpc_id]
+        reply = answered[1][0]
+        if "error" in reply:
+            raise RpcError(
+                INTERNAL_ERROR, f"the editor answered {method} with an error: {reply['error']}"
+            )
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {}
+
+    async def _take(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as e:  # also a line that is not UTF-8
+            await self._error(None, PARSE_ERROR, f"not JSON: {e}")
+            return
+        if not isinstance(message, dict):
+            await self._error(None, INVALID_REQUEST, "a message is a JSON object")
+            return
+        rpc_id, method = message.get("id"), message.get("method")
+        if method is None:
+            if isinstance(rpc_id, int) and (asked := self._asked.get(rpc_id)) is not None:
+                asked[1].append(message)
+                asked[0].set()
+            elif "result" not in message and "error" not in message:
+                await self._error(rpc_id, INVALID_REQUEST, "neither a request nor an answer")
+            return
+        if not isinstance(method, str):
+            await self._error(rpc_id, INVALID_REQUEST, "method is a string")
+        elif method == "session/cancel":
+            await self._cancel(message.get("params"))
+        elif "id" not in message:
+            return  # a notification loopd does not know: ignored, as JSON-RPC says
+        elif method not in self.methods:
+            await self._error(rpc_id, METHOD_NOT_FOUND, f"bxctl acp does not offer {method}")
+        else:
+            assert self._nursery is not None  # noqa: S101 - serve set it
+            self._nursery.start_soon(self._answer, rpc_id, method, message.get("params"))
+
+    async def _answer(self, rpc_id: object, method: str, params: object) -> None:
+        kind, handler = self.methods[method]
+        try:
+            result = await handler(kind.model_validate(params or {}))
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "params"
+            await self._error(rpc_id, INVALID_PARAMS, f"{method}: {where}: {first['msg']}")
+        except RpcError as e:
+            await self._error(rpc_id, e.code, e.message)
+        except Unreachable as e:
+            await self._error(rpc_id, LOOPD_UNREACHABLE, str(e))
+        else:
+            await self._write({"id": rpc_id, "result": _dumped(result)})
+
+    # -- the methods ---------------------------------------------------------------------
+
+    async def initialize(self, request: schema.InitializeRequest) -> schema.InitializeResponse:
+        return schema.InitializeResponse(
+            protocol_version=min(request.protocol_version, PROTOCOL_VERSION),
+            agent_capabilities=schema.AgentCapabilities(
+                load_session=True,
+                prompt_capabilities=schema.PromptCapabilities(
+                    image=False, audio=False, embedded_context=True
+                ),
+                mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+            ),
+            agent_info=schema.Implementation(name="loopd", title="loopd", version=__version__),
+            auth_methods=[],
+        )
+
+    async def new_session(self, request: schema.NewSessionRequest) -> schema.NewSessionResponse:
+        session = await self._open("new", request.cwd)
+        return schema.NewSessionResponse(session_id=session.id)
+
+    async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
+        if (old := self.sessions.pop(request.session_id, None)) is not None:
+            await old.connection.aclose()
+        session = await self._open(request.session_id, None)
+        start = 0
+        while True:  # the whole history, a page at a time, before the answer
+            page = await session.connection.request(
+                {"type": "history", "start": start, "end": start + HISTORY_PAGE}, "history"
+            )
+            if not isinstance(page, History):
+                raise RpcError(INTERNAL_ERROR, f"loopd did not give the history: {page}")
+            for update in replayed([RECORD.validate_python(r) for r in page.records]):
+                await self.notify(session.id, update)
+            if len(page.records) < HISTORY_PAGE:
+                break
+            start += len(page.records)
+        self._follow(session)
+        return schema.LoadSessionResponse()
+
+    async def _open(self, which: str, cwd: str | None) -> _Session:
+        connection = await Connection.open(self.socket)
+        try:
+            loopd_id = await connection.hello(which, cwd=cwd, client="bxctl acp")
+        except SessionRefused as e:
+            await connection.aclose()
+            code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
+            raise RpcError(code, str(e)) from None
+        except BaseException:
+            await connection.aclose()
+            raise
+        session = self.sessions[loopd_id] = _Session(loopd_id, connection)
+        if which == "new":
+            self._follow(session)
+        return session
+
+    def _follow(self, session: _Session) -> None:
+        assert self._nursery is not None  # noqa: S101 - serve set it
+        self._nursery.start_soon(self._relay, session)
+
+    async def prompt(self, request: schema.PromptRequest) -> schema.PromptResponse:
+        session = self.sessions.get(request.session_id)
+        if session is None:
+            raise RpcError(
+                RESOURCE_NOT_FOUND,
+                f"no session {request.session_id} here: session/new or session/load it first",
+            )
+        if session.connection.closed:  # loopd went away: it may be back
+            gone = session.connection
+            session.connection = await Connection.open(self.socket)
+            await session.connection.hello(gone.session, client="bxctl acp")
+            self._follow(session)
+        turn_id = f"p{next(session.numbers)}"
+        turn = session.turns[turn_id] = _Turn()
+        try:
+            await session.connection.send(
+                {"type": "send", "id": turn_id, "content": text_of(request.prompt)}
+            )
+            await turn.done.wait()
+        finally:
+            del session.turns[turn_id]
+        return _response(turn.end)
+
+    async def _cancel(self, params: object) -> None:
+        try:
+            cancel = schema.CancelNotification.model_validate(params or {})
+        except ValidationError:
+            return  # a notification has no answer, not even an error
+        session = self.sessions.get(cancel.session_id)
+        if session is None or session.connection.closed:
+            return
+        for turn in list(session.turns):
+            await session.connection.send({"type": "cancel", "id": turn})
+
+    # -- loopd's side --------------------------------------------------------------------
+
+    async def _relay(self, session: _Session) -> None:
+        """What loopd says in the session: updates for the editor, the ends of turns,
+        approvals to ask for."""
+        connection = session.connection
+        try:
+            while (message := await connection.receive()) is not None:
+                await self._relay_one(session, message)
+        except Unreachable:
+            pass
+        finally:
+            connection.closed = True
+            for turn in session.turns.values():
+                turn.done.set()  # with no end: loopd went away
+
+    async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
+        turn = session.turns.get(getattr(message, "id", None) or "")
+        if isinstance(message, Event):
+            if isinstance(message.event, ApprovalNeeded):
+                assert self._nursery is not None  # noqa: S101 - serve set it
+                self._nursery.start_soon(self._approval, session, message.event)
+            elif (update := update_of(message.event)) is not None:
+                await self.notify(session.id, update)
+        elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
+            turn.end = message
+            turn.done.set()
+
+    async def _approval(self, session: _Session, asking: ApprovalNeeded) -> None:
+        try:
+            answer = await self.ask(
+                "session/request_permission", permission_request(session.id, asking)
+            )
+            outcome = schema.RequestPermissionResponse.model_validate(answer).outcome
+        except (RpcError, ValidationError):
+            outcome = None
+        chosen = getattr(outcome, "option_id", None)
+        decision = DECISIONS.get(chosen or "", "deny")
+        approve = {
+            "type": "approve",
+            "call": asking.call,
+            "session": asking.session,
+            "decision": decision,
+        }
+        if not session.connection.closed:
+            await session.connection.send(approve)
+
+
+def _response(end: DaemonMessage | None) -> schema.PromptResponse:
+    if end is None:
+        raise RpcError(
+            LOOPD_UNREACHABLE,
+            "loopd went away during the turn; prompt again once it is back (`loopd serve`)",
+        )
+    if isinstance(end, TurnDone):
+        return schema.PromptResponse(stop_reason="end_turn", usage=usage_of(end.usage))
+    if isinstance(end, TurnFailed):
+        if (reason := stop_reason(end)) is not None:
+            return schema.PromptResponse(stop_reason=reason)
+        raise RpcError(INTERNAL_ERROR, f"the turn failed ({end.kind}): {end.message}")
+    assert isinstance(end, Error)  # noqa: S101 - the relay ends turns with these three
+    raise RpcError(INTERNAL_ERROR, f"loopd refused the prompt ({end.code}): {end.message}")
+
+
+def _dumped(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def serve(socket: Path) -> None:
+    """`bxctl acp`: the agent on this process's stdin and stdout."""
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+    async with stdin, stdout:
+        await Agent(socket, stdout).serve(stdin)

@@ -1,0 +1,222 @@
+"""loopd's events, records and ends of turns as the Agent Client Protocol says them.
+
+Pure functions from loopd's types to the `agent-client-protocol` package's models: what a
+turn streams (`session/update`), what a loaded session replays, how a turn ends (the stop
+reason and the usage), and what a call waiting for approval asks the editor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from acp import schema
+
+from loopd.events import ApprovalNeeded, ToolCallStarted, ToolResult
+from loopd.infer import Content, Reasoning
+from loopd.proto import TurnFailed, Usage
+from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
+
+__all__ = [
+    "DECISIONS",
+    "permission_request",
+    "replayed",
+    "stop_reason",
+    "text_of",
+    "update_of",
+    "usage_of",
+]
+
+Update = (
+    schema.AgentMessageChunk
+    | schema.AgentThoughtChunk
+    | schema.UserMessageChunk
+    | schema.ToolCallStart
+    | schema.ToolCallProgress
+)
+
+_KINDS: dict[str, schema.ToolKind] = {
+    "read_file": "read",
+    "list_directory": "read",
+    "search_text": "search",
+    "find_tool": "search",
+    "write_file": "edit",
+    "edit_file": "edit",
+    "run_command": "execute",
+    "current_time": "other",
+    "delegate": "think",
+}
+_FAILED = ("The tool failed: ", "The call was denied: ", "Not run: ")
+"""How a result the model reads starts when the call did not run to an answer."""
+
+DECISIONS: dict[str, str] = {"once": "once", "session": "session", "deny": "deny"}
+"""Permission option ids, each the loopd `approve` decision it stands for."""
+_OPTIONS = [
+    schema.PermissionOption(option_id="once", name="Allow once", kind="allow_once"),
+    schema.PermissionOption(
+        option_id="session", name="Allow always (this session)", kind="allow_always"
+    ),
+    schema.PermissionOption(option_id="deny", name="Reject", kind="reject_once"),
+]
+
+# What a turn's failure is to the editor: a stop reason, or (None) a JSON-RPC error.
+_STOPS: dict[str, schema.StopReason | None] = {
+    "cancelled": "cancelled",
+    "turn_limit": "max_turn_requests",
+    "session_full": "max_tokens",
+    "infer": None,
+    "error": None,
+}
+
+
+def _text(text: str) -> schema.TextContentBlock:
+    return schema.TextContentBlock(type="text", text=text)
+
+
+def _content(text: str) -> list[schema.ContentToolCallContent]:
+    return [schema.ContentToolCallContent(type="content", content=_text(text))]
+
+
+def kind_of(tool: str | None) -> schema.ToolKind:
+    if tool is None:
+        return "other"
+    return _KINDS.get(tool.rsplit(".", 1)[-1] if "." in tool else tool, "other")
+
+
+def _status(result: str) -> schema.ToolCallStatus:
+    return "failed" if result.startswith(_FAILED) else "completed"
+
+
+def update_of(event: object) -> Update | None:
+    """The `session/update` a live event of a turn is, if the editor shows it."""
+    if isinstance(event, Reasoning):
+        return schema.AgentThoughtChunk(
+            session_update="agent_thought_chunk", content=_text(event.text)
+        )
+    if isinstance(event, Content):
+        return schema.AgentMessageChunk(
+            session_update="agent_message_chunk", content=_text(event.text)
+        )
+    if isinstance(event, ToolCallStarted):
+        tool = event.tool or event.name
+        return schema.ToolCallStart(
+            session_update="tool_call",
+            tool_call_id=str(event.call),
+            title=tool,
+            kind=kind_of(tool),
+            status="in_progress",
+        )
+    if isinstance(event, ToolResult):
+        return schema.ToolCallProgress(
+            session_update="tool_call_update",
+            tool_call_id=str(event.call),
+            status=_status(event.preview),
+            content=_content(event.preview),
+        )
+    return None
+
+
+def permission_request(session: str, asking: ApprovalNeeded) -> schema.RequestPermissionRequest:
+    """What the editor is asked for a call that waits for approval: the call, with what it
+    would do (a write's or an edit's diff, a command with its folder) when loopd can say."""
+    detail = asking.preview or json.dumps(asking.arguments, indent=2, ensure_ascii=False)
+    title = asking.tool if asking.session is None else f"{asking.tool} (sub-agent {asking.session})"
+    return schema.RequestPermissionRequest(
+        session_id=session,
+        tool_call=schema.ToolCallUpdate(
+            tool_call_id=str(asking.call),
+            title=title,
+            kind=kind_of(asking.tool),
+            status="pending",
+            raw_input=asking.arguments,
+            content=_content(detail),
+        ),
+        options=_OPTIONS,
+    )
+
+
+def stop_reason(failed: TurnFailed) -> schema.StopReason | None:
+    """How a failed turn ended, as a stop reason; None: it is an error to the editor."""
+    return _STOPS[failed.kind]
+
+
+def usage_of(usage: Usage | None) -> schema.Usage | None:
+    """The turn's last request: its whole prompt (cached or not), its answer."""
+    if usage is None or usage.prompt_n is None or usage.predicted_n is None:
+        return None
+    cached = usage.cache_n or 0
+    prompt = usage.prompt_n + cached
+    return schema.Usage(
+        input_tokens=prompt,
+        output_tokens=usage.predicted_n,
+        total_tokens=prompt + usage.predicted_n,
+        cached_read_tokens=cached,
+        thought_tokens=usage.reasoning_tokens or None,
+    )
+
+
+def replayed(records: Sequence[Record]) -> Iterator[Update]:
+    """A session's history as the updates that would have shown it live: what was said, the
+    reasoning, each call with its result."""
+    asked: dict[str, tuple[str, Any]] = {}
+    """The model's id of each call: the tool it named and its arguments."""
+    for record in records:
+        if isinstance(record, UserRecord):
+            yield schema.UserMessageChunk(
+                session_update="user_message_chunk", content=_text(record.content)
+            )
+        elif isinstance(record, AssistantRecord):
+            if record.reasoning_content:
+                yield schema.AgentThoughtChunk(
+                    session_update="agent_thought_chunk", content=_text(record.reasoning_content)
+                )
+            if record.content:
+                yield schema.AgentMessageChunk(
+                    session_update="agent_message_chunk", content=_text(record.content)
+                )
+            for call in record.tool_calls:
+                asked[call.id] = _named(call.name, call.arguments)
+        elif isinstance(record, ToolResultRecord):
+            tool, arguments = asked.get(record.tool_call_id, (record.name, None))
+            yield schema.ToolCallStart(
+                session_update="tool_call",
+                tool_call_id=str(record.call),
+                title=tool,
+                kind=kind_of(tool),
+                status=_status(record.content),
+                raw_input=arguments,
+                content=_content(record.content),
+            )
+
+
+def _named(name: str, arguments: str) -> tuple[str, Any]:
+    """The tool a call is for (`call_tool` names it in its arguments) and its arguments."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return name, arguments
+    if name == "call_tool" and isinstance(parsed, dict) and isinstance(parsed.get("name"), str):
+        return parsed["name"], parsed.get("arguments")
+    return name, parsed
+
+
+def text_of(blocks: Sequence[Any]) -> str:
+    """A prompt's blocks as one user message: text as it is, a linked or embedded resource as
+    a mention of it (with its text, when the editor sent it)."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, schema.TextContentBlock):
+            parts.append(block.text)
+        elif isinstance(block, schema.ResourceContentBlock):
+            parts.append(f"[{block.name}]({block.uri})")
+        elif isinstance(block, schema.EmbeddedResourceContentBlock):
+            resource = block.resource
+            text = getattr(resource, "text", None)
+            if text is None:
+                parts.append(f"[{resource.uri}] (not text: not shown)")
+            else:
+                parts.append(f"[{resource.uri}]\n```\n{text}\n```")
+        else:
+            parts.append(f"[{block.type} content: loopd takes text only]")
+    return "\n\n".join(parts)

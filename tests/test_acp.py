@@ -1,0 +1,330 @@
+"""`bxctl acp` driven by the `agent-client-protocol` package's own client-side connection (the
+editor's end, written by others), against a real `loopd serve` on a scripted model; and raw
+lines on its stdin, for what no well-behaved client sends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+from acp.schema import (
+    AllowedOutcome,
+    DeniedOutcome,
+    PermissionOption,
+    RequestPermissionResponse,
+    ToolCallUpdate,
+)
+
+from bxctl.acp import INVALID_PARAMS, INVALID_REQUEST, LOOPD_UNREACHABLE, MAX_LINE
+from loopd.store import Store
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama, Reply
+from test_hands import notes_folder, write
+
+StartDaemon = Callable[..., Awaitable[Daemon]]
+
+
+@dataclass
+class Editor:
+    """The editor's side: what it was shown, and how it answers permission requests."""
+
+    decision: str | None = "once"
+    """The option it picks; None: it cancels the request."""
+    updates: list[Any] = field(default_factory=list)
+    asked: list[ToolCallUpdate] = field(default_factory=list)
+
+    async def request_permission(
+        self,
+        session_id: str,  # noqa: ARG002 - the package calls it by these names
+        tool_call: ToolCallUpdate,
+        options: list[PermissionOption],  # noqa: ARG002
+        **_: Any,
+    ) -> RequestPermissionResponse:
+        self.asked.append(tool_call)
+        if self.decision is None:
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(outcome="selected", option_id=self.decision)
+        )
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:  # noqa: ARG002
+        self.updates.append(update)
+
+    def kinds(self) -> list[str]:
+        """The kinds of update, a run of chunks as one."""
+        kinds = [u.session_update for u in self.updates]
+        return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1] or "chunk" not in k]
+
+    def said(self) -> str:
+        return "".join(
+            u.content.text for u in self.updates if u.session_update == "agent_message_chunk"
+        )
+
+
+Script = Callable[[Any, Editor], Awaitable[Any]]
+
+
+async def with_editor(d: Daemon, script: Script, editor: Editor | None = None) -> Any:
+    """Run `script(connection, editor)` against a `bxctl acp` of its own, from asyncio in a
+    thread (the package's connections are asyncio's), while this test's trio loop serves the
+    scripted model."""
+    editor = editor or Editor()
+
+    async def run() -> Any:
+        command = ["-m", "bxctl", "--config", str(d.config), "acp"]
+        spawned = spawn_agent_process(editor, sys.executable, *command)  # type: ignore[arg-type]
+        async with spawned as (conn, _):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            return await asyncio.wait_for(script(conn, editor), 60)
+
+    return await trio.to_thread.run_sync(lambda: asyncio.run(run()))
+
+
+async def test_a_turn_with_a_write_asks_the_editor_and_the_answer_streams_back(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [write("today.md", "buy tea\n"), Reply(reasoning="Done it.", content="Tea it is.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def turn(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        answer = await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        return session.session_id, answer
+
+    editor = Editor()
+    session, answer = await with_editor(d, turn, editor)
+    assert answer.stop_reason == "end_turn"
+    assert answer.usage is not None
+    assert answer.usage.output_tokens > 0
+    assert (notes / "today.md").read_text() == "buy tea\n"
+    (asked,) = editor.asked
+    assert (asked.title, asked.kind, asked.status) == ("write_file", "edit", "pending")
+    assert asked.content is not None
+    assert "-buy milk\n+buy tea\n" in asked.content[0].content.text
+    assert editor.kinds() == [
+        "tool_call",
+        "tool_call_update",
+        "agent_thought_chunk",
+        "agent_message_chunk",
+    ]
+    started, result = editor.updates[:2]
+    assert (started.tool_call_id, started.title, started.kind) == ("1", "write_file", "edit")
+    assert (result.tool_call_id, result.status) == ("1", "completed")
+    assert editor.said() == "Tea it is."
+    header = Store(d.home / "sessions").read(session)[0]
+    assert header.cwd == str(notes)
+
+
+async def test_a_rejected_or_cancelled_permission_leaves_the_file_alone(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [write("today.md", "buy tea\n"), Reply(content="Not done.")] * 2
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+    for decision in ("deny", None):
+
+        async def turn(conn: Any, editor: Editor) -> Any:
+            session = await conn.new_session(cwd=str(notes))
+            return await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+
+        editor = Editor(decision)
+        answer = await with_editor(d, turn, editor)
+        assert answer.stop_reason == "end_turn"
+        assert len(editor.asked) == 1
+        assert (notes / "today.md").read_text() == "buy milk\n"
+        result = editor.updates[1]
+        assert (result.status, result.content[0].content.text) == (
+            "failed",
+            "The call was denied: the user did not approve it",
+        )
+
+
+async def test_a_folder_outside_the_roots_is_refused_saying_why(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    d = await daemon(FakeLlama([]), tools=f'roots = ["{notes}"]')
+
+    async def refused(conn: Any, _: Editor) -> str:
+        try:
+            await conn.new_session(cwd=str(tmp_path))
+        except Exception as e:  # noqa: BLE001 - the package's RequestError
+            return f"{e.code}: {e}"  # type: ignore[attr-defined]
+        return "accepted"
+
+    answer = await with_editor(d, refused)
+    assert answer.startswith(f"{INVALID_PARAMS}: ")
+    assert f"{tmp_path} is not inside the folders loopd's tools may use ({notes})" in answer
+
+
+async def test_cancel_ends_the_prompt_as_cancelled(daemon: StartDaemon, tmp_path: Path) -> None:
+    notes = notes_folder(tmp_path)
+    slow = Reply(content="word " * 400, delay=0.05)
+    d = await daemon(FakeLlama([slow]), tools=f'roots = ["{notes}"]')
+
+    async def cancelled(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        prompt = asyncio.ensure_future(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("talk")])
+        )
+        while "agent_message_chunk" not in editor.kinds():  # noqa: ASYNC110 - the editor's list
+            await asyncio.sleep(0.02)
+        await conn.cancel(session_id=session.session_id)
+        return await prompt
+
+    answer = await with_editor(d, cancelled)
+    assert answer.stop_reason == "cancelled"
+
+
+async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_path: Path) -> None:
+    notes = notes_folder(tmp_path)
+    script = [write("today.md", "buy tea\n"), Reply(content="Tea it is."), Reply(content="Sure.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def first(conn: Any, _: Editor) -> str:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        return str(session.session_id)
+
+    session = await with_editor(d, first)
+
+    async def again(conn: Any, editor: Editor) -> Any:
+        await conn.load_session(cwd=str(notes), session_id=session)
+        replayed = list(editor.kinds())
+        answer = await conn.prompt(session_id=session, prompt=[text_block("and milk?")])
+        return replayed, answer
+
+    editor = Editor()
+    replayed, answer = await with_editor(d, again, editor)
+    assert replayed == ["user_message_chunk", "tool_call", "agent_message_chunk"]
+    call = editor.updates[1]
+    assert (call.title, call.kind, call.status) == ("write_file", "edit", "completed")
+    assert call.raw_input == {"path": "today.md", "content": "buy tea\n"}
+    assert editor.updates[0].content.text == "tea"
+    assert answer.stop_reason == "end_turn"
+    assert editor.said() == "Tea it is.Sure."
+
+
+async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([]))
+
+    async def unknown(conn: Any, _: Editor) -> list[str]:
+        errors = []
+        for call in (
+            conn.load_session(cwd="/", session_id="20260101T000000000Z-aaaaaa"),
+            conn.prompt(session_id="nope", prompt=[text_block("hi")]),
+        ):
+            try:
+                await call
+            except Exception as e:  # noqa: BLE001 - the package's RequestError
+                errors.append(f"{e.code}")  # type: ignore[attr-defined]
+        return errors
+
+    assert await with_editor(d, unknown) == ["-32002", "-32002"]
+
+
+class Raw:
+    """`bxctl acp` with the test at its stdin: lines no client library would send."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.buffer = b""
+
+    async def close(self) -> None:
+        self.process.kill()
+        await self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                await pipe.aclose()
+
+    async def send(self, line: bytes) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all(line + b"\n")
+
+    async def receive(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        with trio.fail_after(30):
+            while b"\n" not in self.buffer:
+                self.buffer += await self.process.stdout.receive_some(65536)
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    async def request(self, id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
+        message = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+        await self.send(json.dumps(message).encode())
+        return await self.receive()
+
+
+async def raw_acp(d: Daemon) -> Raw:
+    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "acp"]
+    process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1)
+    return Raw(process)
+
+
+async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([]))
+    acp = await raw_acp(d)
+    try:
+        await acp.send(b"this is not JSON")
+        assert (await acp.receive())["error"]["code"] == -32700
+        await acp.send(b"[1, 2]")
+        assert (await acp.receive())["error"]["code"] == INVALID_REQUEST
+        answer = await acp.request(1, "session/fly", {})
+        assert answer["id"] == 1
+        assert answer["error"]["code"] == -32601
+        answer = await acp.request(2, "session/prompt", {"sessionId": 3})
+        assert answer["error"]["code"] == INVALID_PARAMS
+        assert answer["error"]["message"].startswith("session/prompt: sessionId: ")
+        await acp.send(b'{"jsonrpc": "2.0", "id": 3, "method": "x", "params": "' + b"y" * MAX_LINE)
+        answer = await acp.receive()
+        assert answer["error"]["code"] == INVALID_REQUEST
+        assert answer["error"]["message"] == f"a line may be at most {MAX_LINE} bytes"
+        answer = await acp.request(4, "initialize", {"protocolVersion": 1})
+        assert answer["result"]["agentCapabilities"]["loadSession"] is True
+        assert answer["result"]["protocolVersion"] == 1
+    finally:
+        await acp.close()
+
+
+async def test_loopd_gone_is_an_error_and_a_new_prompt_works_once_it_is_back(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    slow = Reply(content="word " * 400, delay=0.05)
+    d = await daemon(FakeLlama([slow, Reply(content="Back.")]), tools=f'roots = ["{notes}"]')
+    acp = await raw_acp(d)
+    new = {"cwd": str(notes), "mcpServers": []}
+    try:
+        session = (await acp.request(1, "session/new", new))["result"]
+        prompt = {"sessionId": session["sessionId"], "prompt": [{"type": "text", "text": "hi"}]}
+        await acp.send(
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt}
+            ).encode()
+        )
+        assert (await acp.receive())["method"] == "session/update"  # the answer streams
+        await d.kill()
+        while "error" not in (answer := await acp.receive()):
+            pass
+        assert answer["id"] == 2
+        assert answer["error"]["code"] == LOOPD_UNREACHABLE
+        assert "loopd went away during the turn" in answer["error"]["message"]
+        answer = await acp.request(3, "session/new", new)
+        assert answer["error"]["code"] == LOOPD_UNREACHABLE
+        assert "loopd is not running" in answer["error"]["message"]
+        await d.start()
+        answer = await acp.request(4, "session/prompt", prompt)
+        while "id" not in answer:  # its answer's updates first
+            answer = await acp.receive()
+        assert answer["result"]["stopReason"] == "end_turn"
+    finally:
+        await acp.close()
