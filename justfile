@@ -69,6 +69,7 @@ test *ARGS: setup
     LOOPD_TEMPLATES="$(UV="{{uv}}" {{py}} scripts/assets.py templates-path)" \
     LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
     LOOPD_SWA_MODEL="$(UV="{{uv}}" {{py}} scripts/assets.py candidate-path gemma3-270m)" \
+    LOOPD_ACPX="$({{py}} scripts/assets.py acpx-path)" \
     {{py}} -m pytest "$@"
 
 # Format the code

@@ -10,6 +10,7 @@ because results are moved into place only when complete.
     python scripts/assets.py templates-path  llama.cpp's chat templates (for `just bench`)
     python scripts/assets.py chat-cases-path  llama.cpp's own parser test cases, as JSON lines
     python scripts/assets.py candidate-path NAME  another model, for `just bench models`
+    python scripts/assets.py acpx-path     acpx, the ACP client `bxctl acp` is tested with (npm)
 """
 
 from __future__ import annotations
@@ -276,6 +277,29 @@ def ensure_chat_cases() -> Path:
     return CHAT_CASES
 
 
+ACPX = "acpx@0.19.1"
+"""The headless Agent Client Protocol client (npm) the editor tests drive `bxctl acp` with."""
+
+
+def ensure_acpx() -> Path:
+    """acpx, installed from npm into `.cache/acpx`; it needs Node.js and npm."""
+    folder = CACHE / "acpx"
+    binary = folder / "node_modules" / ".bin" / "acpx"
+    if binary.exists():
+        return binary
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit(
+            "npm is missing: the editor tests drive `bxctl acp` with acpx, from npm; install "
+            "Node.js and npm (`sudo apt install nodejs npm`)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    quiet = ["--no-audit", "--no-fund", "--loglevel=error"]
+    # Its report to stderr: stdout is the path, for the test command to read.
+    subprocess.run([npm, "install", "--prefix", str(folder), *quiet, ACPX], check=True, stdout=sys.stderr)
+    return binary
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "ensure"
     if command == "ensure":
@@ -289,6 +313,8 @@ def main(argv: list[str]) -> int:
         print(ensure_templates())
     elif command == "chat-cases-path":
         print(ensure_chat_cases())
+    elif command == "acpx-path":
+        print(ensure_acpx())
     elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
         print(ensure_candidate(argv[2]))
     else:
