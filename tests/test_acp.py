@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
 from acp.schema import (
@@ -23,10 +24,13 @@ from acp.schema import (
 )
 
 from bxctl.acp import INVALID_PARAMS, INVALID_REQUEST, LOOPD_UNREACHABLE, MAX_LINE
+from loopd.infer import slot_tokens
+from loopd.records import UsageRecord
 from loopd.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write
+from test_sessions import assert_no_loss, embedded, records
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
 
@@ -328,3 +332,38 @@ async def test_loopd_gone_is_an_error_and_a_new_prompt_works_once_it_is_back(
         assert answer["result"]["stopReason"] == "end_turn"
     finally:
         await acp.close()
+
+
+@pytest.mark.llama
+async def test_a_loaded_session_finds_its_whole_history_in_the_cache(tmp_path: Path) -> None:
+    """A real llama-server of one slot: session A, then B takes the slot (A's cache goes to
+    its slot file), then another `bxctl acp` loads A and prompts: the request finds all A's
+    previous request left in the slot, restored."""
+    notes = notes_folder(tmp_path)
+    d = embedded(tmp_path / "loopd")
+    config = d.config.read_text().replace("[server]\n", "[server]\nslots = 1\n", 1)
+    d.config.write_text(config + f'[tools]\nroots = ["{notes}"]\n')
+    await d.start()
+    try:
+
+        async def first(conn: Any, _: Editor) -> str:
+            a = await conn.new_session(cwd=str(notes))
+            await conn.prompt(session_id=a.session_id, prompt=[text_block("Name a colour.")])
+            b = await conn.new_session(cwd=str(notes))
+            await conn.prompt(session_id=b.session_id, prompt=[text_block("Name a fruit.")])
+            return str(a.session_id)
+
+        session = await with_editor(d, first)
+
+        async def again(conn: Any, _: Editor) -> Any:
+            await conn.load_session(cwd=str(notes), session_id=session)
+            return await conn.prompt(session_id=session, prompt=[text_block("Another one.")])
+
+        answer = await with_editor(d, again)
+    finally:
+        await d.end()
+    usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) == 2
+    assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
+    assert "restored the slot of session" in d.log.read_text()
+    assert_no_loss(d, session)
