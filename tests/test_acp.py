@@ -23,7 +23,8 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-from bxctl.acp import INVALID_PARAMS, INVALID_REQUEST, LOOPD_UNREACHABLE, MAX_LINE
+from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
+from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from loopd.infer import slot_tokens
 from loopd.records import UsageRecord
 from loopd.store import Store

@@ -13,13 +13,10 @@ they run on asyncio, bxctl on trio, and the framing they would save is a line ea
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 from acp import PROTOCOL_VERSION, schema
@@ -35,33 +32,23 @@ from bxctl.acp_map import (
     usage_of,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
 from loopd import __version__
 from loopd.actors import HISTORY_PAGE
 from loopd.events import ApprovalNeeded
-from loopd.lines import LineReader, TooLong
 from loopd.proto import DaemonMessage, Error, Event, History, TurnDone, TurnFailed
 from loopd.records import RECORD
 
-__all__ = ["MAX_LINE", "RpcError", "serve"]
+__all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
+
 
 MAX_LINE = 16 * 1024 * 1024
 """The longest line read from the editor; a longer one is answered with an error and skipped."""
 
-# JSON-RPC's own codes, ACP's, and one of ours.
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
 RESOURCE_NOT_FOUND = -32002
+"""ACP's: a session that is not there."""
 LOOPD_UNREACHABLE = -32010
 """loopd is not running, or went away during the request."""
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 @dataclass
@@ -85,110 +72,35 @@ class _Session:
 
 class Agent:
     def __init__(self, socket: Path, output: trio.abc.SendStream) -> None:
-        self.socket, self.output = socket, output
+        self.socket = socket
         self.sessions: dict[str, _Session] = {}
-        self._writing = trio.Lock()
-        self._asked: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
-        """Requests to the editor that wait for its answer, by id."""
-        self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
-        self.methods: dict[str, tuple[type[BaseModel], Callable[[Any], Awaitable[BaseModel]]]] = {
-            "initialize": (schema.InitializeRequest, self.initialize),
-            "session/new": (schema.NewSessionRequest, self.new_session),
-            "session/load": (schema.LoadSessionRequest, self.load_session),
-            "session/prompt": (schema.PromptRequest, self.prompt),
-        }
-
-    # -- the wire ------------------------------------------------------------------------
+        self.peer = Peer(
+            output,
+            name="bxctl acp",
+            methods={
+                "initialize": (schema.InitializeRequest, self.initialize),
+                "session/new": (schema.NewSessionRequest, self.new_session),
+                "session/load": (schema.LoadSessionRequest, self.load_session),
+                "session/prompt": (schema.PromptRequest, self.prompt),
+            },
+            notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
+            errors={Unreachable: LOOPD_UNREACHABLE},
+            max_line=MAX_LINE,
+        )
 
     async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
         """Answer the editor until it closes stdin."""
-        lines = LineReader(stdin, MAX_LINE)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            while (line := await lines.next()) is not None:
-                if isinstance(line, TooLong):
-                    await self._error(
-                        None, INVALID_REQUEST, f"a line may be at most {line.cap} bytes"
-                    )
-                else:
-                    await self._take(line)
+            await self.peer.serve(stdin)
             nursery.cancel_scope.cancel()
         for session in self.sessions.values():
             await session.connection.aclose()
 
-    async def _write(self, message: dict[str, Any]) -> None:
-        async with self._writing:
-            await self.output.send_all(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
-
-    async def _error(self, rpc_id: object, code: int, message: str) -> None:
-        await self._write({"id": rpc_id, "error": {"code": code, "message": message}})
-
     async def notify(self, session: str, update: BaseModel) -> None:
         notification = schema.SessionNotification(session_id=session, update=update)
-        await self._write({"method": "session/update", "params": _dumped(notification)})
-
-    async def ask(self, method: str, params: BaseModel) -> dict[str, Any]:
-        """A request to the editor; its result."""
-        rpc_id = next(self._ids)
-        answered: tuple[trio.Event, list[dict[str, Any]]] = (trio.Event(), [])
-        self._asked[rpc_id] = answered
-        try:
-            await self._write({"id": rpc_id, "method": method, "params": _dumped(params)})
-            await answered[0].wait()
-        finally:
-            del self._asked[rpc_id]
-        reply = answered[1][0]
-        if "error" in reply:
-            raise RpcError(
-                INTERNAL_ERROR, f"the editor answered {method} with an error: {reply['error']}"
-            )
-        result = reply.get("result")
-        return result if isinstance(result, dict) else {}
-
-    async def _take(self, line: bytes) -> None:
-        try:
-            message = json.loads(line)
-        except ValueError as e:  # also a line that is not UTF-8
-            await self._error(None, PARSE_ERROR, f"not JSON: {e}")
-            return
-        if not isinstance(message, dict):
-            await self._error(None, INVALID_REQUEST, "a message is a JSON object")
-            return
-        rpc_id, method = message.get("id"), message.get("method")
-        if method is None:
-            if isinstance(rpc_id, int) and (asked := self._asked.get(rpc_id)) is not None:
-                asked[1].append(message)
-                asked[0].set()
-            elif "result" not in message and "error" not in message:
-                await self._error(rpc_id, INVALID_REQUEST, "neither a request nor an answer")
-            return
-        if not isinstance(method, str):
-            await self._error(rpc_id, INVALID_REQUEST, "method is a string")
-        elif method == "session/cancel":
-            await self._cancel(message.get("params"))
-        elif "id" not in message:
-            return  # a notification loopd does not know: ignored, as JSON-RPC says
-        elif method not in self.methods:
-            await self._error(rpc_id, METHOD_NOT_FOUND, f"bxctl acp does not offer {method}")
-        else:
-            assert self._nursery is not None  # noqa: S101 - serve set it
-            self._nursery.start_soon(self._answer, rpc_id, method, message.get("params"))
-
-    async def _answer(self, rpc_id: object, method: str, params: object) -> None:
-        kind, handler = self.methods[method]
-        try:
-            result = await handler(kind.model_validate(params or {}))
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "params"
-            await self._error(rpc_id, INVALID_PARAMS, f"{method}: {where}: {first['msg']}")
-        except RpcError as e:
-            await self._error(rpc_id, e.code, e.message)
-        except Unreachable as e:
-            await self._error(rpc_id, LOOPD_UNREACHABLE, str(e))
-        else:
-            await self._write({"id": rpc_id, "result": _dumped(result)})
+        await self.peer.notify("session/update", notification)
 
     # -- the methods ---------------------------------------------------------------------
 
@@ -257,10 +169,7 @@ class Agent:
                 f"no session {request.session_id} here: session/new or session/load it first",
             )
         if session.connection.closed:  # loopd went away: it may be back
-            gone = session.connection
-            session.connection = await Connection.open(self.socket)
-            await session.connection.hello(gone.session, client="bxctl acp")
-            self._follow(session)
+            await self._reconnect(session)
         turn_id = f"p{next(session.numbers)}"
         turn = session.turns[turn_id] = _Turn()
         try:
@@ -272,11 +181,23 @@ class Agent:
             del session.turns[turn_id]
         return _response(turn.end)
 
-    async def _cancel(self, params: object) -> None:
+    async def _reconnect(self, session: _Session) -> None:
+        """A new connection to loopd, in the session the old one was in last."""
+        connection = await Connection.open(self.socket)
         try:
-            cancel = schema.CancelNotification.model_validate(params or {})
-        except ValidationError:
-            return  # a notification has no answer, not even an error
+            await connection.hello(session.connection.session, client="bxctl acp")
+        except SessionRefused as e:
+            await connection.aclose()
+            raise RpcError(
+                INTERNAL_ERROR, f"loopd is back but would not open the session: {e}"
+            ) from None
+        except BaseException:
+            await connection.aclose()
+            raise
+        session.connection = connection
+        self._follow(session)
+
+    async def cancel(self, cancel: schema.CancelNotification) -> None:
         session = self.sessions.get(cancel.session_id)
         if session is None or session.connection.closed:
             return
@@ -298,6 +219,7 @@ class Agent:
             connection.closed = True
             for turn in session.turns.values():
                 turn.done.set()  # with no end: loopd went away
+            await connection.aclose()
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
         turn = session.turns.get(getattr(message, "id", None) or "")
@@ -313,7 +235,7 @@ class Agent:
 
     async def _approval(self, session: _Session, asking: ApprovalNeeded) -> None:
         try:
-            answer = await self.ask(
+            answer = await self.peer.ask(
                 "session/request_permission", permission_request(session.id, asking)
             )
             outcome = schema.RequestPermissionResponse.model_validate(answer).outcome
@@ -347,13 +269,12 @@ def _response(end: DaemonMessage | None) -> schema.PromptResponse:
     raise RpcError(INTERNAL_ERROR, f"loopd refused the prompt ({end.code}): {end.message}")
 
 
-def _dumped(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
 async def serve(socket: Path) -> None:
     """`bxctl acp`: the agent on this process's stdin and stdout."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout:
-        await Agent(socket, stdout).serve(stdin)
+        try:
+            await Agent(socket, stdout).serve(stdin)
+        except* trio.BrokenResourceError:
+            pass  # the editor closed our stdout: nobody is left to answer
