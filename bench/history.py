@@ -26,7 +26,7 @@ from loopd.baseline import make_baseline, messages
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
 from loopd.exact import ExactHistory
-from loopd.infer import Client, PromptRequest
+from loopd.infer import Client, Generation, PromptRequest
 from loopd.records import UsageRecord, UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.store import Store
@@ -128,10 +128,11 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                     same = PromptRequest(
                         prompt=built.pieces,
                         format=built.format,
-                        thinking=True,
-                        thinking_cap=LoopConfig().thinking_cap,
-                        max_tokens=MAX_TOKENS,
-                        sampling=SAMPLING,
+                        generation=Generation(
+                            thinking_cap=LoopConfig().thinking_cap,
+                            max_tokens=MAX_TOKENS,
+                            sampling=SAMPLING,
+                        ),
                     ).body()
                     chat = {
                         "messages": [

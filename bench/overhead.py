@@ -17,7 +17,7 @@ from typing import Any
 
 from loopd.baseline import make_baseline, messages
 from loopd.config import LoopConfig
-from loopd.infer import ChatRequest, Client, Content
+from loopd.infer import ChatRequest, Client, Content, Generation
 from loopd.records import UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
 from support.daemon import Daemon
@@ -50,10 +50,12 @@ def first_turn_request(text: str, max_tokens: int, slot: int = 0) -> ChatRequest
     return ChatRequest(
         messages(baseline, [UserRecord(content=text)]),
         tools=list(baseline.tools),
-        slot=slot,
-        max_tokens=max_tokens,
-        thinking_cap=LoopConfig().thinking_cap,
-        sampling=SAMPLING,
+        generation=Generation(
+            slot=slot,
+            max_tokens=max_tokens,
+            thinking_cap=LoopConfig().thinking_cap,
+            sampling=SAMPLING,
+        ),
     )
 
 

@@ -296,7 +296,8 @@ def ensure_acpx() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     quiet = ["--no-audit", "--no-fund", "--loglevel=error"]
     # Its report to stderr: stdout is the path, for the test command to read.
-    subprocess.run([npm, "install", "--prefix", str(folder), *quiet, ACPX], check=True, stdout=sys.stderr)
+    install = [npm, "install", "--prefix", str(folder), *quiet, ACPX]
+    subprocess.run(install, check=True, stdout=sys.stderr)
     return binary
 
 

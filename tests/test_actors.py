@@ -428,12 +428,12 @@ async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
     served[0].replies = [Reply(content="still here")]
     calls = 0
 
-    async def broken_once(*args: Any) -> Any:
+    async def broken_once(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise KeyError("a bug")
-        return await next_request(*args)
+        return await next_request(*args, **kwargs)
 
     monkeypatch.setattr("loopd.turn.next_request", broken_once)
     async with core.running() as actor:

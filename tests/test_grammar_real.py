@@ -15,7 +15,7 @@ import pytest
 from conftest import TEMPLATES, StartLlama
 from loopd.baseline import TOOLS, make_baseline
 from loopd.exact import ExactHistory
-from loopd.infer import ChatFormat, Client, Completion, PromptRequest
+from loopd.infer import ChatFormat, Client, Completion, Generation, PromptRequest
 from loopd.infer._grammar import call_grammar
 
 pytestmark = pytest.mark.llama
@@ -61,9 +61,7 @@ async def _answer(
             format=fmt,
             tools=TOOLS if forced is not False else (),
             grammar=grammar.gbnf if forced else "",
-            max_tokens=300,
-            sampling=SAMPLING,
-            thinking=False,
+            generation=Generation(max_tokens=300, sampling=SAMPLING, thinking=False),
         )
         return fmt, await client.chat(request, lambda _: None)
 

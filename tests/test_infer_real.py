@@ -18,6 +18,7 @@ from loopd.infer import (
     Completion,
     ConnectError,
     Content,
+    Generation,
     Hit,
     Loss,
     Progress,
@@ -42,7 +43,7 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 def ask(*turns: str, **kwargs: object) -> ChatRequest:
     messages = [SYSTEM, *({"role": "user", "content": t} for t in turns)]
-    return ChatRequest(messages, sampling=GREEDY, **kwargs)  # type: ignore[arg-type]
+    return ChatRequest(messages, generation=Generation(sampling=GREEDY, **kwargs))  # type: ignore[arg-type]
 
 
 def extend(request: ChatRequest, answer: Completion, user: str) -> ChatRequest:
@@ -50,12 +51,7 @@ def extend(request: ChatRequest, answer: Completion, user: str) -> ChatRequest:
     if answer.reasoning_content is not None:
         assistant["reasoning_content"] = answer.reasoning_content
     messages = [*request.messages, assistant, {"role": "user", "content": user}]
-    return ChatRequest(
-        messages,
-        sampling=request.sampling,
-        max_tokens=request.max_tokens,
-        thinking_cap=request.thinking_cap,
-    )
+    return ChatRequest(messages, generation=request.generation)
 
 
 async def test_real_server_streams_progress_and_content_with_timings(llama: StartLlama) -> None:

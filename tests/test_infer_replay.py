@@ -18,6 +18,7 @@ from loopd.infer import (
     ConnectError,
     Content,
     EventSink,
+    Generation,
     Hit,
     HttpError,
     InferTimeout,
@@ -41,7 +42,9 @@ from support.replay import Exchange, ReplayServer
 FAST_RETRY = RetryPolicy(attempts=3, base=0.01, cap=0.02)
 # Never reports Queued: for tests about the order of events, on a machine however busy.
 PATIENT = Timeouts(queued_after=3600)
-REQUEST = ChatRequest([{"role": "user", "content": "hi"}], slot=3, max_tokens=16)
+REQUEST = ChatRequest(
+    [{"role": "user", "content": "hi"}], generation=Generation(slot=3, max_tokens=16)
+)
 
 
 def collect() -> tuple[list[ChatEvent], EventSink]:
@@ -83,13 +86,17 @@ async def test_request_pins_the_slot_and_asks_for_cache_progress_and_usage(
 
 
 def test_request_body_is_the_same_bytes_every_time() -> None:
-    request = ChatRequest([{"role": "user", "content": "é"}], sampling={"temperature": 0})
+    request = ChatRequest(
+        [{"role": "user", "content": "é"}], generation=Generation(sampling={"temperature": 0})
+    )
     assert request.body() == request.body()
     assert "é".encode() in request.body()
 
 
 def test_sampling_fields_cannot_override_the_protocol_fields() -> None:
-    request = ChatRequest([], slot=2, sampling={"id_slot": 9, "stream": False, "seed": 4})
+    request = ChatRequest(
+        [], generation=Generation(slot=2, sampling={"id_slot": 9, "stream": False, "seed": 4})
+    )
     body = json.loads(request.body())
     assert (body["id_slot"], body["stream"], body["seed"]) == (2, True, 4)
 
@@ -141,7 +148,7 @@ async def test_a_tool_call_arrives_with_its_exact_arguments_string(
 async def test_reasoning_streams_and_the_servers_budget_caps_it(replay: StartReplay) -> None:
     server = await replay("reasoning_cap")
     events, sink = collect()
-    request = ChatRequest(REQUEST.messages, thinking_cap=20)
+    request = ChatRequest(REQUEST.messages, generation=Generation(thinking_cap=20))
     async with Client(server.url) as client:
         done = await client.chat(request, sink)
     body = json.loads(request.body())
@@ -165,7 +172,9 @@ async def test_reasoning_the_server_does_not_stop_is_cut_by_the_client(
     server = await replay("reasoning_long")
     events, sink = collect()
     async with Client(server.url) as client:
-        done = await client.chat(ChatRequest(REQUEST.messages, thinking_cap=5), sink)
+        done = await client.chat(
+            ChatRequest(REQUEST.messages, generation=Generation(thinking_cap=5)), sink
+        )
     assert done.finish_reason == "thinking_cap"
     assert done.thinking_capped
     assert done.reasoning_tokens == 5 + THINKING_CAP_GRACE + 1
@@ -177,7 +186,8 @@ async def test_no_thinking_cap_without_thinking(replay: StartReplay) -> None:
     server = await replay("reasoning_long")
     async with Client(server.url) as client:
         done = await client.chat(
-            ChatRequest(REQUEST.messages, thinking=False, thinking_cap=5), lambda _: None
+            ChatRequest(REQUEST.messages, generation=Generation(thinking=False, thinking_cap=5)),
+            lambda _: None,
         )
     assert not done.thinking_capped
     assert "reasoning_budget_tokens" not in server.requests[0]["body"]

@@ -24,6 +24,7 @@ from loopd.infer import (
     ChatRequest,
     Completion,
     EventSink,
+    Generation,
     HttpError,
     InferError,
     Progress,
@@ -159,9 +160,9 @@ class Compactor:
                     {"role": "system", "content": INSTRUCTIONS},
                     {"role": "user", "content": text[start:]},
                 ],
-                thinking=False,
-                max_tokens=max_tokens,
-                sampling=self.sampling,
+                generation=Generation(
+                    thinking=False, max_tokens=max_tokens, sampling=self.sampling
+                ),
             )
             try:
                 completion = await slot.chat_with_retry(request, pass_on)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loopd.baseline import messages
@@ -33,6 +33,7 @@ from loopd.infer import (
     ChatRequest,
     Client,
     FormatError,
+    Generation,
     HttpError,
     PromptPiece,
     PromptRequest,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ExactHistory",
     "NextPrompt",
-    "RequestOptions",
     "next_request",
     "past_reasoning",
     "transcript",
@@ -70,61 +70,43 @@ class NextPrompt:
     format: ChatFormat
 
 
-@dataclass(frozen=True)
-class RequestOptions:
-    """What a request carries besides its prompt."""
-
-    slot: int = 0
-    thinking: bool = True
-    thinking_cap: int | None = None
-    repetition_cap: int | None = None
-    max_tokens: int | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    prefill: str = ""
-    """Text the answer starts with (the model continues it)."""
-    grammar: str = ""
-    """GBNF for the rest of the answer; token-exact requests only (the chat endpoint refuses a
-    grammar beside tools)."""
-
-
 async def next_request(
-    exact: ExactHistory | None, session: Session, o: RequestOptions
+    exact: ExactHistory | None,
+    session: Session,
+    generation: Generation,
+    *,
+    prefill: str = "",
+    grammar: str = "",
 ) -> tuple[AnyRequest, PromptRecord | None]:
     """The session's next request: token-exact when it can be, else its history as messages.
-    The `prompt` record, if any, is appended with the answer."""
+    The `prompt` record, if any, is appended with the answer. `prefill`: text the answer starts
+    with (the model continues it); `grammar`: GBNF for the rest of it, token-exact requests
+    only (the chat endpoint refuses a grammar beside tools)."""
     baseline, records = session.baseline, list(session.records)
     date = session.header.created.strftime("%d %b %Y")
     if exact is not None:
         try:
-            nxt = await exact.next_prompt(baseline, records, thinking=o.thinking, date=date)
+            nxt = await exact.next_prompt(
+                baseline, records, thinking=generation.thinking, date=date
+            )
         except FormatError:
             pass  # logged where it was found: this request goes as messages
         else:
-            record = nxt.record.model_copy(update={"text": nxt.record.text + o.prefill})
+            record = nxt.record.model_copy(update={"text": nxt.record.text + prefill})
             request = PromptRequest(
                 prompt=[*nxt.pieces[:-1], record.text],
                 format=nxt.format,
-                slot=o.slot,
-                thinking=o.thinking,
-                thinking_cap=o.thinking_cap,
-                repetition_cap=o.repetition_cap,
-                max_tokens=o.max_tokens,
-                sampling=o.sampling,
-                prefill=o.prefill,
-                grammar=o.grammar,
+                generation=generation,
+                prefill=prefill,
+                grammar=grammar,
                 tools=baseline.tools,
             )
             return request, record
-    prefill = [{"role": "assistant", "content": o.prefill}] if o.prefill else []
+    started = [{"role": "assistant", "content": prefill}] if prefill else []
     chat = ChatRequest(
-        messages=messages(baseline, records) + prefill,
+        messages=messages(baseline, records) + started,
         tools=list(baseline.tools),
-        slot=o.slot,
-        thinking=o.thinking,
-        thinking_cap=o.thinking_cap,
-        repetition_cap=o.repetition_cap,
-        max_tokens=o.max_tokens,
-        sampling=o.sampling,
+        generation=generation,
         date=date,
     )
     return chat, None

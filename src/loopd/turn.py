@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -25,12 +25,13 @@ from loopd.changes import Hands
 from loopd.closing import close_turn
 from loopd.config import LoopConfig
 from loopd.events import CacheLoss, TurnEvent
-from loopd.exact import ExactHistory, RequestOptions, next_request
+from loopd.exact import ExactHistory, next_request
 from loopd.infer import (
     AnyRequest,
     ChatEvent,
     Completion,
     EventSink,
+    Generation,
     InferError,
     Loss,
     ToolCallDelta,
@@ -202,7 +203,7 @@ class _Turn:
     async def _request(self) -> tuple[Completion, UsageRecord]:
         session, rt = self.session, self.rt
         previous = session.last_usage()
-        options = RequestOptions(
+        generation = Generation(
             slot=rt.slot,
             thinking=self.thinking,
             thinking_cap=rt.loop.thinking_cap,
@@ -210,11 +211,11 @@ class _Turn:
             max_tokens=rt.loop.max_tokens,
             sampling=rt.sampling,
         )
-        if rt.prefill:
-            prefill, grammar = rt.prefill(list(session.records))
-            options = replace(options, prefill=prefill, grammar=grammar)
+        prefill, grammar = rt.prefill(list(session.records)) if rt.prefill else ("", "")
         try:
-            request, prompt = await next_request(rt.exact, session, options)
+            request, prompt = await next_request(
+                rt.exact, session, generation, prefill=prefill, grammar=grammar
+            )
             completion = await rt.inference.chat_with_retry(request, self._pass_on)
         except InferError as e:
             if is_context_full(e):

@@ -191,7 +191,7 @@ class Client:
         size = answer.get("n_written", answer.get("n_read"))
         ms = (answer.get("timings") or {}).get("save_ms" if action == "save" else "restore_ms")
         if not isinstance(tokens, int) or not isinstance(size, int):
-            raise StreamBroken(f"llama-server's slot {action} answered {answer!r:.200}")
+            raise BadAnswer(f"llama-server's slot {action} answered {answer!r:.200}")
         return SlotFile(tokens, size, float(ms or 0.0))
 
     async def slot_held(self, slot: int) -> int | None:
@@ -324,8 +324,8 @@ class Client:
         on_event(Waiting())
         assembler: Assembler | RawAssembler
         assembler = Assembler(
-            thinking_cap=request.thinking_cap if request.thinking else None,
-            repetition_cap=request.repetition_cap,
+            thinking_cap=request.generation.budget,
+            repetition_cap=request.generation.repetition_cap,
         )
         if isinstance(request, PromptRequest):
             parser = parser_for(request.format, ArgumentTypes(request.tools))

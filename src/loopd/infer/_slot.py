@@ -19,7 +19,8 @@ class Slot:
 
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`request` on this slot, whatever slot it names."""
-        return await self.client.chat_with_retry(replace(request, slot=self.number), on_event)
+        pinned = replace(request, generation=replace(request.generation, slot=self.number))
+        return await self.client.chat_with_retry(pinned, on_event)
 
     async def slot_file(self, action: str, filename: str) -> SlotFile:
         """Save this slot's KV cache to `filename`, or restore it from there."""

@@ -23,6 +23,7 @@ __all__ = [
     "ChatRequest",
     "Completion",
     "Content",
+    "Generation",
     "Progress",
     "PromptPiece",
     "PromptRequest",
@@ -45,44 +46,65 @@ which is how the client tells a capped reasoning from one that ended by itself."
 
 
 @dataclass(frozen=True)
-class ChatRequest:
-    """One streamed chat completion, pinned to a slot."""
+class Generation:
+    """What a request asks of the model besides its prompt, alike for both kinds of request."""
 
-    messages: list[dict[str, Any]]
-    """OpenAI-style messages, sent exactly as given."""
-    tools: list[dict[str, Any]] = field(default_factory=list)
     slot: int = 0
     """The slot whose KV cache this conversation owns (`id_slot`)."""
     thinking: bool = True
-    """Ask templates that support it to think (`chat_template_kwargs.enable_thinking`)."""
+    """Ask templates that support it to think (`enable_thinking`)."""
     thinking_cap: int | None = None
     """Reasoning tokens allowed; sent as `reasoning_budget_tokens` and enforced by the client."""
     repetition_cap: int | None = None
     """Characters of one piece of text repeated after which the client ends the stream."""
     max_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
-    """Extra body fields such as `temperature` or `seed`; they cannot override the fields above."""
+    """Extra body fields such as `temperature` or `seed`; they cannot override the fields a
+    request sets itself."""
+
+    @property
+    def budget(self) -> int | None:
+        """The reasoning tokens allowed, when the model thinks at all."""
+        return self.thinking_cap if self.thinking else None
+
+    def fields(self) -> dict[str, Any]:
+        """The body fields both endpoints read alike: sampling first, so nothing after it is
+        overridden by it."""
+        return {
+            **self.sampling,
+            "stream": True,
+            "id_slot": self.slot,
+            "cache_prompt": True,
+            "return_progress": True,
+        }
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One streamed chat completion, pinned to a slot."""
+
+    messages: list[dict[str, Any]]
+    """OpenAI-style messages, sent exactly as given."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    generation: Generation = Generation()
     date: str | None = None
     """The date templates that read `date_string` write (Llama 3.x): the session's first day,
     so the prompt does not change at midnight."""
 
     def body(self) -> bytes:
+        g = self.generation
         payload: dict[str, Any] = {
-            **self.sampling,
+            **g.fields(),
             "messages": self.messages,
-            "stream": True,
-            "id_slot": self.slot,
-            "cache_prompt": True,
-            "return_progress": True,
             "stream_options": {"include_usage": True},
-            "chat_template_kwargs": template_kwargs(thinking=self.thinking, date=self.date),
+            "chat_template_kwargs": template_kwargs(thinking=g.thinking, date=self.date),
         }
         if self.tools:
             payload["tools"] = self.tools
-        if self.max_tokens is not None:
-            payload["max_tokens"] = self.max_tokens
-        if self.thinking and self.thinking_cap is not None:
-            payload["reasoning_budget_tokens"] = self.thinking_cap
+        if g.max_tokens is not None:
+            payload["max_tokens"] = g.max_tokens
+        if g.budget is not None:
+            payload["reasoning_budget_tokens"] = g.budget
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
         return canonical(payload)
 
@@ -102,12 +124,7 @@ class PromptRequest:
 
     prompt: list[PromptPiece]
     format: ChatFormat
-    slot: int = 0
-    thinking: bool = True
-    thinking_cap: int | None = None
-    repetition_cap: int | None = None
-    max_tokens: int | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
+    generation: Generation = Generation()
     prefill: str = ""
     """Text the answer starts with, already at the end of `prompt`: parsed as the model's."""
     grammar: str = ""
@@ -118,19 +135,15 @@ class PromptRequest:
     values of parameters written as text."""
 
     def body(self) -> bytes:
-        fmt = self.format
+        fmt, g = self.format, self.generation
         payload: dict[str, Any] = {
-            **self.sampling,
+            **g.fields(),
             "prompt": one_prompt(self.prompt),
-            "stream": True,
-            "id_slot": self.slot,
-            "cache_prompt": True,
-            "return_progress": True,
             "return_tokens": True,
             "response_fields": _FINAL_FIELDS,
             # Special tokens that are delimiters come back as text, so the parser sees them.
             "preserved_tokens": fmt.markers(),
-            "n_predict": -1 if self.max_tokens is None else self.max_tokens,
+            "n_predict": -1 if g.max_tokens is None else g.max_tokens,
         }
         if self.grammar:
             payload["grammar"] = self.grammar
@@ -139,8 +152,8 @@ class PromptRequest:
             # constrained, so even a small model writes a call loopd can read.
             payload |= calls.request_fields()
             payload["preserved_tokens"] = list(dict.fromkeys([*fmt.markers(), *calls.preserved]))
-        if self.thinking and self.thinking_cap is not None and fmt.think:
-            payload["reasoning_budget_tokens"] = self.thinking_cap
+        if g.budget is not None and fmt.think:
+            payload["reasoning_budget_tokens"] = g.budget
             payload["reasoning_budget_start_tag"] = fmt.think[0]
             payload["reasoning_budget_end_tags"] = [fmt.think[1]]
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
