@@ -517,3 +517,44 @@ async def test_a_hello_in_another_protocol_is_answered_with_an_error(daemon: Sta
         error["message"]
         == "this loopd speaks protocol 2, the client 3: update the older of the two"
     )
+
+
+async def test_each_session_error_reaches_the_client_as_its_code(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """What the sessions refuse is an `error` line with its code, and the connection goes on."""
+    d = await daemon(FakeLlama([]), session="max_live = 2\n")
+    first, second = await d.connect(), await d.connect()
+    refusals = [
+        (first, {"type": "hello", "session": "new"}, None, ""),
+        (first, {"type": "open_session", "id": "nope"}, "unknown_session", "nope"),
+        (first, {"type": "new_session", "cwd": str(tmp_path)}, "folder_refused", "[tools] roots"),
+        (second, {"type": "hello", "session": "new"}, None, ""),
+        (second, {"type": "new_session"}, "too_many_sessions", "[session] max_live"),
+    ]
+    for client, message, code, says in refusals:
+        await client.send(message)
+        line = (await client.until("welcome" if code is None else "error"))[-1]
+        assert (line.get("code"), says in line.get("message", "")) == (code, True), line
+    await first.send({"type": "undo"})
+    error = (await first.until("error"))[-1]
+    assert error["code"] == "undo_refused"
+    assert error["message"] == "loopd changes no files here ([tools] roots is empty)"
+
+
+async def test_a_duplicate_id_and_a_log_that_does_not_read_are_answered_with_their_codes(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon(FakeLlama([Reply(content="word " * 60, delay=0.05)]))
+    client = await d.connect()
+    await client.send({"type": "send", "id": "t1", "content": "talk"})
+    await client.until("accepted")
+    await client.send({"type": "send", "id": "t1", "content": "again"})
+    error = (await client.until("error"))[-1]
+    assert (error["code"], error["id"]) == ("duplicate_id", "t1")
+    broken = d.home / "sessions" / "20260101T000000000Z-abcdef.jsonl"
+    broken.write_text("not a log\n")
+    await client.send({"type": "open_session", "id": broken.stem})
+    error = (await client.until("error"))[-1]
+    assert error["code"] == "session_unavailable"
+    assert broken.stem in error["message"]

@@ -18,7 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import StartDaemon
-from loopd.actors import Busy, Core, SessionHandle, Subscription, TurnDone, open_core
+from loopd.actors import (
+    Busy,
+    CannotUndo,
+    Core,
+    FolderNotAllowed,
+    SessionHandle,
+    Subscription,
+    TurnDone,
+    open_core,
+)
 from loopd.changes import Blobs, Hands, NothingToUndo, UndoRefused, undo
 from loopd.closing import close_interrupted_turn
 from loopd.config import Config, ToolsConfig
@@ -37,7 +46,6 @@ from loopd.records import (
 from loopd.store import Store
 from loopd.tools import (
     Builtins,
-    FolderRefused,
     Roots,
     ToolFailure,
     ToolRequest,
@@ -191,14 +199,14 @@ async def test_undo_puts_back_the_last_turns_changes_and_refuses_when_a_file_cha
         await h.turn("t2", "one more")
         assert (h.notes / "new.md").read_text() == "newer\n"
         (h.notes / "new.md").write_text("a person's own\n")
-        with pytest.raises(UndoRefused, match=r"new\.md changed since the call wrote it"):
+        with pytest.raises(CannotUndo, match=r"new\.md changed since the call wrote it"):
             await h.handle.undo()
         assert (h.notes / "new.md").read_text() == "a person's own\n"
         (h.notes / "new.md").write_text("newer\n")
         done = await h.handle.undo()  # the second turn's
         assert (h.notes / "new.md").read_text() == "new\n"
         again = await h.handle.undo()  # then the first's
-        with pytest.raises(NothingToUndo):
+        with pytest.raises(CannotUndo, match="no turn of this session changed a file"):
             await h.handle.undo()
     assert done.paths == (str(h.notes / "new.md"),)
     assert sorted(again.paths) == sorted([str(h.notes / "new.md"), str(h.notes / "today.md")])
@@ -413,7 +421,7 @@ async def test_a_sessions_folder_outside_the_roots_or_not_a_folder_is_refused(
             str(h.notes / "today.md"): f"{h.notes / 'today.md'}: no such folder",
         }
         for cwd, why in refusals.items():
-            with pytest.raises(FolderRefused) as refused:
+            with pytest.raises(FolderNotAllowed) as refused:
                 await h.core.sessions.attach("new", cwd)
             assert str(refused.value).startswith(why)
         assert h.core.sessions.live == 1

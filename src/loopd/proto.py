@@ -347,31 +347,34 @@ class History(_Message):
     """As in the log: each with `kind` and `time`."""
 
 
+ErrorCode = Literal[
+    "bad_utf8",
+    "bad_json",
+    "not_object",
+    "unknown_type",
+    "bad_message",
+    "line_too_long",
+    "busy",
+    "undo_refused",
+    "folder_refused",
+    "unknown_turn",
+    "duplicate_id",
+    "too_many_sessions",
+    "lagged",
+    "unknown_session",
+    "session_unavailable",
+    "unknown_call",
+    "protocol",
+    "too_many_clients",
+]
+"""Every error's `code`, as protocol.md's table lists them."""
+
+
 class Error(_Message):
     """Something the client sent could not be done; the connection stays open unless said."""
 
     type: Literal["error"] = "error"
-    code: Literal[
-        "bad_utf8",
-        "bad_json",
-        "not_object",
-        "unknown_type",
-        "bad_message",
-        "line_too_long",
-        "busy",
-        "undo_refused",
-        "folder_refused",
-        "unknown_turn",
-        "duplicate_id",
-        "lagged",
-        "session_busy",
-        "unknown_session",
-        "session_unavailable",
-        "unknown_call",
-        "protocol",
-        "too_many_clients",
-        "internal",
-    ]
+    code: ErrorCode
     message: str
     id: str | None = None
     """The turn it concerns, if any."""

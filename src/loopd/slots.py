@@ -46,7 +46,10 @@ class SlotFiles:
     there, loopd keeps them under `keep_bytes`."""
     keep_bytes: int
     unsupported: set[str] = field(default_factory=set)
-    """Servers without `--slot-save-path`: said once each, then not tried again."""
+    """Servers without `--slot-save-path`: said once each, then not tried again. Shared by the
+    sessions' tasks, and right so: it only grows, and each read and add is whole between two
+    awaits (trio runs one task at a time), so a task sees a server either in it or not; owning
+    it in an actor would make every save ask first, for nothing."""
 
     def enabled(self, slot: Slot) -> bool:
         return self.save_when != "never" and slot.client.base_url not in self.unsupported

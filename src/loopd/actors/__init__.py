@@ -36,13 +36,21 @@ from loopd.tools import Roots, delegate_entry, open_tool_port
 from loopd.turn import Runtime
 
 from ._agents import AGENTS, Agents
+from ._errors import (
+    Busy,
+    CannotUndo,
+    DuplicateTurn,
+    FolderNotAllowed,
+    NoSuchSession,
+    SessionError,
+    SessionUnavailable,
+    TooManySessions,
+)
 from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
-from ._registry import SessionRegistry, TooManySessions
+from ._registry import SessionRegistry
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import (
     HISTORY_PAGE,
-    Busy,
-    DuplicateTurn,
     HistoryPage,
     Published,
     SessionHandle,
@@ -57,17 +65,22 @@ __all__ = [
     "SAVE_AT_STOP",
     "Agents",
     "Busy",
+    "CannotUndo",
     "Core",
     "DuplicateTurn",
+    "FolderNotAllowed",
     "HistoryPage",
     "Lease",
+    "NoSuchSession",
     "PoolHandle",
     "Published",
     "SessionActor",
+    "SessionError",
     "SessionHandle",
     "SessionHooks",
     "SessionRegistry",
     "SessionStatus",
+    "SessionUnavailable",
     "SlotView",
     "Subscription",
     "TooManySessions",

@@ -18,22 +18,19 @@ import trio
 
 from loopd.closing import close_interrupted_turn, turn_open
 from loopd.records import Baseline
-from loopd.store import Session, SessionInfo, Store
-from loopd.tools import Roots
+from loopd.store import Session, SessionInfo, Store, StoreError, UnknownSession
+from loopd.tools import FolderRefused, Roots
 
+from ._errors import FolderNotAllowed, NoSuchSession, SessionUnavailable, TooManySessions
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import SessionHandle
 
-__all__ = ["SessionRegistry", "TooManySessions"]
+__all__ = ["SessionRegistry"]
 
 log = logging.getLogger(__name__)
 
 NEW = "new"
 LATEST = "latest"
-
-
-class TooManySessions(Exception):
-    """As many sessions as `[session] max_live` are served already."""
 
 
 @dataclass(eq=False)
@@ -91,9 +88,11 @@ class SessionRegistry:
     async def attach(self, which: str, cwd: str | None = None) -> tuple[SessionHandle, str]:
         """The session `which` (an id, `latest` or `new`) for one more client: its handle and
         id; `cwd`: a new session's own folder (an existing one keeps its own). Raises
-        `TooManySessions`, `FolderRefused`, or the store's error for a session that cannot
-        open."""
-        folder = self.roots.folder(cwd) if cwd is not None and which == NEW else None
+        `TooManySessions`, `FolderNotAllowed`, `NoSuchSession` or `SessionUnavailable`."""
+        try:
+            folder = self.roots.folder(cwd) if cwd is not None and which == NEW else None
+        except FolderRefused as e:
+            raise FolderNotAllowed(str(e)) from None
         key = which
         if which == LATEST:
             while (creating := self._pending.get(LATEST)) is not None:
@@ -125,7 +124,7 @@ class SessionRegistry:
                 session = await self.store.create(self._baseline(), cwd=cwd)
                 log.info("new session %s", session.id)
             else:
-                session = await self.store.open(which)
+                session = await self._stored(which)
                 log.info(
                     "session %s: %d records, %d turns", which, len(session.records), session.turns
                 )
@@ -138,6 +137,15 @@ class SessionRegistry:
         self._by_id[session.id] = live
         self._by_handle[live.handle] = live
         return live.handle, session.id
+
+    async def _stored(self, which: str) -> Session:
+        try:
+            session = await self.store.open(which)
+        except UnknownSession as e:
+            raise NoSuchSession(str(e)) from None
+        except StoreError as e:  # locked by another process, or a log that does not read
+            raise SessionUnavailable(str(e)) from None
+        return session
 
     async def _serve(
         self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import trio
 
 from loopd.calls import approval_needed
-from loopd.changes import NothingToUndo, UndoRefused, undo
+from loopd.changes import UndoRefused, undo
 from loopd.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
@@ -34,13 +34,12 @@ from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
 from ._agents import Agents
+from ._errors import Busy, CannotUndo, DuplicateTurn, SessionError, SessionUnavailable
 from ._pool import Lease, PoolHandle
 from ._session_inbox import (
     HISTORY_PAGE,
-    Busy,
     Cancel,
     Compact,
-    DuplicateTurn,
     History,
     HistoryPage,
     Published,
@@ -125,8 +124,12 @@ class SessionActor:
             async for message in inbox:
                 try:
                     await self._take(message)
-                except (Busy, DuplicateTurn, StoreError, UndoRefused) as e:
+                except SessionError as e:
                     reply_error(message.reply, e)
+                except UndoRefused as e:
+                    reply_error(message.reply, CannotUndo(str(e)))
+                except StoreError as e:  # the log could not be written
+                    reply_error(message.reply, SessionUnavailable(str(e)))
 
     async def _take(self, message: SessionMessage) -> None:
         if isinstance(message, Send | Compact):
@@ -186,7 +189,7 @@ class SessionActor:
             raise Busy("a turn is running: undo once it has ended")
         hands = self.runtime.hands
         if hands is None:
-            raise NothingToUndo("loopd changes no files here ([tools] roots is empty)")
+            raise CannotUndo("loopd changes no files here ([tools] roots is empty)")
         record = await undo(self.session, hands.blobs, call)
         log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
         return record

@@ -1,7 +1,7 @@
 """The session actor's inbox: its messages, what they answer, and the handle that sends them.
 
 Each `SessionHandle` method is one message and waits for its answer; an error the actor
-answers with (`Busy`, `DuplicateTurn`) is raised in the caller.
+answers with (a `SessionError`) is raised in the caller.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from loopd.turn import TurnOutcome
 
 __all__ = [
     "HISTORY_PAGE",
-    "Busy",
-    "DuplicateTurn",
     "HistoryPage",
     "Published",
     "SessionHandle",
@@ -59,7 +57,9 @@ class Subscription:
     def __init__(self, buffer: int) -> None:
         self._send, self.receive = trio.open_memory_channel[Published](buffer)
         self.lagged = False
-        """Set when it fell behind and was dropped."""
+        """Set when it fell behind and was dropped. Written once, by the session actor, just
+        before it closes the channel; read by the subscriber only once the channel has ended:
+        the close orders the two, so the flag needs no owner of its own."""
 
     def offer(self, message: Published) -> bool:
         try:
@@ -74,14 +74,6 @@ class Subscription:
 
     def close(self) -> None:
         self._send.close()
-
-
-class Busy(Exception):
-    """Too many messages are already waiting."""
-
-
-class DuplicateTurn(Exception):
-    """A turn by that id runs or waits already."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +206,8 @@ class SessionHandle:
 
     async def undo(self, call: int | None = None) -> UndoRecord:
         """Put back what call `call` (None: the last turn that changed files) changed. Raises
-        `Busy` while a turn runs, `UndoRefused` when a file changed since."""
+        `Busy` while a turn runs, `CannotUndo` when there is nothing to undo or a file changed
+        since."""
         return await ask(self._inbox, lambda r: Undo(call, r))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:

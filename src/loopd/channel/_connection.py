@@ -41,7 +41,12 @@ class Connection:
 
     def __post_init__(self) -> None:
         # Lines waiting for the client: one that falls this far behind has stopped reading.
-        self.outbox, self._outgoing = trio.open_memory_channel[bytes](self.config.subscriber_buffer)
+        # One line more than a client may have waiting: the last word before a close (`lagged`,
+        # `line_too_long`, `bye`) reaches even a client whose outbox is full.
+        self.outbox, self._outgoing = trio.open_memory_channel[bytes](
+            self.config.subscriber_buffer + 1
+        )
+        self._waiting_lines = 0
         self._waiting_bytes = 0
         """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
         self.client = Client(
@@ -53,10 +58,12 @@ class Connection:
         )
         self.done = trio.Event()
 
-    def say(self, message: proto.DaemonMessage) -> None:
-        """Queue a line; a client that stopped reading is dropped."""
+    def say(self, message: proto.DaemonMessage, *, last: bool = False) -> None:
+        """Queue a line; a client that stopped reading is dropped. `last`: the line before
+        the outbox closes, queued past the bounds."""
         line = proto.dump(message)
-        if self._waiting_bytes + len(line) > self.config.outbox_bytes:
+        full = self._waiting_lines >= self.config.subscriber_buffer
+        if not last and (full or self._waiting_bytes + len(line) > self.config.outbox_bytes):
             self._drop()
             return
         try:
@@ -66,6 +73,7 @@ class Connection:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
         else:
+            self._waiting_lines += 1
             self._waiting_bytes += len(line)
 
     def _drop(self) -> None:
@@ -73,7 +81,8 @@ class Connection:
         self.done.set()
 
     def close_with(self, message: proto.DaemonMessage) -> None:
-        self.say(message)
+        """Say `message` last: the writer sends what waits, then it, then ends."""
+        self.say(message, last=True)
         self.outbox.close()
 
     async def run(self) -> None:
@@ -94,6 +103,7 @@ class Connection:
         try:
             async with self._outgoing:
                 async for line in self._outgoing:
+                    self._waiting_lines -= 1
                     self._waiting_bytes -= len(line)
                     await self.stream.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -15,19 +15,21 @@ import trio
 from loopd import __version__, proto
 from loopd.actors import (
     Busy,
+    CannotUndo,
     Core,
     DuplicateTurn,
+    FolderNotAllowed,
+    NoSuchSession,
     Published,
+    SessionError,
     SessionHandle,
     SessionStatus,
+    SessionUnavailable,
     Subscription,
     TooManySessions,
     TurnDone,
     TurnFailed,
 )
-from loopd.changes import UndoRefused
-from loopd.store import StoreError, UnknownSession
-from loopd.tools import FolderRefused
 
 __all__ = ["Client", "DaemonInfo", "handle"]
 
@@ -74,8 +76,7 @@ class Client:
 
     async def move(self, which: str, cwd: str | None = None) -> str:
         """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`), leaving
-        the one it was in; the session's id. Raises `TooManySessions`, `FolderRefused` or a
-        `StoreError`."""
+        the one it was in; the session's id. Raises a `SessionError`."""
         handle, session = await self.core.sessions.attach(which, cwd)
         subscription = await handle.subscribe(self.buffer)
         old, old_subscription = self.session, self.subscription
@@ -143,8 +144,8 @@ async def _queue(
         position = await submit(client.prefix + turn)
     except DuplicateTurn:
         return proto.Error(code="duplicate_id", message="that id is in use", id=turn)
-    except Busy as e:
-        return proto.Error(code="busy", message=str(e), id=turn)
+    except SessionError as e:
+        return proto.Error(code=CODES[type(e)], message=str(e), id=turn)
     client.say(proto.Accepted(id=turn, position=position))
     return None
 
@@ -224,16 +225,21 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
     return None
 
 
-async def _undo(client: Client, message: proto.Undo) -> proto.Error | None:
-    try:
-        record = await (await client.attached()).undo(message.call)
-    except Busy as e:
-        return proto.Error(code="busy", message=str(e))
-    except UndoRefused as e:
-        return proto.Error(code="undo_refused", message=str(e))
+async def _undo(client: Client, message: proto.Undo) -> None:
+    record = await (await client.attached()).undo(message.call)
     client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
-    return None
 
+
+CODES: dict[type[SessionError], proto.ErrorCode] = {
+    Busy: "busy",
+    DuplicateTurn: "duplicate_id",
+    TooManySessions: "too_many_sessions",
+    NoSuchSession: "unknown_session",
+    SessionUnavailable: "session_unavailable",
+    FolderNotAllowed: "folder_refused",
+    CannotUndo: "undo_refused",
+}
+"""What each session error is on the wire."""
 
 Handler = Callable[[Client, Any], Awaitable[proto.Error | None]]
 
@@ -258,11 +264,5 @@ async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | 
     message may attach the client to a session first, which may fail."""
     try:
         return await HANDLERS[type(message)](client, message)
-    except TooManySessions as e:
-        return proto.Error(code="too_many_sessions", message=str(e))
-    except FolderRefused as e:
-        return proto.Error(code="folder_refused", message=str(e))
-    except UnknownSession as e:
-        return proto.Error(code="unknown_session", message=str(e))
-    except StoreError as e:  # locked by another process, or a log that does not read
-        return proto.Error(code="session_unavailable", message=str(e))
+    except SessionError as e:
+        return proto.Error(code=CODES[type(e)], message=str(e))

@@ -1,0 +1,49 @@
+"""What the sessions answer when they cannot do what a client asked: one tree, each error one
+meaning, so a caller catches `SessionError` and tells the kinds apart by type. Nothing was done
+when one is raised. The store's and the tools' own errors are translated here, at the edge of
+the actors, and go no further.
+"""
+
+__all__ = [
+    "Busy",
+    "CannotUndo",
+    "DuplicateTurn",
+    "FolderNotAllowed",
+    "NoSuchSession",
+    "SessionError",
+    "SessionUnavailable",
+    "TooManySessions",
+]
+
+
+class SessionError(Exception):
+    """A client's request the sessions could not do; the message says why."""
+
+
+class Busy(SessionError):
+    """Too many messages wait already; or an undo while a turn runs."""
+
+
+class DuplicateTurn(SessionError):
+    """A turn by that id runs or waits already."""
+
+
+class TooManySessions(SessionError):
+    """As many sessions as `[session] max_live` are served already."""
+
+
+class NoSuchSession(SessionError):
+    """The store has no session by that id."""
+
+
+class SessionUnavailable(SessionError):
+    """The session's log cannot be used: another process holds it, it does not read, or it
+    could not be written."""
+
+
+class FolderNotAllowed(SessionError):
+    """A new session's own folder is not one the file tools may work in."""
+
+
+class CannotUndo(SessionError):
+    """Nothing to undo, or a file changed since the calls wrote it: nothing was put back."""
