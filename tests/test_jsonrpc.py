@@ -135,3 +135,31 @@ async def test_its_own_requests_get_their_answers_or_errors(wire: tuple[Wire, Pe
         {"yes": True},
         "question was answered with an error: {'code': 1, 'message': 'no'}",
     ]
+
+
+async def test_the_end_of_the_input_leaves_the_running_requests_answered(
+    wire: tuple[Wire, Peer],
+) -> None:
+    """A script that writes its requests and closes its end still reads the answers; a request
+    of the peer's own then fails, with nobody left to answer it."""
+    w, peer = wire
+    failed: list[str] = []
+
+    async def ask() -> None:
+        try:
+            await peer.ask("question", Echo(text="?"))
+        except RpcError as e:
+            failed.append(e.message)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        assert (await w.receive())["method"] == "question"
+        await w.send(request(1, "echo", {"text": "last"}))
+        await w.to_peer_send.aclose()
+        assert (await w.receive())["result"] == {"text": "last"}
+    assert failed == [
+        "question was answered with an error: "
+        + str({"code": INTERNAL_ERROR, "message": "the other side closed its input"})
+    ]
+    with pytest.raises(RpcError, match="question: the other side closed its input"):
+        await peer.ask("question", Echo(text="again?"))

@@ -41,6 +41,8 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
+_ENDED = "the other side closed its input"
+
 Method = tuple[type[BaseModel], Callable[[Any], Awaitable[BaseModel]]]
 """A request's params model, and what answers it."""
 Notification = tuple[type[BaseModel], Callable[[Any], Awaitable[None]]]
@@ -73,9 +75,13 @@ class Peer:
         self._asked: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
         """Requests to the other side that wait for its answer, by id."""
         self._ids = itertools.count(1)
+        self._ended = False
+        """The other side's input ended: nothing more will be answered."""
 
     async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
-        """Take messages until the input ends; then the requests still running are cancelled."""
+        """Take messages until the input ends, then answer the requests still running (the
+        other side may still read); a request of ours that waits then fails, since nobody is
+        left to answer it."""
         lines = LineReader(stdin, self.max_line)
         async with trio.open_nursery() as nursery:
             while (line := await lines.next()) is not None:
@@ -85,13 +91,19 @@ class Peer:
                     )
                 else:
                     await self._take(line, nursery)
-            nursery.cancel_scope.cancel()
+            self._ended = True
+            for answered, reply in self._asked.values():
+                reply.append({"error": {"code": INTERNAL_ERROR, "message": _ENDED}})
+                answered.set()
 
     async def notify(self, method: str, params: BaseModel) -> None:
         await self._write({"method": method, "params": dumped(params)})
 
     async def ask(self, method: str, params: BaseModel) -> dict[str, Any]:
-        """A request to the other side; its result. Raises `RpcError` for an error answer."""
+        """A request to the other side; its result. Raises `RpcError` for an error answer, or
+        when the other side has stopped sending."""
+        if self._ended:
+            raise RpcError(INTERNAL_ERROR, f"{method}: {_ENDED}")
         rpc_id = next(self._ids)
         answered: tuple[trio.Event, list[dict[str, Any]]] = (trio.Event(), [])
         self._asked[rpc_id] = answered
