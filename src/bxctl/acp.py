@@ -227,7 +227,7 @@ class Agent:
             if isinstance(message.event, ApprovalNeeded):
                 assert self._nursery is not None  # noqa: S101 - serve set it
                 self._nursery.start_soon(self._approval, session, message.event)
-            elif (update := update_of(message.event)) is not None:
+            elif (update := update_of(message.event, session.connection.session)) is not None:
                 await self.notify(session.id, update)
         elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
             turn.end = message

@@ -13,7 +13,7 @@ from typing import Any
 
 from acp import schema
 
-from loopd.events import ApprovalNeeded, ToolCallStarted, ToolResult
+from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted, ToolResult
 from loopd.infer import Content, Reasoning
 from loopd.proto import TurnFailed, Usage
 from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
@@ -88,8 +88,11 @@ def _status(result: str) -> schema.ToolCallStatus:
     return "failed" if result.startswith(_FAILED) else "completed"
 
 
-def update_of(event: object) -> Update | None:
-    """The `session/update` a live event of a turn is, if the editor shows it."""
+def update_of(event: object, session: str) -> Update | None:
+    """The `session/update` a live event of a turn in loopd session `session` is, if the
+    editor shows it. A sub-agent's progress shows in the `delegate` call that started it."""
+    if isinstance(event, AgentUpdate):
+        return _agent_progress(event) if event.parent == session else None
     if isinstance(event, Reasoning):
         return schema.AgentThoughtChunk(
             session_update="agent_thought_chunk", content=_text(event.text)
@@ -115,6 +118,21 @@ def update_of(event: object) -> Update | None:
             content=_content(event.preview),
         )
     return None
+
+
+def _agent_progress(agent: AgentUpdate) -> schema.ToolCallProgress:
+    said = f"sub-agent {agent.session}: {agent.state}, {agent.tool_calls} tool calls, "
+    said += f"{agent.tokens} tokens"
+    if agent.tool:
+        said += f", last {agent.tool}"
+    if agent.detail:
+        said += f" ({agent.detail})"
+    return schema.ToolCallProgress(
+        session_update="tool_call_update",
+        tool_call_id=str(agent.call),
+        status="in_progress" if agent.state == "running" else None,
+        content=_content(said),
+    )
 
 
 def permission_request(session: str, asking: ApprovalNeeded) -> schema.RequestPermissionRequest:

@@ -1,0 +1,134 @@
+"""How loopd's events, records and ends of turns read in the Agent Client Protocol: the pure
+mapping under `bxctl acp`, case by case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from acp import schema
+
+from bxctl.acp_map import kind_of, replayed, stop_reason, text_of, update_of, usage_of
+from loopd.events import AgentUpdate, ToolResult
+from loopd.infer import ToolCall
+from loopd.proto import TurnFailed, Usage
+from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
+
+PARENT = "20261202T000000000Z-aaaaaa"
+
+
+def agent(parent: str = PARENT, **fields: object) -> AgentUpdate:
+    values = {"session": "child", "parent": parent, "call": 4, "state": "running"} | fields
+    return AgentUpdate.model_validate(values)
+
+
+def test_a_sub_agents_progress_shows_in_the_call_that_started_it() -> None:
+    update = update_of(agent(tool_calls=2, tokens=180, tool="read_file"), PARENT)
+    assert isinstance(update, schema.ToolCallProgress)
+    assert (update.tool_call_id, update.status) == ("4", "in_progress")
+    assert update.content is not None
+    text = update.content[0].content.text
+    assert text == "sub-agent child: running, 2 tool calls, 180 tokens, last read_file"
+    failed = update_of(agent(state="failed", detail="its turn took too long"), PARENT)
+    assert isinstance(failed, schema.ToolCallProgress)
+    assert failed.status is None  # the call's own result follows
+    assert update_of(agent(parent="child"), PARENT) is None  # a sub-agent's own sub-agent
+
+
+def test_a_failed_or_denied_result_is_a_failed_call() -> None:
+    def result(preview: str) -> object:
+        event = ToolResult.model_validate(
+            {"name": "call_tool", "call": 1, "class": "public", "untrusted": False}
+            | {"truncated": False, "preview": preview}
+        )
+        update = update_of(event, PARENT)
+        assert isinstance(update, schema.ToolCallProgress)
+        return update.status
+
+    assert result("The tool failed: no such file") == "failed"
+    assert result("The call was denied: the user did not approve it") == "failed"
+    assert result("Not run: the turn ended first (cancelled).") == "failed"
+    assert result("# Today") == "completed"
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("turn_limit", "max_turn_requests"),
+        ("session_full", "max_tokens"),
+        ("cancelled", "cancelled"),
+        ("infer", None),
+        ("error", None),
+    ],
+)
+def test_each_end_of_a_turn_has_its_stop_reason_or_is_an_error(
+    kind: str, reason: str | None
+) -> None:
+    assert stop_reason(TurnFailed(id="p1", kind=kind, message="why")) == reason
+
+
+def test_usage_is_the_whole_prompt_with_its_cached_part() -> None:
+    usage = Usage(
+        prompt_n=12,
+        cache_n=1200,
+        predicted_n=30,
+        prompt_ms=1.0,
+        predicted_ms=2.0,
+        reasoning_tokens=10,
+        thinking_capped=False,
+    )
+    got = usage_of(usage)
+    assert got is not None
+    assert (got.input_tokens, got.cached_read_tokens, got.output_tokens) == (1212, 1200, 30)
+    assert (got.total_tokens, got.thought_tokens) == (1242, 10)
+    assert usage_of(None) is None
+
+
+def test_a_replayed_call_is_named_by_the_tool_it_asked_for() -> None:
+    arguments = json.dumps({"name": "read_file", "arguments": {"path": "today.md"}})
+    records: list[Record] = [
+        UserRecord(content="what do I buy?"),
+        AssistantRecord(
+            content=None,
+            reasoning_content="Read it.",
+            tool_calls=(ToolCall(id="c1", name="call_tool", arguments=arguments),),
+        ),
+        ToolResultRecord(call=1, tool_call_id="c1", name="call_tool", content="milk"),
+        AssistantRecord(content="Milk."),
+    ]
+    updates = list(replayed(records))
+    assert [u.session_update for u in updates] == [
+        "user_message_chunk",
+        "agent_thought_chunk",
+        "tool_call",
+        "agent_message_chunk",
+    ]
+    call = updates[2]
+    assert isinstance(call, schema.ToolCallStart)
+    assert (call.title, call.kind, call.status) == ("read_file", "read", "completed")
+    assert call.raw_input == {"path": "today.md"}
+
+
+def test_a_prompts_blocks_become_one_message() -> None:
+    blocks = [
+        schema.TextContentBlock(type="text", text="Look at this:"),
+        schema.ResourceContentBlock(type="resource_link", name="a.py", uri="file:///w/a.py"),
+        schema.EmbeddedResourceContentBlock(
+            type="resource",
+            resource=schema.TextResourceContents(uri="file:///w/b.py", text="print(1)"),
+        ),
+    ]
+    assert text_of(blocks) == (
+        "Look at this:\n\n[a.py](file:///w/a.py)\n\n[file:///w/b.py]\n```\nprint(1)\n```"
+    )
+
+
+def test_the_kinds_of_tools() -> None:
+    assert [kind_of(t) for t in ("read_file", "edit_file", "run_command", "find_tool")] == [
+        "read",
+        "edit",
+        "execute",
+        "search",
+    ]
+    assert kind_of("calendar.list_events") == "other"
+    assert kind_of(None) == "other"
