@@ -12,7 +12,7 @@ from bxctl.acp_map import kind_of, replayed, stop_reason, text_of, update_of, us
 from loopd.events import AgentUpdate, ToolResult
 from loopd.infer import ToolCall
 from loopd.proto import TurnFailed, Usage
-from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
+from loopd.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
 
 PARENT = "20261202T000000000Z-aaaaaa"
 
@@ -62,7 +62,7 @@ def test_a_failed_or_denied_result_is_a_failed_call() -> None:
     ],
 )
 def test_each_end_of_a_turn_has_its_stop_reason_or_is_an_error(
-    kind: str, reason: str | None
+    kind: FailureKind, reason: str | None
 ) -> None:
     assert stop_reason(TurnFailed(id="p1", kind=kind, message="why")) == reason
 

@@ -21,10 +21,10 @@ from rich.console import Console
 from bxctl.chat import _think
 from bxctl.view import TurnView
 from conftest import StartDaemon
-from loopd.events import CacheLoss, ToolCallStarted, ToolResult
+from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
 from loopd.proto import Event, TurnDone, TurnFailed, Usage
-from loopd.records import CacheLossRecord, ToolResultRecord, UserRecord
+from loopd.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
 from loopd.store import Store
 from loopd.transcript import transcript
 from support.daemon import Daemon
@@ -136,7 +136,7 @@ def render(view: TurnView, *, live: bool = False) -> str:
 
 
 def turn_events() -> list[Any]:
-    events = [
+    events: list[TurnEvent] = [
         Waiting(),
         Progress(total=120, cache=100, processed=100),
         Progress(total=120, cache=100, processed=120),
@@ -222,7 +222,7 @@ def test_a_long_answer_shows_only_its_tail_live() -> None:
         ("cancelled", "Cancelled."),
     ],
 )
-def test_a_failed_turn_says_what_to_do_next(kind: str, hint: str) -> None:
+def test_a_failed_turn_says_what_to_do_next(kind: FailureKind, hint: str) -> None:
     view = TurnView()
     view.feed(TurnFailed(id="t", kind=kind, message="details"))
     assert hint in render(view)

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import trio
 from acp import PROTOCOL_VERSION, schema
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from bxctl.acp_map import (
     DECISIONS,
+    Update,
     permission_request,
     replayed,
     stop_reason,
@@ -98,7 +99,7 @@ class Agent:
         for session in self.sessions.values():
             await session.connection.aclose()
 
-    async def notify(self, session: str, update: BaseModel) -> None:
+    async def notify(self, session: str, update: Update) -> None:
         notification = schema.SessionNotification(session_id=session, update=update)
         await self.peer.notify("session/update", notification)
 

@@ -20,6 +20,7 @@ from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
 
 __all__ = [
     "DECISIONS",
+    "Update",
     "permission_request",
     "replayed",
     "stop_reason",
@@ -74,7 +75,12 @@ def _text(text: str) -> schema.TextContentBlock:
     return schema.TextContentBlock(type="text", text=text)
 
 
-def _content(text: str) -> list[schema.ContentToolCallContent]:
+ToolContent = list[
+    schema.ContentToolCallContent | schema.FileEditToolCallContent | schema.TerminalToolCallContent
+]
+
+
+def _content(text: str) -> ToolContent:
     return [schema.ContentToolCallContent(type="content", content=_text(text))]
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
 from loopd.events import TurnEvent
-from loopd.records import Decision, UsageRecord
+from loopd.records import Decision, FailureKind, UsageRecord
 from loopd.store import SessionInfo as StoredSession
 
 __all__ = [
@@ -231,11 +231,11 @@ class Usage(_Message):
             return None
         t = usage.timings
         return cls(
-            prompt_n=t and t.prompt_n,
-            cache_n=t and t.cache_n,
-            predicted_n=t and t.predicted_n,
-            prompt_ms=t and t.prompt_ms,
-            predicted_ms=t and t.predicted_ms,
+            prompt_n=t.prompt_n if t else None,
+            cache_n=t.cache_n if t else None,
+            predicted_n=t.predicted_n if t else None,
+            prompt_ms=t.prompt_ms if t else None,
+            predicted_ms=t.predicted_ms if t else None,
             reasoning_tokens=usage.reasoning_tokens,
             thinking_capped=usage.thinking_capped,
         )
@@ -251,7 +251,7 @@ class TurnDone(_Message):
 class TurnFailed(_Message):
     type: Literal["turn_failed"] = "turn_failed"
     id: str
-    kind: Literal["turn_limit", "session_full", "infer", "cancelled", "error"]
+    kind: FailureKind
     message: str
 
 

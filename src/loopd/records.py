@@ -31,6 +31,7 @@ __all__ = [
     "CacheLossRecord",
     "DataClass",
     "Decision",
+    "FailureKind",
     "FileChangeRecord",
     "PromptRecord",
     "Record",
@@ -57,6 +58,9 @@ approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`)."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
+FailureKind = Literal["turn_limit", "session_full", "infer", "cancelled", "error"]
+"""How a turn that did not answer ended, as clients are told: `infer` when llama-server
+could not answer (its log says `error`)."""
 Decision = Literal["once", "session", "deny"]
 """A person's answer to an approval: run this call, run this tool for the rest of the
 session without asking, or do not run it."""

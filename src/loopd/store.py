@@ -308,10 +308,10 @@ class Store:
             time=created,
             continues=continues,
             grants=tuple(sorted(grants)),
-            parent=parent and parent.session,
-            call=parent and parent.call,
-            call_id=parent and parent.call_id,
-            cwd=cwd and str(cwd),
+            parent=parent.session if parent else None,
+            call=parent.call if parent else None,
+            call_id=parent.call_id if parent else None,
+            cwd=str(cwd) if cwd else None,
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 class TurnError(Exception):
     """A turn ended without an answer; the log says why in its `turn_end` record."""
 
-    reason: TurnEndReason = "error"
+    reason: Literal["turn_limit", "session_full", "error"] = "error"
+    """Both its `turn_end` reason and, but for `InferFailed`, its failure kind to clients."""
 
 
 class SessionFull(TurnError):

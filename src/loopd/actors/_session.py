@@ -27,7 +27,7 @@ from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.exact import past_reasoning
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import InferError, Queued, slot_tokens
-from loopd.records import Baseline, UndoRecord, UsageRecord
+from loopd.records import Baseline, FailureKind, UndoRecord, UsageRecord
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store, StoreError
 from loopd.tools import PortHandle
@@ -262,7 +262,7 @@ class SessionActor:
                     outcome = await self._on(lease, message, on_event)
                 self._publish(Published(message.turn, TurnDone(outcome)))
             except TurnError as e:
-                kind = "infer" if isinstance(e, InferFailed) else e.reason
+                kind: FailureKind = "infer" if isinstance(e, InferFailed) else e.reason
                 self._publish(Published(message.turn, TurnFailed(kind, str(e))))
             except InferError as e:  # a compaction a client asked for
                 self._publish(Published(message.turn, TurnFailed("infer", str(e))))

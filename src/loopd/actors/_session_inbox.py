@@ -15,7 +15,7 @@ import trio
 
 from loopd.events import TurnEvent
 from loopd.inbox import Reply, ask
-from loopd.records import Decision, Record, UndoRecord, UsageRecord
+from loopd.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
 
 __all__ = [
@@ -41,8 +41,7 @@ class TurnDone:
 
 @dataclass(frozen=True)
 class TurnFailed:
-    kind: str
-    """`turn_limit`, `session_full`, `infer`, `cancelled` or `error`."""
+    kind: FailureKind
     message: str
 
 
