@@ -8,7 +8,7 @@ import json
 import pytest
 from acp import schema
 
-from bxctl.acp_map import kind_of, replayed, stop_reason, text_of, update_of, usage_of
+from bxctl.acp_map import decision_of, kind_of, replayed, stop_reason, text_of, update_of, usage_of
 from loopd.events import AgentUpdate, ToolResult
 from loopd.infer import ToolCall
 from loopd.proto import TurnFailed, Usage
@@ -121,6 +121,12 @@ def test_a_prompts_blocks_become_one_message() -> None:
     assert text_of(blocks) == (
         "Look at this:\n\n[a.py](file:///w/a.py)\n\n[file:///w/b.py]\n```\nprint(1)\n```"
     )
+
+
+def test_the_editors_choice_is_the_decision_and_anything_else_denies() -> None:
+    assert [decision_of(o) for o in ("once", "session", "deny")] == ["once", "session", "deny"]
+    assert decision_of(None) == "deny"  # the editor cancelled the request
+    assert decision_of("allow_everything") == "deny"
 
 
 def test_the_kinds_of_tools() -> None:

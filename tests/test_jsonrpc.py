@@ -69,6 +69,14 @@ async def wire(nursery: trio.Nursery) -> tuple[Wire, Peer]:
     return w, peer
 
 
+async def answer_or_error(peer: Peer, text: str) -> Any:
+    """What the peer's own request got: its result, or its error's message."""
+    try:
+        return await peer.ask("question", Echo(text=text))
+    except RpcError as e:
+        return e.message
+
+
 def request(rpc_id: int, method: str, params: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
 
@@ -118,11 +126,8 @@ async def test_its_own_requests_get_their_answers_or_errors(wire: tuple[Wire, Pe
     answers: list[Any] = []
 
     async def ask() -> None:
-        answers.append(await peer.ask("question", Echo(text="?")))
-        try:
-            await peer.ask("question", Echo(text="!"))
-        except RpcError as e:
-            answers.append(e.message)
+        answers.append(await answer_or_error(peer, "?"))
+        answers.append(await answer_or_error(peer, "!"))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
@@ -146,10 +151,7 @@ async def test_the_end_of_the_input_leaves_the_running_requests_answered(
     failed: list[str] = []
 
     async def ask() -> None:
-        try:
-            await peer.ask("question", Echo(text="?"))
-        except RpcError as e:
-            failed.append(e.message)
+        failed.append(await answer_or_error(peer, "?"))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)

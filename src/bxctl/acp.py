@@ -23,8 +23,8 @@ from acp import PROTOCOL_VERSION, schema
 from pydantic import ValidationError
 
 from bxctl.acp_map import (
-    DECISIONS,
     Update,
+    decision_of,
     permission_request,
     replayed,
     stop_reason,
@@ -142,17 +142,22 @@ class Agent:
         self._follow(session)
         return schema.LoadSessionResponse()
 
-    async def _open(self, which: str, cwd: str | None) -> _Session:
+    async def _connect(self, which: str, cwd: str | None = None) -> tuple[Connection, str]:
+        """A connection to loopd in session `which` (`new` in folder `cwd`), and the session's
+        id; closed again when loopd refuses it (`SessionRefused`)."""
         connection = await Connection.open(self.socket)
         try:
-            loopd_id = await connection.hello(which, cwd=cwd, client="bxctl acp")
-        except SessionRefused as e:
-            await connection.aclose()
-            code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
-            raise RpcError(code, str(e)) from None
+            return connection, await connection.hello(which, cwd=cwd, client="bxctl acp")
         except BaseException:
             await connection.aclose()
             raise
+
+    async def _open(self, which: str, cwd: str | None) -> _Session:
+        try:
+            connection, loopd_id = await self._connect(which, cwd)
+        except SessionRefused as e:
+            code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
+            raise RpcError(code, str(e)) from None
         session = self.sessions[loopd_id] = _Session(loopd_id, connection)
         if which == "new":
             self._follow(session)
@@ -184,17 +189,12 @@ class Agent:
 
     async def _reconnect(self, session: _Session) -> None:
         """A new connection to loopd, in the session the old one was in last."""
-        connection = await Connection.open(self.socket)
         try:
-            await connection.hello(session.connection.session, client="bxctl acp")
+            connection, _ = await self._connect(session.connection.session)
         except SessionRefused as e:
-            await connection.aclose()
             raise RpcError(
                 INTERNAL_ERROR, f"loopd is back but would not open the session: {e}"
             ) from None
-        except BaseException:
-            await connection.aclose()
-            raise
         session.connection = connection
         self._follow(session)
 
@@ -242,13 +242,11 @@ class Agent:
             outcome = schema.RequestPermissionResponse.model_validate(answer).outcome
         except (RpcError, ValidationError):
             outcome = None
-        chosen = getattr(outcome, "option_id", None)
-        decision = DECISIONS.get(chosen or "", "deny")
         approve = {
             "type": "approve",
             "call": asking.call,
             "session": asking.session,
-            "decision": decision,
+            "decision": decision_of(getattr(outcome, "option_id", None)),
         }
         if not session.connection.closed:
             await session.connection.send(approve)

@@ -16,11 +16,11 @@ from acp import schema
 from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted, ToolResult
 from loopd.infer import Content, Reasoning
 from loopd.proto import TurnFailed, Usage
-from loopd.records import AssistantRecord, Record, ToolResultRecord, UserRecord
+from loopd.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
 
 __all__ = [
-    "DECISIONS",
     "Update",
+    "decision_of",
     "permission_request",
     "replayed",
     "stop_reason",
@@ -51,8 +51,7 @@ _KINDS: dict[str, schema.ToolKind] = {
 _FAILED = ("The tool failed: ", "The call was denied: ", "Not run: ")
 """How a result the model reads starts when the call did not run to an answer."""
 
-DECISIONS: dict[str, str] = {"once": "once", "session": "session", "deny": "deny"}
-"""Permission option ids, each the loopd `approve` decision it stands for."""
+# Each option's id is the loopd `approve` decision it stands for.
 _OPTIONS = [
     schema.PermissionOption(option_id="once", name="Allow once", kind="allow_once"),
     schema.PermissionOption(
@@ -87,7 +86,7 @@ def _content(text: str) -> ToolContent:
 def kind_of(tool: str | None) -> schema.ToolKind:
     if tool is None:
         return "other"
-    return _KINDS.get(tool.rsplit(".", 1)[-1] if "." in tool else tool, "other")
+    return _KINDS.get(tool.rsplit(".", 1)[-1], "other")  # an MCP tool by its own name
 
 
 def _status(result: str) -> schema.ToolCallStatus:
@@ -158,6 +157,15 @@ def permission_request(session: str, asking: ApprovalNeeded) -> schema.RequestPe
         ),
         options=_OPTIONS,
     )
+
+
+def decision_of(option_id: str | None) -> Decision:
+    """The `approve` decision of the option the editor chose; `deny` for none (a cancelled
+    request) or one that is not ours."""
+    for option in _OPTIONS:
+        if option.option_id == option_id:
+            return option.option_id  # type: ignore[return-value] # one of Decision, above
+    return "deny"
 
 
 def stop_reason(failed: TurnFailed) -> schema.StopReason | None:

@@ -40,13 +40,12 @@ class Connection:
     config: ChannelConfig
 
     def __post_init__(self) -> None:
-        # Lines waiting for the client: one that falls this far behind has stopped reading.
-        # One line more than a client may have waiting: the last word before a close (`lagged`,
+        # Lines waiting for the client: one that falls `subscriber_buffer` behind has stopped
+        # reading. The channel holds one more, so the last word before a close (`lagged`,
         # `line_too_long`, `bye`) reaches even a client whose outbox is full.
         self.outbox, self._outgoing = trio.open_memory_channel[bytes](
             self.config.subscriber_buffer + 1
         )
-        self._waiting_lines = 0
         self._waiting_bytes = 0
         """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
         self.client = Client(
@@ -62,7 +61,7 @@ class Connection:
         """Queue a line; a client that stopped reading is dropped. `last`: the line before
         the outbox closes, queued past the bounds."""
         line = proto.dump(message)
-        full = self._waiting_lines >= self.config.subscriber_buffer
+        full = self.outbox.statistics().current_buffer_used >= self.config.subscriber_buffer
         if not last and (full or self._waiting_bytes + len(line) > self.config.outbox_bytes):
             self._drop()
             return
@@ -73,7 +72,6 @@ class Connection:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
         else:
-            self._waiting_lines += 1
             self._waiting_bytes += len(line)
 
     def _drop(self) -> None:
@@ -103,7 +101,6 @@ class Connection:
         try:
             async with self._outgoing:
                 async for line in self._outgoing:
-                    self._waiting_lines -= 1
                     self._waiting_bytes -= len(line)
                     await self.stream.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

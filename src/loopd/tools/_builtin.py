@@ -16,7 +16,6 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -231,13 +230,11 @@ class Builtins:
     async def preview(self, entry: ToolEntry, request: ToolRequest) -> str | None:
         """A write's or an edit's diff, a command with its folder and sandbox; or why the call
         will fail."""
-        if request.cwd is not None:
-            return await self.within(request.cwd).preview(entry, replace(request, cwd=None))
-        arguments = request.arguments
+        tools = self.within(request.cwd)
         try:
             if entry.name in WRITE_TOOLS:
                 planned = await trio.to_thread.run_sync(
-                    plan, self.roots, entry.name, arguments, abandon_on_cancel=True
+                    plan, tools.roots, entry.name, request.arguments, abandon_on_cancel=True
                 )
                 shown = planned.diff or "(no change)"
                 if len(shown) > PREVIEW_CHARS:  # the event and the log carry it
@@ -245,23 +242,21 @@ class Builtins:
                     shown = f"{shown[:PREVIEW_CHARS]}\n[... {cut} more characters of the diff]"
                 return shown
             if entry.name == "run_command":
-                return self.command_preview(arguments)
+                return tools.command_preview(request.arguments)
         except ToolFailure as e:
             return f"(it will fail: {e})"
         return None
 
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
-        if request.cwd is not None:
-            return await self.within(request.cwd).run_tool(entry, replace(request, cwd=None))
-        arguments = request.arguments
+        tools = self.within(request.cwd)
         if entry.name == "run_command":
-            return await self.run_command(arguments)
+            return await tools.run_command(request.arguments)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first
             raise ToolFailure(f"{entry.name} cannot run here: this turn keeps no file history")
-        function = self._run[entry.name]
+        function = tools._run[entry.name]  # noqa: SLF001 - another instance of this class
         # File I/O in a thread; abandoned on cancel, so a timeout always ends the call.
         text = await trio.to_thread.run_sync(
-            function, arguments, abandon_on_cancel=True, limiter=self._threads
+            function, request.arguments, abandon_on_cancel=True, limiter=self._threads
         )
         return ToolOutput(text)
 
