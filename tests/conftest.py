@@ -98,7 +98,8 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
 
     The script is recording names and scripted `FakeLlama`s, served in order (a fake answers
     every request that reaches it until its replies run out); `channel`, `loop`, `tools` and
-    `session` add lines to those tables of the config; other keywords are replay options for
+    `session` add lines to those tables of the config; `home`: the folder its own goes in (the
+    test's tmp_path by default); `env`: its environment; other keywords are replay options for
     the recordings.
     """
     started: list[Daemon] = []
@@ -109,6 +110,8 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
         loop: str = "",
         tools: str = "",
         session: str = "",
+        home: Path | None = None,
+        env: dict[str, str] | None = None,
         **replay: Any,
     ) -> Daemon:
         exchanges: list[Any] = []
@@ -120,11 +123,12 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
                 exchange.replay.update(replay)
         await nursery.start(server.run)
         d = Daemon(
-            tmp_path / f"loopd-{len(started)}",
+            (home or tmp_path) / f"loopd-{len(started)}",
             server.url,
             channel,
             session=session,
             slots=NO_SLOT_FILES,
+            env=env,
         )
         if loop:
             d.config.write_text(d.config.read_text() + f"[loop]\n{loop}\n")

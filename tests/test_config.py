@@ -11,6 +11,7 @@ import pytest
 
 from loopd.cli import main
 from loopd.config import Config, ConfigError, dump_toml, load_config, reference
+from loopd.tools import policy_for
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -118,6 +119,22 @@ def test_the_effective_config_prints_as_toml_that_loads_back(tmp_path: Path) -> 
     assert load_config(path)[0] == config
 
 
+def test_policy_tables_print_as_written_so_a_printed_config_means_the_same(
+    tmp_path: Path,
+) -> None:
+    """A table that sets only a class printed with `action = "allow"` spelled out would make
+    run_command run without asking once the printed config is used."""
+    written = write(tmp_path, '[tools.policies.run_command]\nclass = "private"\n')
+    config = load_config(written)[0]
+    printed = dump_toml(config)
+    assert tomllib.loads(printed)["tools"]["policies"]["run_command"] == {"class": "private"}
+    again = load_config(write(tmp_path, printed))[0]
+    assert again == config
+    ask = policy_for(again.tools, "run_command", "builtin")
+    assert ask == policy_for(config.tools, "run_command", "builtin")
+    assert ask.action == "ask"
+
+
 def test_check_config_prints_the_config_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -126,6 +143,44 @@ def test_check_config_prints_the_config_and_exits_0(
     out = capsys.readouterr().out
     assert out.startswith(f"# effective config: {path}\n")
     assert tomllib.loads(out)["loop"]["tool_iterations"] == 4
+
+
+def listed(out: str, tool: str) -> str:
+    """What check-config's list of policies says of a tool, spaces squeezed."""
+    (line,) = [line for line in out.splitlines() if line.startswith(f"#   {tool} ")]
+    return " ".join(line.removeprefix(f"#   {tool}").split())
+
+
+def test_check_config_names_a_command_that_runs_without_asking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Listed as comments after the config, with the table that lets it run."""
+    tools = f'[tools]\nroots = ["{tmp_path}"]\n[tools.policies.run_command]\n'
+    allowed = write(tmp_path, tools + 'action = "allow"\n')
+    assert main(["check-config", "--config", str(allowed)]) == 0
+    out = capsys.readouterr().out
+    assert tomllib.loads(out)["tools"]["policies"]["run_command"]["action"] == "allow"
+    assert listed(out, "run_command") == "allow (runs without asking: [tools.policies.run_command])"
+    assert listed(out, "write_file") == "ask"
+    asking = write(tmp_path, tools + 'class = "private"\n')
+    assert main(["check-config", "--config", str(asking)]) == 0
+    assert listed(capsys.readouterr().out, "run_command") == "ask"
+
+
+def test_check_config_names_an_mcp_server_whose_tools_run_without_asking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        '[tools.mcp.web]\ncommand = ["web-mcp"]\npolicy = { action = "allow" }\n'
+        '[tools.mcp.mail]\ncommand = ["mail-mcp"]\npolicy = { action = "ask" }\n',
+    )
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert tomllib.loads(out)["tools"]["mcp"]["web"]["policy"]["action"] == "allow"
+    web = listed(out, "every tool of server web:")
+    assert web == "allow (runs without asking: [tools.mcp.web] policy)"
+    assert listed(out, "every tool of server mail:") == "ask"
 
 
 def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> None:

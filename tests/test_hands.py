@@ -30,7 +30,7 @@ from loopd.actors import (
 )
 from loopd.changes import Blobs, Hands, NothingToUndo, UndoRefused, undo
 from loopd.closing import close_interrupted_turn
-from loopd.config import Config, ToolsConfig
+from loopd.config import Config, Policy, ToolsConfig
 from loopd.events import ApprovalNeeded
 from loopd.infer import Client
 from loopd.records import (
@@ -45,18 +45,20 @@ from loopd.records import (
 )
 from loopd.store import Store
 from loopd.tools import (
+    NEW_FILE,
     Builtins,
     Roots,
     ToolFailure,
     ToolRequest,
     builtin_entries,
     digest,
-    missing_bubblewrap,
+    sandbox_missing,
 )
 from loopd.tools._builtin import PREVIEW_CHARS
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 from test_actors import collect, next_of
+from test_agents import delegate, scripted
 from test_bxctl import Tmux, bxctl
 
 
@@ -131,6 +133,58 @@ def test_writing_editing_and_running_ask_by_default_and_a_policy_says_otherwise(
     assert {e.name: e.policy.action for e in builtin_entries(config)}["edit_file"] == "allow"
 
 
+HANDS = ("write_file", "edit_file", "run_command")
+
+
+def policies_of(tools: dict[str, Any]) -> dict[str, Policy]:
+    config = Config.model_validate({"tools": {"roots": ["/tmp"], **tools}}).tools  # noqa: S108
+    return {e.name: e.policy for e in builtin_entries(config)}
+
+
+def test_a_builtin_policy_that_sets_only_a_class_keeps_writing_and_running_asking() -> None:
+    """`[tools.policies.builtin] class = "private"` sets the class, never the action."""
+    policies = policies_of({"policies": {"builtin": {"class": "private", "untrusted": True}}})
+    for name in HANDS:
+        assert policies[name] == Policy(action="ask", data_class="private", untrusted=True)
+    assert policies["read_file"] == Policy(action="allow", data_class="private", untrusted=True)
+
+
+def test_a_builtin_policy_can_deny_writing_and_running_but_never_allow_them() -> None:
+    allowed = policies_of({"policies": {"builtin": {"action": "allow"}}})
+    assert [allowed[name].action for name in HANDS] == ["ask", "ask", "ask"]
+    denied = policies_of({"policies": {"builtin": {"action": "deny"}}})
+    assert [denied[name].action for name in HANDS] == ["deny", "deny", "deny"]
+
+
+def test_a_tool_policy_that_sets_only_a_class_keeps_it_asking() -> None:
+    policies = policies_of({"policies": {name: {"class": "secret"} for name in HANDS}})
+    for name in HANDS:
+        assert policies[name] == Policy(action="ask", data_class="secret")
+
+
+def test_a_table_says_only_what_it_sets_the_rest_comes_from_its_source() -> None:
+    """A tool's table that sets only a class keeps its source's action: `builtin` denying,
+    read_file and run_command with a class of their own still deny."""
+    policies = policies_of(
+        {
+            "policies": {
+                "builtin": {"action": "deny", "untrusted": True},
+                "read_file": {"class": "private"},
+                "run_command": {"class": "secret"},
+            }
+        }
+    )
+    assert policies["read_file"] == Policy(action="deny", data_class="private", untrusted=True)
+    assert policies["run_command"] == Policy(action="deny", data_class="secret", untrusted=True)
+
+
+def test_a_tool_policy_that_allows_lets_it_run_without_asking() -> None:
+    """Its own `action` wins, over the default and over the `builtin` policy's."""
+    own = {name: {"action": "allow"} for name in HANDS}
+    policies = policies_of({"policies": {"builtin": {"action": "deny"}, **own}})
+    assert [policies[name].action for name in HANDS] == ["allow", "allow", "allow"]
+
+
 async def test_a_write_waits_with_its_diff_and_once_approved_the_log_has_it_first(
     tmp_path: Path,
 ) -> None:
@@ -158,6 +212,112 @@ async def test_a_write_waits_with_its_diff_and_once_approved_the_log_has_it_firs
     assert result.content == "Changed today.md: +1 -1 lines."
     (request,) = [r for r in log if isinstance(r, ApprovalRequestRecord)]
     assert request.preview == needed.preview
+
+
+def changed_meanwhile(path: str) -> str:
+    """What the model reads when `path` changed while its write's approval waited."""
+    return (
+        f"The tool failed: {path} changed while the approval waited, so what was approved is "
+        "not what would be written; nothing was written. Read it again and plan the change anew."
+    )
+
+
+async def approved_after_a_person_wrote(h: Desk, reply: Reply, path: str, text: str) -> str:
+    """The model's result for `reply`'s call, approved once a person wrote `text` to `path`
+    while the approval waited."""
+    h.fake.replies = [reply, Reply(content="ok")]
+    await h.handle.send("t1", "change it")
+    assert h.events is not None
+    with trio.fail_after(10):
+        needed = await next_of(h.events, ApprovalNeeded)
+    await trio.Path(h.notes / path).write_text(text)  # the person, while loopd waits
+    assert await h.handle.decide(needed.call, "once")
+    with trio.fail_after(10):
+        await collect(h.events, 1)
+    (result,) = [r.content for r in h.log() if isinstance(r, ToolResultRecord)]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("path", "text"), [("today.md", "buy milk and eggs\n"), ("new.md", "a person's file\n")]
+)
+async def test_a_write_to_a_file_a_person_changed_while_it_waited_is_refused(
+    tmp_path: Path, path: str, text: str
+) -> None:
+    """The approved write would replace what the person wrote meanwhile (or the file they
+    created) with a change they never saw: it is refused, and the file keeps their text."""
+    async with hands(tmp_path) as h:
+        result = await approved_after_a_person_wrote(h, write(path, "buy bread\n"), path, text)
+    assert result == changed_meanwhile(path)
+    assert (h.notes / path).read_text() == text
+    assert not any(isinstance(r, FileChangeRecord) for r in h.log())
+    assert conversation_problems(h.log()) == []
+
+
+async def test_an_edit_that_still_applies_to_the_changed_file_is_refused_all_the_same(
+    tmp_path: Path,
+) -> None:
+    """The person changed another line: the edit would apply, but the file it would give is
+    not the one the approved diff showed."""
+    async with hands(tmp_path) as h:
+        person = "buy milk\nand bread\n"
+        reply = edit("today.md", "milk", "oat milk")
+        result = await approved_after_a_person_wrote(h, reply, "today.md", person)
+    assert result == changed_meanwhile("today.md")
+    assert (h.notes / "today.md").read_text() == person
+    assert not any(isinstance(r, FileChangeRecord) for r in h.log())
+
+
+async def test_the_approval_request_records_what_its_diff_was_planned_on(tmp_path: Path) -> None:
+    """A file's hash as shown, or `new` where there was no file; unchanged, the write runs."""
+    async with hands(tmp_path) as h:
+        h.fake.replies = [write("today.md", "eggs\n"), write("new.md", "new\n", "c2")]
+        h.fake.replies += [Reply(content="ok")]
+        await h.handle.send("t1", "two writes")
+        assert h.events is not None
+        for _ in range(2):
+            with trio.fail_after(10):
+                needed = await next_of(h.events, ApprovalNeeded)
+            assert await h.handle.decide(needed.call, "once")
+        with trio.fail_after(10):
+            await collect(h.events, 1)
+    requests = [r for r in h.log() if isinstance(r, ApprovalRequestRecord)]
+    assert [(r.arguments["path"], r.basis) for r in requests] == [
+        ("today.md", digest(b"buy milk\n")),
+        ("new.md", NEW_FILE),
+    ]
+    assert (h.notes / "today.md").read_text() == "eggs\n"
+    assert (h.notes / "new.md").read_text() == "new\n"
+
+
+async def test_a_write_that_did_not_wait_for_approval_still_writes(tmp_path: Path) -> None:
+    async with hands(tmp_path, policies={"edit_file": {"action": "allow"}}) as h:
+        h.fake.replies = [edit("today.md", "milk", "oat milk"), Reply(content="ok")]
+        await h.turn("t1", "oat milk")
+    assert (h.notes / "today.md").read_text() == "buy oat milk\n"
+    assert not any(isinstance(r, ApprovalRequestRecord) for r in h.log())
+    assert [r.kind for r in h.log()].count("file_change") == 1
+
+
+async def test_a_sub_agents_write_to_a_file_changed_while_it_waited_is_refused(
+    tmp_path: Path,
+) -> None:
+    scripts = {
+        "Bread, please.": [delegate("Write bread to today.md."), Reply(content="asked")],
+        "Write bread to today.md.": [write("today.md", "buy bread\n"), Reply(content="no")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.parent.send("t1", "Bread, please.")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        (child,) = s.children()
+        await trio.Path(tmp_path / "notes" / "today.md").write_text("buy eggs\n")
+        assert await s.parent.decide(needed.call, "once", session=child)
+        with trio.fail_after(10):
+            await collect(s.events, 1)
+        assert s.results(child) == [changed_meanwhile("today.md")]
+        assert not any(isinstance(r, FileChangeRecord) for r in s.log(child))
+    assert (tmp_path / "notes" / "today.md").read_text() == "buy eggs\n"
 
 
 async def test_a_denied_write_leaves_the_file_untouched_and_session_stops_asking(
@@ -242,9 +402,9 @@ async def test_a_command_runs_in_its_folder_and_the_model_reads_its_exit_status(
 def test_without_bubblewrap_commands_are_refused_with_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert missing_bubblewrap() is None  # installed here, as the setup installs it
+    assert sandbox_missing() is None  # installed here, as the setup installs it
     monkeypatch.setenv("PATH", "/nonexistent")
-    why = missing_bubblewrap()
+    why = sandbox_missing()
     assert why is not None
     assert "sudo apt install bubblewrap" in why
     assert 'sandbox = "none"' in why
@@ -500,6 +660,6 @@ async def test_a_long_diff_is_cut_for_approval(tmp_path: Path) -> None:
     arguments = {"path": "today.md", "content": content}
     preview = await builtins.preview(entry, ToolRequest("s", 1, "write_file", arguments))
     assert preview is not None
-    assert preview.startswith("--- a/today.md\n+++ b/today.md\n")
-    assert preview.endswith(" more characters of the diff]")
-    assert len(preview) < PREVIEW_CHARS + 100
+    assert preview.text.startswith("--- a/today.md\n+++ b/today.md\n")
+    assert preview.text.endswith(" more characters of the diff]")
+    assert len(preview.text) < PREVIEW_CHARS + 100

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import trio
 
 from loopd.tools import Roots
 from loopd.tools._port import ToolFailure
-from loopd.tools._run import OUTPUT_CHARS, Sandbox, run_command
+from loopd.tools._run import KEEP_BYTES, Sandbox, run_command
 from loopd.tools._write import WRITE_BYTES, commit, plan
 
 
@@ -244,11 +246,47 @@ async def test_a_cancel_kills_the_command_at_once(root: Path) -> None:
     assert await eventually(no_sleeper)
 
 
-async def test_output_past_the_cap_is_cut_in_the_middle_with_a_marker(root: Path) -> None:
-    command = "seq 1 200000"
+async def test_output_past_what_loopd_keeps_loses_its_middle_with_a_marker(root: Path) -> None:
+    command = "seq 1 300000"  # 1.9 MB
     status, output = await run_command(Sandbox([root], network=False), command, root, 30)
     assert status == 0
     assert output.startswith("1\n2\n3\n")
-    assert output.endswith("199999\n200000\n")
-    assert "bytes of output cut ...]" in output
-    assert len(output) < OUTPUT_CHARS + 100
+    assert output.endswith("299999\n300000\n")
+    assert "bytes of output not kept ...]" in output
+    assert len(output) < 2 * KEEP_BYTES + 100
+
+
+def test_a_folder_swapped_for_a_link_during_writes_never_sends_a_write_outside(
+    tmp_path: Path,
+) -> None:
+    """The race a model's background command can run: a folder of the root swapped, again and
+    again, for a link to a folder outside, while writes into it are planned and made. Some
+    writes land, some are refused; none ever lands outside."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            (root / "sub").rename(root / "sub.real")
+            (root / "sub").symlink_to(outside)
+            (root / "sub").unlink()
+            (root / "sub.real").rename(root / "sub")
+            time.sleep(0.0002)  # a moment as it was, for some writes to land
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes: Counter[str] = Counter()
+    try:
+        for n in range(400):
+            try:
+                commit(plan(Roots([root]), "write_file", {"path": "sub/f.txt", "content": f"{n}"}))
+                outcomes["written"] += 1
+            except ToolFailure:
+                outcomes["refused"] += 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert list(outside.iterdir()) == []
+    assert outcomes["written"] > 0

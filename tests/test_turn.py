@@ -366,7 +366,7 @@ async def test_limit_tool_result_size(harness: Any) -> None:
     result = h.session.records[3]
     assert isinstance(result, ToolResultRecord)
     assert result.truncated
-    assert result.content == "x" * 100 + "\n[... truncated: 4900 more characters not shown]"
+    assert result.content == "x" * 50 + "\n[... 4900 characters cut here ...]\n" + "x" * 50
     assert [e.truncated for e in h.events if isinstance(e, ToolResult)] == [True]
 
 

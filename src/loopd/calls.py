@@ -62,10 +62,14 @@ class RepeatedCall(Exception):
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:
-    """At most `cap` characters, with a marker saying how much was cut."""
+    """At most `cap` characters: the head and the tail (where a command's summary and a
+    read's "more from line N" are), with a marker saying how much of the middle was cut."""
     if len(text) <= cap:
         return text, False
-    return f"{text[:cap]}\n[... truncated: {len(text) - cap} more characters not shown]", True
+    tail = cap // 2
+    head = cap - tail
+    cut = len(text) - cap
+    return f"{text[:head]}\n[... {cut} characters cut here ...]\n{text[-tail:]}", True
 
 
 OnEvent = Callable[[TurnEvent], None]
@@ -213,6 +217,7 @@ class ToolCalls:
                     data_class=asking.data_class,
                     untrusted=asking.untrusted,
                     preview=asking.preview,
+                    basis=asking.basis,
                 )
             )
             self.on_event(approval_needed(asking))
@@ -237,6 +242,10 @@ class ToolCalls:
         )
 
     async def _delegate(
-        self, delegate: Delegate, parent: ParentCall, arguments: dict[str, Any]
+        self,
+        delegate: Delegate,
+        parent: ParentCall,
+        arguments: dict[str, Any],
+        _approved: Asking | None,
     ) -> ToolOutput:
         return await delegate(parent, arguments["task"], self.on_event)

@@ -3,7 +3,8 @@
 Before a file is changed, its content and the new one are kept by their SHA-256 in loopd's
 state folder (`Blobs`), and the session log gets a `file_change` record (path, hash before,
 hash after) ahead of the change itself: if loopd stops in the middle, the log says what was
-meant, and the file's hash says whether it happened.
+meant, and the file's hash says whether it happened. A change a person approved is made only
+on the file they were shown: one changed while the approval waited is left as it is.
 
 `undo` puts back what a turn's calls changed (by default the last turn that changed files and
 was not undone), newest change first, when each file still holds what those calls wrote;
@@ -22,7 +23,17 @@ import trio
 
 from loopd.records import FileChangeRecord, Record, UndoRecord, UserRecord
 from loopd.store import Session
-from loopd.tools import Roots, ToolOutput, commit, digest, plan, write_atomically
+from loopd.tools import (
+    Asking,
+    Roots,
+    ToolFailure,
+    ToolOutput,
+    basis,
+    commit,
+    digest,
+    plan,
+    write_atomically,
+)
 
 __all__ = ["Blobs", "Hands", "NothingToUndo", "UndoRefused", "undo"]
 
@@ -52,13 +63,27 @@ class Hands:
     def __init__(self, roots: Roots, blobs: Blobs) -> None:
         self.roots, self.blobs = roots, blobs
 
-    async def write(
-        self, session: Session, call: int, call_id: str, tool: str, arguments: dict[str, Any]
+    async def write(  # noqa: PLR0913, PLR0917 - one call's whole context, as the port runs it
+        self,
+        session: Session,
+        call: int,
+        call_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        approved: Asking | None = None,
     ) -> ToolOutput:
+        """Plan the change and make it; `approved`: the approval the call waited for, whose
+        preview the plan must match."""
         roots = self.roots.within(session.cwd)
         planned = await trio.to_thread.run_sync(
             plan, roots, tool, arguments, abandon_on_cancel=True
         )
+        if approved is not None and approved.basis != basis(planned):
+            raise ToolFailure(
+                f"{planned.shown} changed while the approval waited, so what was approved is not "
+                "what would be written; nothing was written. Read it again and plan the change "
+                "anew."
+            )
         if planned.old == planned.new:
             return ToolOutput(planned.summary())
         # Not cut short by a cancel: the log and the file agree, the record first.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -13,13 +14,15 @@ from rich.console import Console
 
 from loopd import __version__
 from loopd._groups import innermost
+from loopd.actors._agents import AGENTS
 from loopd.baseline import messages
 from loopd.canonical import canonical
 from loopd.channel import DaemonRunning, UnsafeSocket
-from loopd.config import Config, ConfigError, dump_toml, load_config
+from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
 from loopd.daemon import StartupError, serve
 from loopd.records import conversation_problems
 from loopd.store import Store, StoreError
+from loopd.tools import builtin_entries, delegate_entry, policy_for
 from loopd.transcript import transcript
 
 # Exit statuses a script can test.
@@ -125,19 +128,59 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"# effective config: {source or 'built-in defaults (no config file)'}")
         print(dump_toml(config), end="")
+        print("\n".join(["", *_without_asking(config.tools, delegates=config.agents.depth > 0)]))
         return EXIT_OK
     if args.command == "serve":
-        return _serve(config, args)
+        return _serve(config, args, source)
     if args.command == "sessions":
         return _sessions(config)
     return _replay(config, args.session)
 
 
-def _serve(config: Config, args: argparse.Namespace) -> int:
+def _without_asking(tools: ToolsConfig, *, delegates: bool) -> list[str]:
+    """Comment lines: each tool's effective action, and for those that run without asking the
+    table that lets them. An MCP server's tool names are known only once it runs."""
+    entries = builtin_entries(tools) + ([delegate_entry(tools, AGENTS)] if delegates else [])
+    rows = [(e.name, e.name, e.source) for e in entries]  # shown, name, source
+    for server in tools.mcp:
+        # A tool named as its source picks the source's table, as each of its tools does.
+        rows.append((f"every tool of server {server}:", server, server))
+        rows += [(name, name, server) for name in tools.policies if name.startswith(f"{server}.")]
+    width = max(len(shown) for shown, _, _ in rows)
+    lines = ["# Which tools run without asking (each tool's effective action):"]
+    for shown, name, source in rows:
+        action = policy_for(tools, name, source).action
+        line = f"#   {shown:<{width}}  {action}"
+        if action == "allow":
+            line += f"  (runs without asking: {_policy_table(tools, name, source)})"
+        lines.append(line)
+    return lines
+
+
+def _policy_table(tools: ToolsConfig, name: str, source: str) -> str:
+    """Where a tool's `allow` comes from: the table `policy_for` picks, when it sets `action`.
+    (`[tools] class_actions` only makes an action stricter, and the tools that ask by default
+    are allowed only by a table of their own that sets it.)"""
+    if name in tools.policies:
+        table, policy = f"[tools.policies.{_toml_key(name)}]", tools.policies[name]
+    elif source in tools.policies:
+        table, policy = f"[tools.policies.{_toml_key(source)}]", tools.policies[source]
+    elif source in tools.mcp:
+        table, policy = f"[tools.mcp.{_toml_key(source)}] policy", tools.mcp[source].policy
+    else:
+        return "the default"
+    return table if "action" in policy.model_fields_set else "the default"
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _serve(config: Config, args: argparse.Namespace, source: Path | None) -> int:
     _logging(args)
     socket_path = args.socket or config.channel.socket
     try:
-        trio.run(serve, config, socket_path)
+        trio.run(serve, config, socket_path, source)
     except BaseException as e:
         error = innermost(e)
         if not isinstance(error, (DaemonRunning, StartupError, StoreError, UnsafeSocket, OSError)):

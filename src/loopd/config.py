@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import platformdirs
 import tomli_w
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -36,6 +37,8 @@ from loopd.baseline import DEFAULT_SYSTEM_PROMPT
 from loopd.records import DataClass
 
 __all__ = [
+    "KEPT_ENV",
+    "SECRETS",
     "Action",
     "AgentsConfig",
     "ChannelConfig",
@@ -55,6 +58,7 @@ __all__ = [
     "config_path",
     "dump_toml",
     "load_config",
+    "private_paths",
 ]
 
 APP = "loopd"
@@ -196,7 +200,8 @@ class LoopConfig(_Table):
     ("She loves her cat. She loves her cat. ...") stops after about 500 tokens instead of 8,192.
     0: never cut."""
     tool_result_cap: PositiveInt = 16_000
-    """Characters of a tool result the model sees; the rest is cut with a marker."""
+    """Characters of a tool result the model sees: its head and its tail, the middle cut with
+    a marker."""
     turn_timeout: PositiveFloat = 900.0
     """Seconds one turn may take, tool calls included."""
 
@@ -288,18 +293,57 @@ class McpServer(_Table):
     """The policy of every tool of this server (a per-tool policy wins)."""
 
 
+SECRETS = (
+    *("~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker"),
+    *("~/.netrc", "~/.git-credentials", "~/.pypirc", "~/.npmrc", "~/.config/gh"),
+    *("~/.cargo/credentials.toml", "~/.password-store", "~/.local/share/keyrings"),
+)
+"""The user's keys and tokens, which sandboxed commands cannot read unless `allow_read` says."""
+
+KEPT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ")
+"""Variables of loopd's environment a command gets (and every `LC_*`); nothing else."""
+
+
+def _secret(path: Path) -> Path:
+    if str(path) not in SECRETS and path.expanduser() not in {
+        Path(s).expanduser() for s in SECRETS
+    }:
+        raise ValueError(f"{path} is not one of the paths hidden by default: {', '.join(SECRETS)}")
+    return path
+
+
 class RunConfig(_Table):
     """`run_command`: shell commands in a folder under the roots."""
 
     sandbox: Literal["bubblewrap", "none"] = "bubblewrap"
-    """`bubblewrap`: each command in a `bwrap` sandbox (the filesystem read-only but the roots
-    and a private /tmp, no network unless `network`, its processes killed with it); refused
-    where `bwrap` is not installed. `none`: commands run unconfined, as the user."""
+    """`bubblewrap`: each command in a `bwrap` sandbox: the filesystem read-only but the roots
+    and a private /tmp; nothing of loopd (its socket, state and config hidden) nor the user's
+    keys (`deny_read`); no Unix sockets, no privilege (a user namespace, no capabilities, a
+    seccomp filter), no network unless `network`, a bounded process tree, a clean environment;
+    `.git/hooks` and `.git/config` read-only inside the roots. Refused where `bwrap` or
+    libseccomp is missing. `none`: commands run unconfined, as the user."""
     network: bool = False
     """Whether sandboxed commands reach the network."""
     timeout: PositiveFloat = 120.0
     """Seconds a command may run at most (the model may ask for less); then it is killed,
     with every process it started."""
+    deny_read: list[Path] = []
+    """More files and folders sandboxed commands cannot read (each shown empty), besides
+    loopd's own and the user's keys: `~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.azure`,
+    `~/.config/gcloud`, `~/.kube`, `~/.docker`, `~/.netrc`, `~/.git-credentials`, `~/.pypirc`,
+    `~/.npmrc`, `~/.config/gh`, `~/.cargo/credentials.toml`, `~/.password-store`,
+    `~/.local/share/keyrings`."""
+    allow_read: list[Annotated[Path, AfterValidator(_secret)]] = []
+    """Paths of that default list that commands may read after all, on purpose."""
+    env: dict[str, str] = {}
+    """Environment variables for commands. Besides these they get only `PATH`, `HOME`,
+    `USER`, `LOGNAME`, `SHELL`, `LANG`, `LANGUAGE`, `LC_*`, `TERM`, `TZ` of loopd's own and
+    `TMPDIR=/tmp`: no token or key loopd was started with."""
+    max_processes: PositiveInt = 1024
+    """Processes (threads count) a command's whole tree may have at once; a fork past it
+    fails."""
+    max_memory_mb: PositiveInt = 8192
+    """Memory (MiB of data) each process of a command may take; an allocation past it fails."""
 
 
 class ToolsConfig(_Table):
@@ -311,8 +355,12 @@ class ToolsConfig(_Table):
     find_limit: PositiveInt = 5
     """Matches `find_tool` returns at most."""
     policies: dict[str, Policy] = {}
-    """Per tool name or per source (an MCP server's name, or `builtin`). Without one,
-    `write_file`, `edit_file` and `run_command` ask, every other tool is allowed."""
+    """Per tool name or per source (an MCP server's name, or `builtin`); a tool's own table wins
+    over its source's, and without either a tool is allowed. `write_file`, `edit_file` and
+    `run_command` ask unless their own table sets `action`: the `builtin` table can make them
+    deny, never allow (its `class` and `untrusted` apply as to any tool), and their own table
+    without `action` keeps them asking. `loopd check-config` lists which tools run without
+    asking."""
     class_actions: dict[DataClass, Action] = {}
     """The least action for tools whose results have this class, whatever their own policy
     says: `{ secret = "ask" }` asks before any call that would read secret data. The stricter
@@ -334,6 +382,28 @@ class Config(_Table):
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     tools: ToolsConfig = ToolsConfig()
+
+
+STATE_ENTRIES = ("file-history", "slot-files", "slots", "llama-server.log", "loopd.log")
+"""What loopd keeps in its state folder (`[store] directory`'s parent) beside the sessions."""
+
+
+def private_paths(config: Config, socket: Path, config_file: Path | None) -> list[Path]:
+    """loopd's own files, which its tools and the commands they run never reach: its state
+    folder (session logs, the undo store, slot files, logs), its socket, its config. A folder
+    here that holds a tool root or the home folder is not hidden whole (the tools' `Roots`
+    and the sandbox skip it): the entries listed beside it still are."""
+    state = config.store.directory.parent
+    return [
+        state,
+        config.store.directory,
+        *(state / name for name in STATE_ENTRIES),
+        socket.parent,
+        socket,
+        platformdirs.user_config_path(APP),
+        platformdirs.user_state_path(APP),
+        *([config_file] if config_file is not None else []),
+    ]
 
 
 def config_path(explicit: Path | None = None) -> tuple[Path | None, bool]:
@@ -413,9 +483,20 @@ def _where(path: Path, text: str, table: list[str], key: str | None) -> str:
 
 
 def dump_toml(config: Config) -> str:
-    """The config as TOML, every default spelled out (unset optional keys left out)."""
+    """The config as TOML, every default spelled out (unset optional keys left out), but the
+    policy tables as written: a key one leaves out is taken from the next table (`policy_for`),
+    so spelling out its default would change what the file means when read again."""
     data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    tools = data["tools"]
+    for name, policy in config.tools.policies.items():
+        tools["policies"][name] = _as_written(policy)
+    for name, server in config.tools.mcp.items():
+        tools["mcp"][name]["policy"] = _as_written(server.policy)
     return tomli_w.dumps(data)
+
+
+def _as_written(policy: Policy) -> dict[str, Any]:
+    return policy.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def reference() -> str:

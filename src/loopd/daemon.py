@@ -26,7 +26,7 @@ import trio
 from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
 from loopd.channel import ChannelServer, DaemonInfo, open_socket
-from loopd.config import Config, ManagedServer
+from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.store import Store
@@ -151,32 +151,42 @@ class _Stop:
         (self.serving or self.starting).cancel()
 
 
-async def serve(config: Config, socket_path: Path) -> None:
+async def serve(config: Config, socket_path: Path, config_file: Path | None = None) -> None:
     """Serve until SIGINT or SIGTERM, heard from the first moment: a signal while the embedded
-    llama-server starts stops loopd as cleanly as one later."""
+    llama-server starts stops loopd as cleanly as one later. `config_file`: where `config` came
+    from, hidden from the tools like the rest of loopd's own files."""
+    private = private_paths(config, socket_path, config_file)
     stop = _Stop()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, signals, stop)
             with stop.starting:
-                await _open_and_serve(config, socket_path, stop)
+                await _open_and_serve(config, socket_path, stop, private)
             nursery.cancel_scope.cancel()
     log.info("stopped")
 
 
-async def _open_and_serve(config: Config, socket_path: Path, stop: _Stop) -> None:
+async def _open_and_serve(
+    config: Config, socket_path: Path, stop: _Stop, private: list[Path]
+) -> None:
     store = Store(config.store.directory)
     unix = await open_socket(socket_path)
     log.info("listening on %s", socket_path)
     try:
         with store.hold():
-            await _serve(config, store, unix.listener, stop)
+            await _serve(config, store, unix.listener, stop, private)
     finally:
         with trio.CancelScope(shield=True):
             await unix.aclose()
 
 
-async def _serve(config: Config, store: Store, listener: trio.SocketListener, stop: _Stop) -> None:
+async def _serve(
+    config: Config,
+    store: Store,
+    listener: trio.SocketListener,
+    stop: _Stop,
+    private: list[Path],
+) -> None:
     # Unbounded: the keeper of the embedded server says "restarted" with `send_nowait` and
     # must never block; it restarts at most once per backoff period.
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
@@ -201,7 +211,7 @@ async def _serve(config: Config, store: Store, listener: trio.SocketListener, st
                 await stack.enter_async_context(client)
             with trio.CancelScope() as stop.serving:
                 async with (
-                    open_core(config, store, clients, slot_directory) as core,
+                    open_core(config, store, clients, slot_directory, private) as core,
                     trio.open_nursery() as watch,
                 ):
                     if config.server.urls:

@@ -206,6 +206,9 @@ class ApprovalRequestRecord(_Record):
     untrusted: bool = False
     preview: str | None = None
     """What the call would do, as the person was shown it (a diff, a command)."""
+    basis: str | None = None
+    """A write's: what its preview was planned on, the SHA-256 of the file as shown, or `new`
+    when there was no file. Once approved, the write is refused if the file no longer matches."""
 
 
 class FileChangeRecord(_Record):

@@ -27,6 +27,8 @@ class Daemon:
     slots: str = ""
     """Lines of the [slots] table (`save = "never"` for a scripted server, which keeps no
     slot files)."""
+    env: dict[str, str] | None = None
+    """loopd's environment (None: the test's own)."""
     process: trio.Process | None = None
     log: Path = field(init=False)
     clients: list[LineClient] = field(default_factory=list)
@@ -56,7 +58,7 @@ class Daemon:
     async def start(self, *args: str) -> None:
         with self.log.open("ab") as log:
             self.process = await trio.lowlevel.open_process(
-                self.command("serve", *args), stdout=log, stderr=log
+                self.command("serve", *args), stdout=log, stderr=log, env=self.env
             )
         with trio.fail_after(30):
             while not await self._answers():

@@ -109,15 +109,17 @@ async def open_core(
     store: Store,
     clients: Sequence[Client],
     slot_directory: Path | None = None,
+    private: Sequence[Path] = (),
 ) -> AsyncIterator[Core]:
     """The actors of a loopd on the servers of `clients` (the first one renders templates).
-    `slot_directory`: where llama-server keeps slot files, when loopd can see it."""
+    `slot_directory`: where llama-server keeps slot files, when loopd can see it; `private`:
+    loopd's own files, out of the tools' reach (`config.private_paths`)."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     files = slot_files(config, slot_directory)
     slots = [s for client in clients for s in await _slots_of(client, config.server.slots)]
     log.info("%d slots in the pool", len(slots))
     client = clients[0]
-    async with open_tool_port(config.tools) as port, trio.open_nursery() as nursery:
+    async with open_tool_port(config.tools, private) as port, trio.open_nursery() as nursery:
         pool = await nursery.start(pool_actor, slots, files)
         runtime = Runtime(  # each turn runs it on the slot it is lent
             loop=config.loop,
@@ -127,7 +129,7 @@ async def open_core(
             find_limit=config.tools.find_limit,
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
-            hands=hands(config),
+            hands=hands(config, private),
         )
         agents = Agents(
             config.agents,
@@ -183,13 +185,13 @@ async def _slots_of(client: Client, most: int) -> list[Slot]:
     return [Slot(client, n) for n in range(min(count or 1, most))]
 
 
-def hands(config: Config) -> Hands | None:
+def hands(config: Config, private: Sequence[Path] = ()) -> Hands | None:
     """What writes and edits files, keeping every content it replaces in `file-history`
     beside the sessions, for `undo`; None without roots."""
     if not config.tools.roots:
         return None
     blobs = Blobs(config.store.directory.parent / "file-history")
-    return Hands(Roots(config.tools.roots), blobs)
+    return Hands(Roots(config.tools.roots, private), blobs)
 
 
 def slot_files(config: Config, directory: Path | None) -> SlotFiles:

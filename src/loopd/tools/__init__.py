@@ -1,8 +1,9 @@
 """Tools: the registry behind `find_tool` and `call_tool`, the port that runs calls under
 their policy and deadline, the built-in tools, and MCP servers as tool sources."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -10,8 +11,10 @@ from loopd.config import ToolsConfig
 
 from ._builtin import (
     DELEGATE,
+    NEW_FILE,
     WRITE_TOOLS,
     Builtins,
+    basis,
     builtin_entries,
     delegate_entry,
 )
@@ -40,6 +43,7 @@ from ._port import (
     PortAnswer,
     PortHandle,
     PortStopped,
+    Preview,
     Result,
     Runner,
     ToolFailure,
@@ -51,7 +55,7 @@ from ._port import (
 )
 from ._registry import BUILTIN, Registry, policy_for
 from ._roots import FolderRefused, Roots
-from ._run import Sandbox, missing_bubblewrap
+from ._run import Sandbox, sandbox_missing
 from ._write import Planned, commit, digest, plan, write_atomically
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "DELEGATE",
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
+    "NEW_FILE",
     "WRITE_TOOLS",
     "Answered",
     "Approval",
@@ -80,6 +85,7 @@ __all__ = [
     "PortAnswer",
     "PortHandle",
     "PortStopped",
+    "Preview",
     "Registry",
     "Result",
     "Roots",
@@ -91,6 +97,7 @@ __all__ = [
     "ToolPort",
     "ToolRequest",
     "answer_call",
+    "basis",
     "builtin_entries",
     "call_key",
     "commit",
@@ -99,26 +106,29 @@ __all__ = [
     "dispatch",
     "find_tool_text",
     "for_the_model",
-    "missing_bubblewrap",
     "open_tool_port",
     "plan",
     "policy_for",
     "requested_tool",
     "run_tool_port",
+    "sandbox_missing",
     "write_atomically",
 ]
 
 
 @asynccontextmanager
-async def open_tool_port(config: ToolsConfig) -> AsyncIterator[PortHandle]:
+async def open_tool_port(
+    config: ToolsConfig, private: Sequence[Path] = ()
+) -> AsyncIterator[PortHandle]:
     """The tool-port actor with its built-in tools and MCP servers, supervised until the block
-    ends.
+    ends; `private`: loopd's own files, out of the built-in tools' and commands' reach.
 
     The MCP servers start side by side, and each has had its first start (or failed it)
     before the port is handed out, so their tools are in the registry from the first turn on.
     """
     registry = Registry(builtin_entries(config))
-    executors: dict[str, Executor] = {BUILTIN: Builtins(config.roots, config.timeout, config.run)}
+    builtins = Builtins(config.roots, config.timeout, config.run, private=private)
+    executors: dict[str, Executor] = {BUILTIN: builtins}
     sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
     async with trio.open_nursery() as nursery:
         for source in sources:

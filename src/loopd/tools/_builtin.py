@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,11 @@ import trio
 from loopd.config import RunConfig, ToolsConfig
 
 from ._entry import ToolEntry
-from ._port import ToolFailure, ToolOutput, ToolRequest
+from ._port import Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
-from ._write import plan
+from ._write import Planned, digest, plan
 
 __all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
 
@@ -152,9 +152,17 @@ WRITE_TOOLS = frozenset({"write_file", "edit_file"})
 """Run by the turn that calls them, which writes the change to the log first (`loopd.changes`)."""
 PREVIEW_CHARS = 20_000
 """Characters of a diff shown for approval at most."""
+NEW_FILE = "new"
+"""The basis of a write planned where no file was (any other basis is a SHA-256)."""
 RUN_MARGIN = 5.0
 """Seconds past `[tools.run] timeout` before the port stops waiting for a command (which
 kills itself at its own timeout first)."""
+
+
+def basis(planned: Planned) -> str:
+    """What a change was planned on: the file's SHA-256, or `NEW_FILE`. An approved change is
+    made only on the basis its preview had."""
+    return NEW_FILE if planned.old is None else digest(planned.old)
 
 
 def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
@@ -204,14 +212,14 @@ class Builtins:
         timeout: float,
         run: RunConfig | None = None,
         threads: trio.CapacityLimiter | None = None,
+        private: Sequence[Path] = (),
     ) -> None:
-        self.roots = Roots(roots)
+        self.roots = Roots(roots, private)
+        """Where the file tools work; `private`: loopd's own files, which they never reach."""
         self.timeout = timeout
         """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
         self.run = run or RunConfig()
-        self.sandbox = Sandbox(
-            list(self.roots.roots.values()), self.run.network, self.run.sandbox == "bubblewrap"
-        )
+        self.sandbox = Sandbox.of(self.run, list(self.roots.roots.values()), private)
         self._threads = threads or trio.CapacityLimiter(TOOL_THREADS)
         self._run: dict[str, Callable[[dict[str, Any]], str]] = {
             "read_file": self.read_file,
@@ -225,11 +233,11 @@ class Builtins:
         share the threads."""
         if cwd is None:
             return self
-        return Builtins([cwd], self.timeout, self.run, self._threads)
+        return Builtins([cwd], self.timeout, self.run, self._threads, self.roots.private)
 
-    async def preview(self, entry: ToolEntry, request: ToolRequest) -> str | None:
-        """A write's or an edit's diff, a command with its folder and sandbox; or why the call
-        will fail."""
+    async def preview(self, entry: ToolEntry, request: ToolRequest) -> Preview | None:
+        """A write's or an edit's diff (with its basis), a command with its folder and sandbox;
+        or why the call will fail."""
         tools = self.within(request.cwd)
         try:
             if entry.name in WRITE_TOOLS:
@@ -240,11 +248,11 @@ class Builtins:
                 if len(shown) > PREVIEW_CHARS:  # the event and the log carry it
                     cut = len(shown) - PREVIEW_CHARS
                     shown = f"{shown[:PREVIEW_CHARS]}\n[... {cut} more characters of the diff]"
-                return shown
+                return Preview(shown, basis(planned))
             if entry.name == "run_command":
-                return tools.command_preview(request.arguments)
+                return Preview(tools.command_preview(request.arguments))
         except ToolFailure as e:
-            return f"(it will fail: {e})"
+            return Preview(f"(it will fail: {e})")
         return None
 
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
@@ -271,6 +279,8 @@ class Builtins:
         """The command as a person approves it: what, where, with what around it."""
         folder, timeout = self.command_folder(arguments)
         sandbox = "bubblewrap" if self.sandbox.enabled else "none (unconfined)"
+        if self.sandbox.enabled:
+            sandbox += f", at most {self.sandbox.max_processes} processes"
         network = "yes" if self.sandbox.network or not self.sandbox.enabled else "no"
         return (
             f"$ {arguments['command']}\nin {folder}\nsandbox {sandbox}, network {network}, "

@@ -20,6 +20,7 @@ from ._dispatch import Local, dispatch
 from ._port import (
     MESSAGE_LIMIT,
     Approval,
+    Asking,
     OnAsking,
     ToolOutput,
     ToolPort,
@@ -46,8 +47,9 @@ class CallOrigin:
     """The session's own folder; None: all of `[tools] roots`."""
 
 
-CallerTool = Callable[[dict[str, Any]], Awaitable[ToolOutput]]
-"""A tool its caller runs (`delegate`), given the checked arguments."""
+CallerTool = Callable[[dict[str, Any], Asking | None], Awaitable[ToolOutput]]
+"""A tool its caller runs (`delegate`, a write), given the checked arguments and what the
+person approved (None: the call did not wait for approval)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ raises becomes `Failed` with a short message; the daemon never goes down with a 
     caller ── Call(request) ──▶ port ── Asking ──▶ caller      (only for `ask`)
     client ── Decide(call) ───▶ port
                                 port ── Answered ─▶ caller
+
+A call its caller runs itself (a `Runner`) is handed the `Asking` it waited on: what the
+person approved, so that a write applies only the change they were shown.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "PortAnswer",
     "PortHandle",
     "PortStopped",
+    "Preview",
     "Result",
     "Runner",
     "ToolFailure",
@@ -103,6 +107,8 @@ class Asking:
     timeout: float
     preview: str | None = None
     """What the call would do (a diff, a command), as its tool's source says."""
+    basis: str | None = None
+    """What a write's preview was planned on (`Preview.basis`); None for other calls."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +138,9 @@ def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
 
 
 OnAsking = Callable[[Asking], Awaitable[None]]
-Runner = Callable[[], Awaitable["ToolOutput"]]
-"""A tool the caller runs itself (a sub-agent), under the port's policy and approvals."""
+Runner = Callable[[Asking | None], Awaitable["ToolOutput"]]
+"""A tool the caller runs itself (a sub-agent, a write), under the port's policy and approvals;
+given the `Asking` the call waited on (what the person approved), None when it did not wait."""
 
 
 class ToolPort(Protocol):
@@ -164,11 +171,21 @@ class Executor(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Preview:
+    """What a call would do, for the person asked to approve it."""
+
+    text: str
+    basis: str | None = None
+    """What a write was planned on (the file's SHA-256, or that it did not exist): the write
+    runs only while the file still matches it."""
+
+
 @runtime_checkable
 class Previews(Protocol):
     """An executor that can say what a call would do, for the person asked to approve it."""
 
-    async def preview(self, entry: ToolEntry, request: ToolRequest) -> str | None: ...
+    async def preview(self, entry: ToolEntry, request: ToolRequest) -> Preview | None: ...
 
 
 # -- the inbox -------------------------------------------------------------------------------
@@ -301,14 +318,16 @@ class _PortActor:
         if policy.action == "deny":
             return Answered(Denied(f"the policy for {entry.name} is deny"))
         if policy.action == "ask" and entry.name not in request.granted:
-            approval = await self._approval(job, entry)
+            asking = await self._asking(entry, request)
+            approval = await self._approval(job, asking)
             if approval.decision == "deny":
                 return Answered(Denied(_refusal(approval, self.approval_timeout)), approval)
-            return Answered(await self._run(entry, request, job.run), approval)
-        return Answered(await self._run(entry, request, job.run))
+            run = job.run and partial(job.run, asking)
+            return Answered(await self._run(entry, request, run), approval)
+        return Answered(await self._run(entry, request, job.run and partial(job.run, None)))
 
-    async def _approval(self, job: _Call, entry: ToolEntry) -> Approval:
-        request, policy = job.request, entry.policy
+    async def _asking(self, entry: ToolEntry, request: ToolRequest) -> Asking:
+        policy = entry.policy
         asking = Asking(
             request.call,
             entry.name,
@@ -318,7 +337,13 @@ class _PortActor:
             self.approval_timeout,
         )
         if isinstance(executor := self.executors.get(entry.source), Previews):
-            asking = replace(asking, preview=await executor.preview(entry, request))
+            shown = await executor.preview(entry, request)
+            if shown is not None:
+                asking = replace(asking, preview=shown.text, basis=shown.basis)
+        return asking
+
+    async def _approval(self, job: _Call, asking: Asking) -> Approval:
+        request = job.request
         key = (request.session, request.call)
         waiting = self._pending[key] = _Pending(asking, job.scope)
         try:
@@ -328,10 +353,15 @@ class _PortActor:
         finally:
             del self._pending[key]
         if not waiting.decided.is_set():
-            return Approval(entry.name, "deny", "timeout")
-        return Approval(entry.name, waiting.decision, "user")
+            return Approval(asking.tool, "deny", "timeout")
+        return Approval(asking.tool, waiting.decision, "user")
 
-    async def _run(self, entry: ToolEntry, request: ToolRequest, run: Runner | None) -> PortAnswer:
+    async def _run(
+        self,
+        entry: ToolEntry,
+        request: ToolRequest,
+        run: Callable[[], Awaitable[ToolOutput]] | None,
+    ) -> PortAnswer:
         timeout = math.inf if run else entry.timeout or self.timeout
         if run is None:
             if (executor := self.executors.get(entry.source)) is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 from loopd.config import Action, Policy, ToolsConfig
 
@@ -22,24 +23,38 @@ BUILTIN = "builtin"
 
 _STRICTNESS: tuple[Action, ...] = ("allow", "ask", "deny")
 ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command"})
-"""Built-in tools that change the world: they ask unless a policy says otherwise."""
+"""Built-in tools that change the world: they ask unless their own policy says otherwise."""
 
 
 def policy_for(config: ToolsConfig, name: str, source: str) -> Policy:
-    """Per tool, else per source (for MCP: the server's own policy), else ask for the tools
-    that change files or run commands and allow the rest; then made as strict as `[tools]
-    class_actions` asks for its data class."""
-    if name in config.policies:
-        policy = config.policies[name]
-    elif source in config.policies:
-        policy = config.policies[source]
-    elif source in config.mcp:
-        policy = config.mcp[source].policy
-    elif source == BUILTIN and name in ASK_BY_DEFAULT:
-        policy = Policy(action="ask")
-    else:
-        policy = Policy()
-    least = config.class_actions.get(policy.data_class, "allow")
+    """The policy of a tool: each key from the most specific table that sets it (the tool's
+    own, else its source's: `[tools.policies.<source>]`, then an MCP server's `policy`), else
+    its default; then made as strict as `[tools] class_actions` asks for its data class.
+
+    The tools in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
+    table may make them deny, never allow; a table that sets only a class keeps them asking."""
+    own = config.policies.get(name)
+    tables = [t for t in (own, config.policies.get(source)) if t is not None]
+    if source in config.mcp:
+        tables.append(config.mcp[source].policy)
+
+    def first(key: str, *, default: Any) -> Any:
+        return next((getattr(t, key) for t in tables if key in t.model_fields_set), default)
+
+    policy = Policy.model_validate(
+        {
+            "action": first("action", default="allow"),
+            "class": first("data_class", default="public"),
+            "untrusted": first("untrusted", default=False),
+        }
+    )
+    says_action = own is not None and "action" in own.model_fields_set
+    if source == BUILTIN and name in ASK_BY_DEFAULT and not says_action:
+        policy = _at_least(policy, "ask")
+    return _at_least(policy, config.class_actions.get(policy.data_class, "allow"))
+
+
+def _at_least(policy: Policy, least: Action) -> Policy:
     if _STRICTNESS.index(least) > _STRICTNESS.index(policy.action):
         return policy.model_copy(update={"action": least})
     return policy

@@ -1,12 +1,15 @@
-"""The folders the file tools work in, and how a path the model gives resolves in them."""
+"""The folders the file tools work in, how a path the model gives resolves in them, and what
+inside them the tools never touch: loopd's own files (never reached), `.git/hooks` and
+`.git/config` (never written: a hook runs the next time the person commits)."""
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from collections.abc import Sequence
+from pathlib import Path, PurePath, PurePosixPath
 
 from ._port import ToolFailure
 
-__all__ = ["SNIFF_BYTES", "FolderRefused", "Roots"]
+__all__ = ["SNIFF_BYTES", "FolderRefused", "Roots", "hideable", "write_protected"]
 
 SNIFF_BYTES = 8192
 """Enough of a file to tell text from binary the way git does: a NUL byte."""
@@ -20,12 +23,15 @@ class Roots:
     """The folders file tools may read. With one root, paths are relative to it; with several,
     a path starts with the root's folder name."""
 
-    def __init__(self, roots: list[Path]) -> None:
+    def __init__(self, roots: list[Path], private: Sequence[Path] = ()) -> None:
         self.roots = {r.expanduser().resolve().name: r.expanduser().resolve() for r in roots}
+        self.private = tuple(private)
+        """loopd's own files (`config.private_paths`)."""
+        self._hidden = hideable(private, list(self.roots.values()))
 
     def within(self, cwd: Path | None) -> Roots:
         """The roots of a session: its own folder alone, or (None) all of these."""
-        return self if cwd is None else Roots([cwd])
+        return self if cwd is None else Roots([cwd], self.private)
 
     def folder(self, cwd: str) -> Path:
         """`cwd` as a session's own folder: an absolute path to a folder inside one of these
@@ -67,9 +73,17 @@ class Roots:
             if not parts or parts[0] not in self.roots:
                 raise ToolFailure(f"{path}: start with one of the roots: {', '.join(self.roots)}")
             root, rest = self.roots[parts[0]], parts[1:]
-        resolved = root.joinpath(*rest).resolve()
+        try:
+            resolved = root.joinpath(*rest).resolve()
+        except OSError as e:  # a link removed while it was followed: a race, or a loop
+            raise ToolFailure(f"{path}: cannot be resolved ({e.strerror})") from None
         if not resolved.is_relative_to(root):
             raise ToolFailure(f"{path} leads outside the allowed folders")
+        if any(resolved.is_relative_to(own) for own in self._hidden):
+            raise ToolFailure(
+                f"{path} is loopd's own (its sessions, undo store, socket or config): "
+                "the tools do not reach it"
+            )
         return resolved
 
     def shown(self, path: Path) -> str:
@@ -78,3 +92,22 @@ class Roots:
                 relative = path.relative_to(root).as_posix()
                 return relative if len(self.roots) == 1 else f"{name}/{relative}".rstrip("/.")
         return path.name
+
+
+def hideable(paths: Sequence[Path], roots: Sequence[Path]) -> list[Path]:
+    """`paths` resolved, less the folders that hold a root or the home folder: hiding one of
+    those whole would hide the roots, or every dotfile a program reads."""
+    home = Path.home().resolve()
+    resolved = [p.expanduser().resolve() for p in paths]
+    return [p for p in resolved if not any(k.is_relative_to(p) for k in (*roots, home))]
+
+
+def write_protected(path: PurePath) -> str | None:
+    """Why the tools never write `path`, or None. A hook runs as the person the next time they
+    commit, outside any sandbox; `.git/config` can name programs git runs (`core.fsmonitor`,
+    `core.pager`) just the same."""
+    parts = path.parts
+    for i, part in enumerate(parts[:-1]):
+        if part == ".git" and parts[i + 1] in ("hooks", "config"):
+            return f"{path} is git's {parts[i + 1]}: git runs what it names, outside any sandbox"
+    return None

@@ -1,12 +1,11 @@
-"""`run_command`: a shell command in a folder under the roots, in a bubblewrap sandbox.
+"""`run_command`: a shell command in a folder under the roots, in a bubblewrap sandbox
+(`_sandbox`: what it sees; `_bounds`: what it may ask of the kernel, how many processes).
 
-The sandbox (`bwrap`): the whole filesystem read-only but the tool roots (read-write) and a
-private /tmp; no network unless `[tools.run] network = true`; its own PID, IPC and UTS
-namespaces, so every process the command starts lives and dies with it; `--die-with-parent`,
-so it never outlives loopd. The command runs in a process group of its own, killed whole at
-its timeout or when the call is cancelled. What it does not protect: anything the roots hold
-(the command may change or delete it, which is why `run` asks by default), reading files the
-user can read anywhere on the machine, and the CPU and memory it takes until its timeout.
+The command runs in a process group of its own and, as root, a pids cgroup of its own; both
+are killed whole at its timeout or when the call is cancelled, and bubblewrap's PID namespace
+takes every process it started with it. Its output is kept whole up to `KEEP_BYTES` of head
+and of tail: a bound on loopd's memory, not the cut the model sees (that is
+`[loop] tool_result_cap`, applied once to the whole result, head and tail kept).
 
 With `[tools.run] sandbox = "none"` the command runs as the user, unconfined: only the
 timeout and the process group stand.
@@ -15,25 +14,25 @@ timeout and the process group stand.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import trio
 
+from ._bounds import PidsCgroups, limited, seccomp_program, seccomp_unavailable
 from ._port import ToolFailure
+from ._sandbox import Sandbox
 
-__all__ = ["OUTPUT_CHARS", "Sandbox", "missing_bubblewrap", "run_command"]
+__all__ = ["KEEP_BYTES", "Sandbox", "run_command", "sandbox_missing"]
 
-OUTPUT_CHARS = 16_000
-"""Output the model sees at most: its head and its tail, with a marker between."""
 READ_CHUNK = 65536
-KEEP_BYTES = 4 * OUTPUT_CHARS
-"""Bytes kept of the output's head, and of its tail: enough for the characters shown."""
+KEEP_BYTES = 256 * 1024
+"""Bytes kept of a command's output's head, and of its tail, at most."""
 
 MISSING = (
     "run_command needs bubblewrap (bwrap) to sandbox commands, and it is not installed: "
@@ -43,57 +42,73 @@ MISSING = (
 )
 
 
-def missing_bubblewrap() -> str | None:
+def sandbox_missing() -> str | None:
     """Why commands cannot be sandboxed here; None when they can."""
-    return None if shutil.which("bwrap") else MISSING
+    if not shutil.which("bwrap"):
+        return MISSING
+    return seccomp_unavailable()
 
 
-@dataclass(frozen=True)
-class Sandbox:
-    roots: Sequence[Path]
-    """Writable inside; everything else read-only."""
-    network: bool
-    enabled: bool = True
-    """False: `sandbox = "none"`, the command runs unconfined."""
-
-    def argv(self, command: str, folder: Path) -> list[str]:
-        shell = ["/bin/sh", "-c", command]
-        if not self.enabled:
-            return shell
-        argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        argv += ["--tmpfs", "/tmp"]  # noqa: S108 - a private, empty /tmp inside the sandbox
-        for root in self.roots:
-            argv += ["--bind", str(root), str(root)]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-        if not self.network:
-            argv.append("--unshare-net")
-        argv += ["--die-with-parent", "--chdir", str(folder), "--", *shell]
-        return argv
+@functools.cache
+def _pids_cgroups() -> PidsCgroups | None:
+    """Found once per loopd (root only)."""
+    return PidsCgroups.find()
 
 
-def _capped(head: bytes, tail: bytes, total: int) -> str:
-    """The output as the model sees it: whole, or its head and tail with a marker saying how
-    much of the middle was cut."""
-    text = (head + tail).decode(errors="replace") if len(head) == total else None
-    if text is not None and len(text) <= OUTPUT_CHARS:
-        return text
-    half = OUTPUT_CHARS // 2
-    start = head.decode(errors="replace")[:half]
-    end = (tail or head).decode(errors="replace")[-half:]
-    cut = total - len(start.encode(errors="replace")) - len(end.encode(errors="replace"))
-    return f"{start}\n[... {cut} bytes of output cut ...]\n{end}"
+def _output(head: bytes, tail: bytes, total: int) -> str:
+    """The output whole, or its head and tail with a marker saying how much of the middle
+    loopd did not keep."""
+    if total == len(head) + len(tail):
+        return (head + tail).decode(errors="replace")
+    cut = total - len(head) - len(tail)
+    text = f"{head.decode(errors='replace')}\n[... {cut} bytes of output not kept ...]\n"
+    return text + tail.decode(errors="replace")
 
 
 async def run_command(
     sandbox: Sandbox, command: str, folder: Path, timeout: float
 ) -> tuple[int | None, str]:
     """Run it; its exit status (None: killed at its timeout) and its output, stdout and
-    stderr together, capped. Cancelling the caller kills it at once."""
-    if sandbox.enabled and (why := missing_bubblewrap()):
+    stderr together. Cancelling the caller kills it at once."""
+    shell = ["/bin/sh", "-c", command]
+    if not sandbox.enabled:
+        return await _run(shell, folder, timeout, None, ())
+    if why := sandbox_missing():
         raise ToolFailure(why)
+    program = os.memfd_create("loopd-seccomp")
+    cgroups, group, bounded = _pids_cgroups(), None, False
+    try:
+        os.write(program, seccomp_program())
+        os.lseek(program, 0, os.SEEK_SET)
+        inner = limited(shell, sandbox.max_processes, sandbox.max_memory_mb)
+        argv = sandbox.argv(inner, folder, program)
+        if cgroups is not None:
+            group = cgroups.make(sandbox.max_processes)
+            argv = cgroups.joined(group, argv)
+        status, output = await _run(argv, folder, timeout, sandbox.env, (program,))
+    finally:
+        os.close(program)
+        if group is not None and cgroups is not None:
+            bounded = cgroups.hit_limit(group)
+            with trio.CancelScope(shield=True):
+                await cgroups.remove(group)
+    if bounded:
+        output += f"\n[loopd: the command reached its bound of {sandbox.max_processes} processes]"
+    return status, output
+
+
+async def _run(
+    argv: list[str],
+    folder: Path,
+    timeout: float,
+    env: Mapping[str, str] | None,
+    fds: tuple[int, ...],
+) -> tuple[int | None, str]:
     process = await trio.lowlevel.open_process(
-        sandbox.argv(command, folder),
+        argv,
         cwd=folder,
+        env=env,
+        pass_fds=fds,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -105,16 +120,16 @@ async def run_command(
         with trio.move_on_after(timeout) as deadline:
             while chunk := await process.stdout.receive_some(READ_CHUNK):
                 total += len(chunk)
-                if len(head) < KEEP_BYTES:
-                    head += chunk
-                else:  # the middle goes: only the head and the last KEEP_BYTES are kept
-                    tail = (tail + chunk)[-KEEP_BYTES:]
+                room = max(KEEP_BYTES - len(head), 0)
+                head += chunk[:room]
+                if len(chunk) > room:  # the middle goes: the last KEEP_BYTES are kept
+                    tail = (tail + chunk[room:])[-KEEP_BYTES:]
             await process.wait()
     finally:
         _kill_group(process)
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             await process.wait()
-    output = _capped(bytes(head), bytes(tail), total)
+    output = _output(bytes(head), bytes(tail), total)
     if deadline.cancelled_caught:
         return None, output
     return process.returncode, output

@@ -1,29 +1,46 @@
 """Writing and editing files under the roots, so that nothing the model writes loses a
-person's data.
+person's data or lands outside the roots.
 
 A change is planned first (`plan`: the file as it is, as it would be, the diff a person
 approves), then made (`commit`): to a temporary file beside it, fsync'd, given the old file's
 mode, and renamed over it, so the file is whole, old or new, whatever happens. `commit` refuses
 when the file no longer holds what the plan read (a person or a program changed it meanwhile).
-Paths resolve as the reading tools' do: nothing outside the roots, no `..`, no link out.
-Binary files and files past `WRITE_BYTES` are refused, as are contents that are not text.
+Paths resolve as the reading tools' do: nothing outside the roots, no `..`, no link out;
+`.git/hooks` and `.git/config` are never written. Binary files and files past `WRITE_BYTES`
+are refused, as are contents that are not text.
+
+The file is read and replaced through its folder's descriptor, reached from the root one
+folder at a time without following links: a command of the model's that swaps a folder for a
+link to elsewhere between the check and the write (a race it can run in the background) ends
+the write with an error, and never moves it outside the roots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ._edits import Edit, apply_edits, diff, line_changes
 from ._port import ToolFailure
-from ._roots import SNIFF_BYTES, Roots
+from ._roots import SNIFF_BYTES, Roots, write_protected
 
-__all__ = ["WRITE_BYTES", "Planned", "commit", "digest", "plan", "write_atomically"]
+__all__ = [
+    "WRITE_BYTES",
+    "Planned",
+    "commit",
+    "digest",
+    "folder_of",
+    "plan",
+    "replace_in",
+    "write_atomically",
+]
 
 WRITE_BYTES = 4 * 1024 * 1024
 """Files larger than this are not written or edited (before or after)."""
@@ -38,6 +55,8 @@ class Planned:
     """One file's change, as planned: what it holds, what it will hold."""
 
     path: Path
+    root: Path
+    """The root `path` is in: the file is reached from it (`folder_of`)."""
     shown: str
     """The path as the model gave it, relative to the roots."""
     old: bytes | None
@@ -64,7 +83,11 @@ def plan(roots: Roots, tool: str, arguments: dict[str, Any]) -> Planned:
     """The change `write_file` or `edit_file` would make; a `ToolFailure` saying why not."""
     shown = arguments["path"]
     path = roots.resolve(shown)
-    old, mode = _current(path, shown)
+    if why := write_protected(path):
+        raise ToolFailure(f"{shown}: not written; {why.removeprefix(str(path) + ' ')}")
+    root = next(r for r in roots.roots.values() if path.is_relative_to(r))
+    with folder_of(root, path, shown) as folder:
+        old, mode = _current(folder, path, shown)
     if tool == "write_file":
         new = arguments["content"]
     else:
@@ -77,23 +100,56 @@ def plan(roots: Roots, tool: str, arguments: dict[str, Any]) -> Planned:
         raise ToolFailure(f"{shown}: {len(data)} bytes is more than loopd writes ({WRITE_BYTES})")
     if "\0" in new:
         raise ToolFailure(f"{shown}: the content holds a NUL byte; only text is written")
-    return Planned(path, shown, old, data, mode)
+    return Planned(path, root, shown, old, data, mode)
 
 
-def _current(path: Path, shown: str) -> tuple[bytes | None, int]:
+@contextlib.contextmanager
+def folder_of(root: Path, path: Path, shown: str) -> Iterator[int]:
+    """A descriptor of `path`'s folder, reached from `root` without following a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(root, flags)
     try:
-        info = path.lstat()
+        for part in PurePath(path.relative_to(root)).parts[:-1]:
+            try:
+                inner = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                raise ToolFailure(f"{shown}: the folder {part}/ does not exist") from None
+            except OSError:  # ELOOP, ENOTDIR: a link or a file where a folder was
+                raise ToolFailure(
+                    f"{shown}: {part} is no longer a folder (a link now?); nothing was written"
+                ) from None
+            os.close(fd)
+            fd = inner
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _current(folder: int, path: Path, shown: str) -> tuple[bytes | None, int]:
+    try:
+        fd = os.open(
+            path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
     except FileNotFoundError:
-        if not path.parent.is_dir():
-            raise ToolFailure(f"{shown}: the folder {path.parent.name}/ does not exist") from None
         return None, 0o644
-    if stat.S_ISDIR(info.st_mode):
-        raise ToolFailure(f"{shown} is a directory")
-    if not stat.S_ISREG(info.st_mode):
-        raise ToolFailure(f"{shown} is not a regular file")
-    if info.st_size > WRITE_BYTES:
-        raise ToolFailure(f"{shown}: {info.st_size} bytes is more than loopd edits ({WRITE_BYTES})")
-    data = path.read_bytes()
+    except IsADirectoryError:
+        raise ToolFailure(f"{shown} is a directory") from None
+    except OSError:  # ELOOP: a link
+        raise ToolFailure(f"{shown} is not a regular file") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolFailure(f"{shown} is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolFailure(f"{shown} is not a regular file")
+        if info.st_size > WRITE_BYTES:
+            raise ToolFailure(
+                f"{shown}: {info.st_size} bytes is more than loopd edits ({WRITE_BYTES})"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+    finally:
+        os.close(fd)
     if b"\0" in data[:SNIFF_BYTES]:
         raise ToolFailure(f"{shown} is a binary file; loopd writes text files only")
     try:
@@ -105,31 +161,40 @@ def _current(path: Path, shown: str) -> tuple[bytes | None, int]:
 
 def commit(planned: Planned) -> None:
     """Make the change, unless the file changed since it was planned."""
-    now, _ = _current(planned.path, planned.shown)
-    if now != planned.old:
-        raise ToolFailure(
-            f"{planned.shown} changed since this call was planned (while it waited for "
-            "approval?); nothing was written: read it again"
-        )
-    write_atomically(planned.path, planned.new, planned.mode)
+    with folder_of(planned.root, planned.path, planned.shown) as folder:
+        now, _ = _current(folder, planned.path, planned.shown)
+        if now != planned.old:
+            raise ToolFailure(
+                f"{planned.shown} changed since this call was planned (while it waited for "
+                "approval?); nothing was written: read it again"
+            )
+        replace_in(folder, planned.path.name, planned.new, planned.mode)
 
 
 def write_atomically(path: Path, data: bytes, mode: int) -> None:
-    """`data` in `path`, whole or not at all: a temporary file beside it, fsync'd, renamed."""
-    staging = path.with_name(f".{path.name}.loopd-{secrets.token_hex(4)}")
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    """`data` in `path`, whole or not at all (in a folder of loopd's own: no walk)."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        replace_in(folder, path.name, data, mode)
+    finally:
+        os.close(folder)
+
+
+def replace_in(folder: int, name: str, data: bytes, mode: int) -> None:
+    """`data` as `name` in the folder open as `folder`, whole or not at all: a temporary file
+    beside it, fsync'd, renamed over it, the folder fsync'd."""
+    staging = f".{name}.loopd-{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(staging, flags, 0o600, dir_fd=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        staging.rename(path)
+        os.rename(staging, name, src_dir_fd=folder, dst_dir_fd=folder)
     except BaseException:
-        staging.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging, dir_fd=folder)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    os.fsync(folder)
