@@ -509,15 +509,39 @@ async def _play(turns: list[list[tuple[str, str, str]]], tmp: Path, meddle: int 
                 await trio.Path(target).write_text("a person's edit\n")
                 before = {p.name: p.read_bytes() for p in root.iterdir()}
                 with pytest.raises(UndoRefused):
-                    await undo(session, writer.blobs)
+                    await undo(session, writer)
                 assert {p.name: p.read_bytes() for p in root.iterdir()} == before
                 return
         for state in reversed(states[:-1]):
-            await undo(session, writer.blobs)
+            await undo(session, writer)
             assert {p.name: p.read_bytes() for p in root.iterdir()} == state
         with pytest.raises(NothingToUndo):
-            await undo(session, writer.blobs)
+            await undo(session, writer)
         assert sum(isinstance(r, UndoRecord) for r in session.records) == len(states) - 1
+
+
+async def test_undo_through_a_folder_swapped_for_a_link_puts_nothing_outside(
+    tmp_path: Path,
+) -> None:
+    """A model's command may swap the folder of a written file for a link to one outside that
+    holds the same text; undo refuses rather than write there."""
+    from loopd.baseline import make_baseline  # noqa: PLC0415 - as _play
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    writer = Hands(Roots([root]), Blobs(tmp_path / "history"))
+    with await Store(tmp_path / "sessions").create(make_baseline()) as session:
+        await session.append(UserRecord(content="write"))
+        arguments = {"path": "sub/f.txt", "content": "written\n"}
+        await writer.write(session, 1, "c1", "write_file", arguments)
+        (root / "sub").rename(root / "sub.real")
+        (root / "sub").symlink_to(outside)
+        (outside / "f.txt").write_text("written\n")
+        with pytest.raises(UndoRefused, match="no longer a folder"):
+            await undo(session, writer)
+    assert (outside / "f.txt").read_text() == "written\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
 
 
 @settings(

@@ -15,7 +15,8 @@ itself a record (`undo`), and a call is undone once.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ from loopd.tools import (
     Roots,
     ToolFailure,
     ToolOutput,
-    basis,
     commit,
     digest,
+    folder_of,
     plan,
+    replace_in,
     write_atomically,
 )
 
@@ -78,7 +80,7 @@ class Hands:
         planned = await trio.to_thread.run_sync(
             plan, roots, tool, arguments, abandon_on_cancel=True
         )
-        if approved is not None and approved.basis != basis(planned):
+        if approved is not None and approved.basis != planned.basis:
             raise ToolFailure(
                 f"{planned.shown} changed while the approval waited, so what was approved is not "
                 "what would be written; nothing was written. Read it again and plan the change "
@@ -148,32 +150,59 @@ def _plan(changes: list[FileChangeRecord]) -> dict[str, tuple[str | None, str]]:
     return plan
 
 
-def _put_back(blobs: Blobs, plan: dict[str, tuple[str | None, str]]) -> None:
+def _put_back(hands: Hands, plan: dict[str, tuple[str | None, str]]) -> None:
     for path, (_, after) in plan.items():
-        try:
-            now = digest(Path(path).read_bytes())
-        except FileNotFoundError:
-            raise UndoRefused(f"{path} was removed since; nothing was put back") from None
-        if now != after:
+        with _folder(hands.roots, path) as folder:
+            now = _content(folder, path)
+        if now is None:
+            raise UndoRefused(f"{path} was removed since; nothing was put back")
+        if digest(now) != after:
             raise UndoRefused(
                 f"{path} changed since the call wrote it; nothing was put back (undo the later "
                 "changes first, or put it back by hand)"
             )
     for path, (before, _) in plan.items():
-        if before is None:
-            with contextlib.suppress(FileNotFoundError):
-                Path(path).unlink()
-        else:
-            mode = Path(path).stat().st_mode & 0o7777
-            write_atomically(Path(path), blobs.get(before), mode)
+        name = Path(path).name
+        with _folder(hands.roots, path) as folder:
+            if before is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=folder)
+            else:
+                mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode & 0o7777
+                replace_in(folder, name, hands.blobs.get(before), mode)
 
 
-async def undo(session: Session, blobs: Blobs, call: int | None = None) -> UndoRecord:
+@contextlib.contextmanager
+def _folder(roots: Roots, path: str) -> Iterator[int]:
+    """The folder of `path`, reached from its root without following a link (as writes are:
+    `tools.folder_of`)."""
+    root = next((r for r in roots.roots.values() if Path(path).is_relative_to(r)), None)
+    if root is None:
+        raise UndoRefused(f"{path} is no longer under [tools] roots; nothing was put back")
+    try:
+        with folder_of(root, Path(path), path) as folder:
+            yield folder
+    except ToolFailure as e:
+        raise UndoRefused(str(e)) from None
+
+
+def _content(folder: int, path: str) -> bytes | None:
+    try:
+        fd = os.open(Path(path).name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError:  # ELOOP: a link where the file was
+        raise UndoRefused(f"{path} is a link now; nothing was put back") from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+async def undo(session: Session, hands: Hands, call: int | None = None) -> UndoRecord:
     """Put back what call `call` (None: the last turn that changed files) changed; the record
     written. Raises `UndoRefused` (or `NothingToUndo`) and changes nothing otherwise."""
     changes = _chosen(session.records, call)
     plan = _plan(changes)
-    await trio.to_thread.run_sync(_put_back, blobs, plan)
+    await trio.to_thread.run_sync(_put_back, hands, plan)
     record = UndoRecord(calls=tuple(sorted({c.call for c in changes})), paths=tuple(sorted(plan)))
     await session.append(record)
     return record

@@ -22,7 +22,13 @@ from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_confi
 from loopd.daemon import StartupError, serve
 from loopd.records import conversation_problems
 from loopd.store import Store, StoreError
-from loopd.tools import builtin_entries, delegate_entry, policy_for
+from loopd.tools import (
+    builtin_entries,
+    delegate_entry,
+    policy_for,
+    process_bound,
+    sandbox_missing,
+)
 from loopd.transcript import transcript
 
 # Exit statuses a script can test.
@@ -128,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(f"# effective config: {source or 'built-in defaults (no config file)'}")
         print(dump_toml(config), end="")
-        print("\n".join(["", *_without_asking(config.tools, delegates=config.agents.depth > 0)]))
+        lines = _without_asking(config.tools, delegates=config.agents.depth > 0)
+        print("\n".join(["", *lines, *_sandbox(config.tools)]))
         return EXIT_OK
     if args.command == "serve":
         return _serve(config, args, source)
@@ -158,18 +165,30 @@ def _without_asking(tools: ToolsConfig, *, delegates: bool) -> list[str]:
 
 
 def _policy_table(tools: ToolsConfig, name: str, source: str) -> str:
-    """Where a tool's `allow` comes from: the table `policy_for` picks, when it sets `action`.
-    (`[tools] class_actions` only makes an action stricter, and the tools that ask by default
-    are allowed only by a table of their own that sets it.)"""
-    if name in tools.policies:
-        table, policy = f"[tools.policies.{_toml_key(name)}]", tools.policies[name]
-    elif source in tools.policies:
-        table, policy = f"[tools.policies.{_toml_key(source)}]", tools.policies[source]
-    elif source in tools.mcp:
-        table, policy = f"[tools.mcp.{_toml_key(source)}] policy", tools.mcp[source].policy
-    else:
-        return "the default"
-    return table if "action" in policy.model_fields_set else "the default"
+    """Where a tool's `allow` comes from: the first table `policy_for` reads that sets
+    `action`. (`[tools] class_actions` only makes an action stricter, and the tools that ask
+    by default are allowed only by a table of their own.)"""
+    tables = [
+        (f"[tools.policies.{_toml_key(key)}]", tools.policies.get(key)) for key in (name, source)
+    ]
+    if source in tools.mcp:
+        tables.append((f"[tools.mcp.{_toml_key(source)}] policy", tools.mcp[source].policy))
+    for table, policy in tables:
+        if policy is not None and "action" in policy.model_fields_set:
+            return table
+    return "the default"
+
+
+def _sandbox(tools: ToolsConfig) -> list[str]:
+    """Comment lines: what run_command's sandbox can be here."""
+    if not tools.roots:
+        return []
+    if tools.run.sandbox == "none":
+        return ['# run_command: unsandboxed ([tools.run] sandbox = "none")']
+    why = sandbox_missing()
+    if why is not None:
+        return [f"# run_command: refused here: {why}"]
+    return [f"# run_command: sandboxed by bubblewrap; {process_bound(tools.run)}"]
 
 
 def _toml_key(key: str) -> str:

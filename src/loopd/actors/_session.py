@@ -190,7 +190,7 @@ class SessionActor:
         hands = self.runtime.hands
         if hands is None:
             raise CannotUndo("loopd changes no files here ([tools] roots is empty)")
-        record = await undo(self.session, hands.blobs, call)
+        record = await undo(self.session, hands, call)
         log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
         return record
 

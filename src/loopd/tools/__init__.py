@@ -1,6 +1,7 @@
 """Tools: the registry behind `find_tool` and `call_tool`, the port that runs calls under
 their policy and deadline, the built-in tools, and MCP servers as tool sources."""
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,10 +12,8 @@ from loopd.config import ToolsConfig
 
 from ._builtin import (
     DELEGATE,
-    NEW_FILE,
     WRITE_TOOLS,
     Builtins,
-    basis,
     builtin_entries,
     delegate_entry,
 )
@@ -55,8 +54,19 @@ from ._port import (
 )
 from ._registry import BUILTIN, Registry, policy_for
 from ._roots import FolderRefused, Roots
-from ._run import Sandbox, sandbox_missing
-from ._write import Planned, commit, digest, plan, write_atomically
+from ._run import Sandbox, process_bound, sandbox_missing
+from ._write import (
+    NEW_FILE,
+    Planned,
+    commit,
+    digest,
+    folder_of,
+    plan,
+    replace_in,
+    write_atomically,
+)
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BUILTIN",
@@ -97,7 +107,6 @@ __all__ = [
     "ToolPort",
     "ToolRequest",
     "answer_call",
-    "basis",
     "builtin_entries",
     "call_key",
     "commit",
@@ -105,10 +114,13 @@ __all__ = [
     "digest",
     "dispatch",
     "find_tool_text",
+    "folder_of",
     "for_the_model",
     "open_tool_port",
     "plan",
     "policy_for",
+    "process_bound",
+    "replace_in",
     "requested_tool",
     "run_tool_port",
     "sandbox_missing",
@@ -128,6 +140,13 @@ async def open_tool_port(
     """
     registry = Registry(builtin_entries(config))
     builtins = Builtins(config.roots, config.timeout, config.run, private=private)
+    if config.roots and builtins.sandbox.enabled:
+        if why := sandbox_missing():
+            log.warning("run_command: %s", why)
+        else:
+            bound = process_bound(config.run)
+            level = logging.WARNING if bound.startswith("NO") else logging.INFO
+            log.log(level, "run_command: sandboxed by bubblewrap; %s", bound)
     executors: dict[str, Executor] = {BUILTIN: builtins}
     sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
     async with trio.open_nursery() as nursery:

@@ -142,6 +142,7 @@ class PidsCgroups:
 
     async def remove(self, group: Path) -> None:
         """Kill what is left in `group`, then remove it (a cgroup goes once it is empty)."""
+        pause = 0.0005  # its last processes are usually gone within a millisecond or two
         with trio.move_on_after(5):
             while True:
                 try:
@@ -150,7 +151,8 @@ class PidsCgroups:
                     return
                 except OSError:
                     _kill_all(group)
-                    await trio.sleep(0.02)
+                    await trio.sleep(pause)
+                    pause = min(pause * 2, 0.05)
                 else:
                     return
         log.warning("could not remove the cgroup %s of a finished command", group)

@@ -30,7 +30,7 @@ from ._port import Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
-from ._write import Planned, digest, plan
+from ._write import plan
 
 __all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
 
@@ -152,17 +152,9 @@ WRITE_TOOLS = frozenset({"write_file", "edit_file"})
 """Run by the turn that calls them, which writes the change to the log first (`loopd.changes`)."""
 PREVIEW_CHARS = 20_000
 """Characters of a diff shown for approval at most."""
-NEW_FILE = "new"
-"""The basis of a write planned where no file was (any other basis is a SHA-256)."""
 RUN_MARGIN = 5.0
 """Seconds past `[tools.run] timeout` before the port stops waiting for a command (which
 kills itself at its own timeout first)."""
-
-
-def basis(planned: Planned) -> str:
-    """What a change was planned on: the file's SHA-256, or `NEW_FILE`. An approved change is
-    made only on the basis its preview had."""
-    return NEW_FILE if planned.old is None else digest(planned.old)
 
 
 def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
@@ -248,7 +240,7 @@ class Builtins:
                 if len(shown) > PREVIEW_CHARS:  # the event and the log carry it
                     cut = len(shown) - PREVIEW_CHARS
                     shown = f"{shown[:PREVIEW_CHARS]}\n[... {cut} more characters of the diff]"
-                return Preview(shown, basis(planned))
+                return Preview(shown, planned.basis)
             if entry.name == "run_command":
                 return Preview(tools.command_preview(request.arguments))
         except ToolFailure as e:

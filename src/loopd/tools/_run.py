@@ -24,11 +24,13 @@ from pathlib import Path
 
 import trio
 
+from loopd.config import RunConfig
+
 from ._bounds import PidsCgroups, limited, seccomp_program, seccomp_unavailable
 from ._port import ToolFailure
 from ._sandbox import Sandbox
 
-__all__ = ["KEEP_BYTES", "Sandbox", "run_command", "sandbox_missing"]
+__all__ = ["KEEP_BYTES", "Sandbox", "process_bound", "run_command", "sandbox_missing"]
 
 READ_CHUNK = 65536
 KEEP_BYTES = 256 * 1024
@@ -53,6 +55,18 @@ def sandbox_missing() -> str | None:
 def _pids_cgroups() -> PidsCgroups | None:
     """Found once per loopd (root only)."""
     return PidsCgroups.find()
+
+
+def process_bound(run: RunConfig) -> str:
+    """How a command's processes are bounded here, in words (`loopd check-config`, the log)."""
+    if os.geteuid() != 0:
+        return f"at most {run.max_processes} processes (RLIMIT_NPROC in its user namespace)"
+    if (cgroups := _pids_cgroups()) is not None:
+        return f"at most {run.max_processes} processes (a pids cgroup under {cgroups.base})"
+    return (
+        "NO process bound: loopd runs as root, which RLIMIT_NPROC does not bind, and no pids "
+        "cgroup can be made here (a fork bomb runs until the command's timeout)"
+    )
 
 
 def _output(head: bytes, tail: bytes, total: int) -> str:

@@ -32,6 +32,7 @@ from ._port import ToolFailure
 from ._roots import SNIFF_BYTES, Roots, write_protected
 
 __all__ = [
+    "NEW_FILE",
     "WRITE_BYTES",
     "Planned",
     "commit",
@@ -44,6 +45,8 @@ __all__ = [
 
 WRITE_BYTES = 4 * 1024 * 1024
 """Files larger than this are not written or edited (before or after)."""
+NEW_FILE = "new"
+"""The basis of a change planned where no file was (any other basis is a SHA-256)."""
 
 
 def digest(data: bytes) -> str:
@@ -63,6 +66,12 @@ class Planned:
     """None: the file does not exist yet."""
     new: bytes
     mode: int
+
+    @property
+    def basis(self) -> str:
+        """What the change was planned on: the file's SHA-256, or `NEW_FILE`. An approved
+        change is made only on the basis its preview had."""
+        return NEW_FILE if self.old is None else digest(self.old)
 
     @property
     def diff(self) -> str:
