@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -518,6 +519,29 @@ async def _play(turns: list[list[tuple[str, str, str]]], tmp: Path, meddle: int 
         with pytest.raises(NothingToUndo):
             await undo(session, writer)
         assert sum(isinstance(r, UndoRecord) for r in session.records) == len(states) - 1
+
+
+@pytest.mark.parametrize("put", ["fifo", "folder"])
+async def test_undo_refuses_what_stands_where_the_file_was_and_never_hangs(
+    tmp_path: Path, put: str
+) -> None:
+    """A FIFO would block a read forever in a thread nothing can cancel, and the session
+    with it; a folder is no file to put back."""
+    from loopd.baseline import make_baseline  # noqa: PLC0415 - as _play
+
+    root = tmp_path / "root"
+    root.mkdir()
+    writer = Hands(Roots([root]), Blobs(tmp_path / "history"))
+    with await Store(tmp_path / "sessions").create(make_baseline()) as session:
+        await session.append(UserRecord(content="write"))
+        await writer.write(session, 1, "c1", "write_file", {"path": "f.txt", "content": "x\n"})
+        (root / "f.txt").unlink()
+        if put == "fifo":
+            os.mkfifo(root / "f.txt")
+        else:
+            (root / "f.txt").mkdir()
+        with trio.fail_after(10), pytest.raises(UndoRefused, match=r"f\.txt"):
+            await undo(session, writer)
 
 
 async def test_undo_through_a_folder_swapped_for_a_link_puts_nothing_outside(

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from loopd.config import ToolsConfig
+from loopd.config import RunConfig, ToolsConfig
 from loopd.tools import Builtins, ToolFailure, ToolRequest, builtin_entries
 from loopd.tools._builtin import READ_LINES
+from loopd.tools._write import plan
 
 
 @pytest.fixture
@@ -190,3 +191,21 @@ async def test_a_stuck_tool_takes_none_of_the_threads_the_store_uses(
         assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
     finally:
         release.set()
+
+
+def test_the_file_tools_never_reach_loopds_own_files_or_the_keys(tmp_path: Path) -> None:
+    """A root that holds loopd's state or the user's keys (a home folder as the root): reading,
+    searching and writing them is refused, the rest of the root is not."""
+    (tmp_path / "state" / "sessions").mkdir(parents=True)
+    (tmp_path / "state" / "sessions" / "s.jsonl").write_text("the person said: secret plan\n")
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id_rsa").write_text("secret key\n")
+    (tmp_path / "notes.md").write_text("no secret here\n")
+    run = RunConfig(deny_read=[tmp_path / "keys"])
+    tools = Builtins([tmp_path], timeout=30, run=run, private=[tmp_path / "state"])
+    for path in ("state/sessions/s.jsonl", "keys/id_rsa"):
+        with pytest.raises(ToolFailure, match="is hidden from the tools"):
+            tools.read_file({"path": path})
+    assert tools.search_text({"pattern": "secret"}) == "notes.md:1: no secret here"
+    with pytest.raises(ToolFailure, match="is hidden from the tools"):
+        plan(tools.roots, "write_file", {"path": "keys/authorized_keys", "content": "mine"})

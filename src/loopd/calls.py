@@ -69,7 +69,7 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
     tail = cap // 2
     head = cap - tail
     cut = len(text) - cap
-    return f"{text[:head]}\n[... {cut} characters cut here ...]\n{text[-tail:]}", True
+    return f"{text[:head]}\n[... {cut} characters cut here ...]\n{text[len(text) - tail :]}", True
 
 
 OnEvent = Callable[[TurnEvent], None]

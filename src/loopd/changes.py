@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,12 @@ class Hands:
         planned = await trio.to_thread.run_sync(
             plan, roots, tool, arguments, abandon_on_cancel=True
         )
+        if approved is not None and approved.basis is None:
+            raise ToolFailure(
+                f"{planned.shown}: the approval showed that this call would fail, and it would "
+                "not now: what it would write was never shown, so nothing was written. Make "
+                "the call again."
+            )
         if approved is not None and approved.basis != planned.basis:
             raise ToolFailure(
                 f"{planned.shown} changed while the approval waited, so what was approved is not "
@@ -164,12 +171,15 @@ def _put_back(hands: Hands, plan: dict[str, tuple[str | None, str]]) -> None:
     for path, (before, _) in plan.items():
         name = Path(path).name
         with _folder(hands.roots, path) as folder:
-            if before is None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=folder)
-            else:
-                mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode & 0o7777
-                replace_in(folder, name, hands.blobs.get(before), mode)
+            try:
+                if before is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=folder)
+                else:
+                    mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode & 0o7777
+                    replace_in(folder, name, hands.blobs.get(before), mode)
+            except OSError as e:
+                raise UndoRefused(f"{path} could not be put back: {e.strerror}") from None
 
 
 @contextlib.contextmanager
@@ -187,14 +197,21 @@ def _folder(roots: Roots, path: str) -> Iterator[int]:
 
 
 def _content(folder: int, path: str) -> bytes | None:
+    """The file's bytes (None: it is gone); refused when something else stands there now."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not hang
     try:
-        fd = os.open(Path(path).name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = os.open(Path(path).name, flags, dir_fd=folder)
     except FileNotFoundError:
         return None
-    except OSError:  # ELOOP: a link where the file was
-        raise UndoRefused(f"{path} is a link now; nothing was put back") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    except OSError as e:  # ELOOP: a link where the file was
+        raise UndoRefused(f"{path} cannot be read ({e.strerror}); nothing was put back") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UndoRefused(f"{path} is no longer a regular file; nothing was put back")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 async def undo(session: Session, hands: Hands, call: int | None = None) -> UndoRecord:

@@ -320,7 +320,7 @@ class RunConfig(_Table):
     and a private /tmp; nothing of loopd (its socket, state and config hidden) nor the user's
     keys (`deny_read`); no Unix sockets, no privilege (a user namespace, no capabilities, a
     seccomp filter), no network unless `network`, a bounded process tree, a clean environment;
-    `.git/hooks` and `.git/config` read-only inside the roots. Refused where `bwrap` or
+    the roots' `.git` folders read-only (`git_writable`). Refused where `bwrap` or
     libseccomp is missing. `none`: commands run unconfined, as the user."""
     network: bool = False
     """Whether sandboxed commands reach the network."""
@@ -328,7 +328,8 @@ class RunConfig(_Table):
     """Seconds a command may run at most (the model may ask for less); then it is killed,
     with every process it started."""
     deny_read: list[Path] = []
-    """More files and folders sandboxed commands cannot read (each shown empty), besides
+    """More files and folders sandboxed commands cannot read (a folder shows empty, a file
+    cannot be opened) and the file tools cannot reach, besides
     loopd's own and the user's keys: `~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.azure`,
     `~/.config/gcloud`, `~/.kube`, `~/.docker`, `~/.netrc`, `~/.git-credentials`, `~/.pypirc`,
     `~/.npmrc`, `~/.config/gh`, `~/.cargo/credentials.toml`, `~/.password-store`,
@@ -344,6 +345,10 @@ class RunConfig(_Table):
     fails."""
     max_memory_mb: PositiveInt = 8192
     """Memory (MiB of data) each process of a command may take; an allocation past it fails."""
+    git_writable: bool = False
+    """Whether commands may write the `.git` folders in the roots (commit, fetch, switch
+    branches). False: each is read-only to them, because its hooks and config name programs
+    git runs as the person, outside any sandbox; with true, a command can plant one."""
 
 
 class ToolsConfig(_Table):

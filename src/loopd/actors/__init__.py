@@ -32,7 +32,7 @@ from loopd.infer import Client, Slot
 from loopd.records import Baseline
 from loopd.slots import SlotFiles
 from loopd.store import Session, Store
-from loopd.tools import Roots, delegate_entry, open_tool_port
+from loopd.tools import Roots, delegate_entry, open_tool_port, secrets
 from loopd.turn import Runtime
 
 from ._agents import AGENTS, Agents
@@ -191,7 +191,7 @@ def hands(config: Config, private: Sequence[Path] = ()) -> Hands | None:
     if not config.tools.roots:
         return None
     blobs = Blobs(config.store.directory.parent / "file-history")
-    return Hands(Roots(config.tools.roots, private), blobs)
+    return Hands(Roots(config.tools.roots, [*private, *secrets(config.tools.run)]), blobs)
 
 
 def slot_files(config: Config, directory: Path | None) -> SlotFiles:

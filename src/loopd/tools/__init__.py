@@ -55,6 +55,7 @@ from ._port import (
 from ._registry import BUILTIN, Registry, policy_for
 from ._roots import FolderRefused, Roots
 from ._run import Sandbox, process_bound, sandbox_missing
+from ._sandbox import secrets
 from ._write import (
     NEW_FILE,
     Planned,
@@ -124,6 +125,7 @@ __all__ = [
     "requested_tool",
     "run_tool_port",
     "sandbox_missing",
+    "secrets",
     "write_atomically",
 ]
 

@@ -3,7 +3,8 @@
 The seccomp filter refuses (EPERM) what no command of the model's needs and an escape would:
 Unix sockets (`socket(AF_UNIX)`: every daemon's door, loopd's own included; `socketpair`
 stays, pipes between processes need it), io_uring (which makes sockets past that rule),
-tracing other processes, mounting, new namespaces, the kernel's keyrings, BPF and perf. It is
+tracing other processes, mounting, new namespaces, the kernel's keyrings, BPF and perf, and
+setuid or setgid modes on files (`openat2`, whose mode it cannot see, answers ENOSYS). It is
 compiled once by libseccomp (through `pyseccomp`) and handed to bubblewrap as a BPF program;
 other architectures' system calls (32-bit ones on a 64-bit kernel) are killed.
 
@@ -23,9 +24,9 @@ import functools
 import itertools
 import logging
 import os
-import shutil
 import signal
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,21 @@ REFUSED_CALLS = (
     *("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module"),
 )
 """System calls a sandboxed command gets EPERM for, besides `socket(AF_UNIX)`."""
+
+MODE_ARGUMENT = {
+    "chmod": 1,
+    "fchmod": 1,
+    "fchmodat": 2,
+    "fchmodat2": 2,
+    "creat": 1,
+    "open": 2,
+    "openat": 3,
+    "mknod": 1,
+    "mknodat": 2,
+}
+"""Where each call that sets a file's mode takes it: a mode with the setuid or setgid bit is
+refused (a command loopd started as root is uid 0 on disk, and would leave a setuid-root
+program in the roots for anyone to run)."""
 
 
 def seccomp_unavailable() -> str | None:
@@ -70,22 +86,32 @@ def seccomp_program() -> bytes:
 
     refuse = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
-    rules.add_rule(refuse, "socket", seccomp.Arg(0, seccomp.EQ, socket.AF_UNIX))
     arch = seccomp.system_arch()
-    for name in REFUSED_CALLS:
-        if seccomp.resolve_syscall(arch, name) < 0:  # not a system call of this machine
-            continue
+
+    def known(name: str) -> bool:
+        return bool(seccomp.resolve_syscall(arch, name) >= 0)  # a system call of this machine
+
+    # The kernel reads the domain as 32 bits: the upper ones must not make it another number.
+    unix = seccomp.Arg(0, seccomp.MASKED_EQ, 0xFFFFFFFF, socket.AF_UNIX)
+    rules.add_rule(refuse, "socket", unix)
+    for name in filter(known, REFUSED_CALLS):
         rules.add_rule(refuse, name)
+    # openat2 takes its mode in a struct a filter cannot read: programs fall back to openat.
+    if known("openat2"):
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "openat2")
+    for name, position in MODE_ARGUMENT.items():
+        if known(name):
+            for bit in (stat.S_ISUID, stat.S_ISGID):
+                rules.add_rule(refuse, name, seccomp.Arg(position, seccomp.MASKED_EQ, bit, bit))
     with tempfile.TemporaryFile() as out:
         rules.export_bpf(out)
         out.seek(0)
         return out.read()
 
 
-def limited(argv: list[str], max_processes: int, max_memory_mb: int) -> list[str]:
-    """`argv` under the process and memory rlimits, set where it runs (inside the sandbox's
-    user namespace, so the process count is the command's alone)."""
-    prlimit = shutil.which("prlimit") or "prlimit"
+def limited(prlimit: str, argv: list[str], max_processes: int, max_memory_mb: int) -> list[str]:
+    """`argv` under the process and memory rlimits, set by `prlimit` where it runs (inside the
+    sandbox's user namespace, so the process count is the command's alone)."""
     memory = max_memory_mb * 1024 * 1024
     return [prlimit, f"--nproc={max_processes}", f"--data={memory}", "--", *argv]
 
@@ -121,7 +147,11 @@ class PidsCgroups:
         """A new, empty cgroup of at most `max_processes` processes."""
         group = self.base / f"command-{os.getpid()}-{next(self._names)}"
         group.mkdir()
-        (group / "pids.max").write_text(str(max_processes))
+        try:
+            (group / "pids.max").write_text(str(max_processes))
+        except OSError:
+            group.rmdir()
+            raise
         return group
 
     @staticmethod

@@ -30,6 +30,7 @@ from ._port import Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
+from ._sandbox import secrets
 from ._write import plan
 
 __all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
@@ -206,11 +207,12 @@ class Builtins:
         threads: trio.CapacityLimiter | None = None,
         private: Sequence[Path] = (),
     ) -> None:
-        self.roots = Roots(roots, private)
-        """Where the file tools work; `private`: loopd's own files, which they never reach."""
+        self.run = run or RunConfig()
+        self._private = private
+        self.roots = Roots(roots, [*private, *secrets(self.run)])
+        """Where the file tools work; never in loopd's own files (`private`) or the keys."""
         self.timeout = timeout
         """`[tools] timeout`: the port stops waiting then; the tool's thread stops too."""
-        self.run = run or RunConfig()
         self.sandbox = Sandbox.of(self.run, list(self.roots.roots.values()), private)
         self._threads = threads or trio.CapacityLimiter(TOOL_THREADS)
         self._run: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -225,7 +227,7 @@ class Builtins:
         share the threads."""
         if cwd is None:
             return self
-        return Builtins([cwd], self.timeout, self.run, self._threads, self.roots.private)
+        return Builtins([cwd], self.timeout, self.run, self._threads, self._private)
 
     async def preview(self, entry: ToolEntry, request: ToolRequest) -> Preview | None:
         """A write's or an edit's diff (with its basis), a command with its folder and sandbox;
@@ -398,7 +400,7 @@ def _text_files(start: Path, roots: Roots) -> list[Path]:
             try:
                 resolved = file.resolve()  # a symlinked file may point anywhere: check
                 inside = any(resolved.is_relative_to(r) for r in roots.roots.values())
-                if inside and stat.S_ISREG(resolved.stat().st_mode):
+                if inside and not roots.hides(resolved) and stat.S_ISREG(resolved.stat().st_mode):
                     found.append(resolved)
             except OSError:
                 continue

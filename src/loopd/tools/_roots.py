@@ -1,6 +1,7 @@
 """The folders the file tools work in, how a path the model gives resolves in them, and what
-inside them the tools never touch: loopd's own files (never reached), `.git/hooks` and
-`.git/config` (never written: a hook runs the next time the person commits)."""
+inside them the tools never touch: loopd's own files and the user's keys (never reached), and
+what is in a `.git` folder (never written: its hooks and config name programs git runs as the
+person, outside any sandbox)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class Roots:
     def __init__(self, roots: list[Path], private: Sequence[Path] = ()) -> None:
         self.roots = {r.expanduser().resolve().name: r.expanduser().resolve() for r in roots}
         self.private = tuple(private)
-        """loopd's own files (`config.private_paths`)."""
+        """What the tools never reach: loopd's own files (`config.private_paths`) and the
+        user's keys (`tools.secrets`)."""
         self._hidden = hideable(private, list(self.roots.values()))
 
     def within(self, cwd: Path | None) -> Roots:
@@ -79,12 +81,16 @@ class Roots:
             raise ToolFailure(f"{path}: cannot be resolved ({e.strerror})") from None
         if not resolved.is_relative_to(root):
             raise ToolFailure(f"{path} leads outside the allowed folders")
-        if any(resolved.is_relative_to(own) for own in self._hidden):
+        if self.hides(resolved):
             raise ToolFailure(
-                f"{path} is loopd's own (its sessions, undo store, socket or config): "
-                "the tools do not reach it"
+                f"{path} is hidden from the tools (loopd's own files and the user's keys; "
+                "[tools.run] deny_read)"
             )
         return resolved
+
+    def hides(self, path: Path) -> bool:
+        """Whether `path` (resolved) is one the tools never reach."""
+        return any(path.is_relative_to(hidden) for hidden in self._hidden)
 
     def shown(self, path: Path) -> str:
         for name, root in self.roots.items():
@@ -103,11 +109,8 @@ def hideable(paths: Sequence[Path], roots: Sequence[Path]) -> list[Path]:
 
 
 def write_protected(path: PurePath) -> str | None:
-    """Why the tools never write `path`, or None. A hook runs as the person the next time they
-    commit, outside any sandbox; `.git/config` can name programs git runs (`core.fsmonitor`,
-    `core.pager`) just the same."""
-    parts = path.parts
-    for i, part in enumerate(parts[:-1]):
-        if part == ".git" and parts[i + 1] in ("hooks", "config"):
-            return f"{path} is git's {parts[i + 1]}: git runs what it names, outside any sandbox"
+    """Why the tools never write `path`, or None: what is in a `.git` folder (hooks and config
+    name programs git runs as the person, outside any sandbox; `commondir` moves both)."""
+    if ".git" in path.parts[:-1]:
+        return "it is in a .git folder, whose hooks and config git runs outside any sandbox"
     return None

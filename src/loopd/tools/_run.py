@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
@@ -44,11 +44,35 @@ MISSING = (
 )
 
 
+PRLIMIT_MISSING = (
+    "run_command needs prlimit (util-linux) to bound a command's processes, and it is not "
+    'installed: `sudo apt install util-linux`. Or set [tools.run] sandbox = "none" to run '
+    "commands unsandboxed, on purpose."
+)
+
+
 def sandbox_missing() -> str | None:
     """Why commands cannot be sandboxed here; None when they can."""
     if not shutil.which("bwrap"):
         return MISSING
+    if not shutil.which("prlimit"):
+        return PRLIMIT_MISSING
     return seccomp_unavailable()
+
+
+def _program(name: str, roots: Sequence[Path]) -> str:
+    """`name`'s absolute path on loopd's own PATH (never the command's), refused when it lies
+    inside a root: a command could put its own program there, one that sandboxes nothing."""
+    found = shutil.which(name)
+    if found is None:
+        raise ToolFailure(sandbox_missing() or f"{name} is not installed")
+    real = Path(found).resolve()
+    if any(real.is_relative_to(root) for root in roots):
+        raise ToolFailure(
+            f"{name} is found at {found}, inside the folders commands may write, so a command "
+            f"could replace it: install it elsewhere, or take that folder out of loopd's PATH"
+        )
+    return str(real)
 
 
 @functools.cache
@@ -94,10 +118,16 @@ async def run_command(
     try:
         os.write(program, seccomp_program())
         os.lseek(program, 0, os.SEEK_SET)
-        inner = limited(shell, sandbox.max_processes, sandbox.max_memory_mb)
-        argv = sandbox.argv(inner, folder, program)
+        roots = sandbox.roots
+        inner = limited(
+            _program("prlimit", roots), shell, sandbox.max_processes, sandbox.max_memory_mb
+        )
+        argv = sandbox.argv(_program("bwrap", roots), inner, folder, program)
         if cgroups is not None:
-            group = cgroups.make(sandbox.max_processes)
+            try:
+                group = cgroups.make(sandbox.max_processes)
+            except OSError as e:
+                raise ToolFailure(f"no cgroup could be made to bound the command: {e}") from e
             argv = cgroups.joined(group, argv)
         status, output = await _run(argv, folder, timeout, sandbox.env, (program,))
     finally:

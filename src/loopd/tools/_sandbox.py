@@ -1,11 +1,15 @@
 """What a command the model runs sees: the bubblewrap command line around it.
 
 Mounts, in order of depth so that the most specific wins: the whole filesystem read-only, a
-private /tmp, the roots read-write, then inside them `.git/hooks` and `.git/config` read-only
-again (a hook runs as the person at their next commit, outside any sandbox), and over
-everything loopd's own files and the user's keys hidden (an empty folder, an empty file).
-A hidden folder that holds a root or the home folder is not hidden whole (see
-`_roots.hideable`); the entries named inside it are.
+private /tmp, the roots read-write, then inside them each repository's `.git` read-only again
+(its hooks and config name programs git runs as the person, outside any sandbox, and so can a
+`commondir` or a submodule's folder in it), and over everything loopd's own files, the user's
+keys and root's secrets hidden (an empty read-only folder; for a file, `/dev/null`, which
+bubblewrap's `nodev` binds make unopenable: "Permission denied"). Every folder between a root
+and a path protected inside it is bound onto itself: a mount point cannot be renamed, so a
+command cannot move a protected path aside and put its own in its place. A hidden folder that
+holds a root or the home folder is not hidden whole (see `_roots.hideable`); the entries named
+inside it are.
 
 Privilege: a user namespace of its own (`--unshare-user`, `--disable-userns`), every
 capability dropped, no new privileges, and the seccomp filter of `_bounds`: a command that
@@ -25,7 +29,7 @@ from loopd.config import KEPT_ENV, SECRETS, RunConfig
 
 from ._roots import hideable
 
-__all__ = ["Sandbox", "environment"]
+__all__ = ["ROOT_SECRETS", "Sandbox", "environment", "secrets"]
 
 TMP = "/tmp"  # noqa: S108 - the sandbox's own, empty /tmp
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -39,10 +43,17 @@ def environment(extra: Mapping[str, str], of: Mapping[str, str] | None = None) -
     return {"PATH": DEFAULT_PATH, **kept, "TMPDIR": TMP, **extra}
 
 
-def _secrets(run: RunConfig) -> list[Path]:
+ROOT_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/security/opasswd")
+"""Files only root reads, which a command started by root could read (it is uid 0 on disk)."""
+
+
+def secrets(run: RunConfig) -> list[Path]:
+    """The user's keys (less `allow_read`, with `deny_read`), and the machine's."""
     allowed = {p.expanduser() for p in run.allow_read}
     defaults = [Path(s).expanduser() for s in SECRETS]
-    return [p for p in defaults if p not in allowed] + [p.expanduser() for p in run.deny_read]
+    machine = [Path(s) for s in ROOT_SECRETS] + sorted(Path("/etc/ssh").glob("ssh_host_*_key"))
+    mine = [p for p in defaults if p not in allowed] + [p.expanduser() for p in run.deny_read]
+    return mine + machine
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,14 @@ class Sandbox:
     network: bool = False
     enabled: bool = True
     """False: `sandbox = "none"`, the command runs unconfined."""
-    hidden: Sequence[Path] = field(default_factory=lambda: _secrets(RunConfig()))
+    hidden: Sequence[Path] = field(default_factory=lambda: secrets(RunConfig()))
     """Files and folders commands cannot read: loopd's own and the user's keys."""
     env: Mapping[str, str] = field(default_factory=lambda: environment({}))
     """The command's whole environment."""
     max_processes: int = RunConfig().max_processes
     max_memory_mb: int = RunConfig().max_memory_mb
+    git_writable: bool = False
+    """`[tools.run] git_writable`: the roots' `.git` folders left writable."""
 
     @classmethod
     def of(cls, run: RunConfig, roots: Sequence[Path], private: Sequence[Path]) -> Sandbox:
@@ -65,10 +78,11 @@ class Sandbox:
             roots,
             run.network,
             run.sandbox == "bubblewrap",
-            [*private, *_secrets(run)],
+            [*private, *secrets(run)],
             environment(run.env),
             run.max_processes,
             run.max_memory_mb,
+            run.git_writable,
         )
 
     def within(self, roots: Sequence[Path]) -> Sandbox:
@@ -81,11 +95,13 @@ class Sandbox:
             self.env,
             self.max_processes,
             self.max_memory_mb,
+            self.git_writable,
         )
 
-    def argv(self, command: list[str], folder: Path, seccomp_fd: int) -> list[str]:
-        """bubblewrap's command line around `command`, run in `folder`."""
-        argv = ["bwrap", *_in_order(self._mounts(folder))]
+    def argv(self, bwrap: str, command: list[str], folder: Path, seccomp_fd: int) -> list[str]:
+        """bubblewrap's command line (`bwrap`: its absolute path) around `command`, run in
+        `folder`."""
+        argv = [bwrap, *_in_order(self._mounts(folder))]
         argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not self.network:
@@ -97,37 +113,64 @@ class Sandbox:
         mounts = [(Path("/"), ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])]
         mounts.append((Path(TMP), ["--tmpfs", TMP]))
         mounts += [(root, ["--bind", str(root), str(root)]) for root in self.roots]
-        for git in self._repositories(folder):
-            hooks, config = git / "hooks", git / "config"
-            if hooks.is_dir() and not hooks.is_symlink():
-                mounts.append((hooks, ["--ro-bind", str(hooks), str(hooks)]))
-            else:  # made, empty and read-only: nothing can be put there to run later
-                mounts.append((hooks, ["--tmpfs", str(hooks), "--remount-ro", str(hooks)]))
-            if config.is_file() and not config.is_symlink():
-                mounts.append((config, ["--ro-bind", str(config), str(config)]))
+        protected: list[tuple[Path, list[str]]] = []
+        if not self.git_writable:
+            protected += [(git, ["--ro-bind", str(git), str(git)]) for git in self._gits(folder)]
         hidden = hideable(self.hidden, self.roots)
         for path in hidden:
             if any(path != other and path.is_relative_to(other) for other in hidden):
                 continue  # hidden with the folder it is in
             if path.is_dir():
-                mounts.append((path, ["--tmpfs", str(path), "--remount-ro", str(path)]))
+                protected.append((path, ["--tmpfs", str(path), "--remount-ro", str(path)]))
             elif path.exists():
-                mounts.append((path, ["--ro-bind", "/dev/null", str(path)]))
-        return mounts
+                protected.append((path, ["--ro-bind", "/dev/null", str(path)]))
+        masked = [path for path, args in protected if args[0] == "--tmpfs"]
+        protected = [(p, a) for p, a in protected if not _inside_any(p, masked)]
+        pins = {pin for path, _ in protected for pin in self._between(path)}
+        pins = {pin for pin in pins if not _inside_any(pin, masked) and pin not in masked}
+        mounts += [(pin, ["--bind", str(pin), str(pin)]) for pin in sorted(pins)]
+        return mounts + protected
 
-    def _repositories(self, folder: Path) -> list[Path]:
-        """The `.git` folders of the roots, of the folders right inside them, and of the
-        command's folder and those above it up to its root."""
+    def _between(self, path: Path) -> list[Path]:
+        """The folders strictly between `path` and the root it is in (none outside roots)."""
+        for root in self.roots:
+            if path.is_relative_to(root) and path != root:
+                return [p for p in path.parents if p.is_relative_to(root) and p != root]
+        return []
+
+    def _gits(self, folder: Path) -> list[Path]:
+        """The git folders, inside the roots, of the repositories at a root, right inside one,
+        and at the command's folder and above it up to its root (a `.git` file's `gitdir`
+        too: a worktree's or a submodule's)."""
         found: dict[Path, None] = {}
         for root in self.roots:
             candidates = [root, *_folders_in(root)]
             if folder.is_relative_to(root):
                 candidates += [p for p in (folder, *folder.parents) if p.is_relative_to(root)]
             for candidate in candidates:
-                git = candidate / ".git"
-                if git.is_dir() and not git.is_symlink():
+                git = _git_folder(candidate / ".git")
+                if git is not None and any(git.is_relative_to(r) for r in self.roots):
                     found[git] = None
         return list(found)
+
+
+def _inside_any(path: Path, folders: list[Path]) -> bool:
+    return any(path != folder and path.is_relative_to(folder) for folder in folders)
+
+
+def _git_folder(dot_git: Path) -> Path | None:
+    """What a `.git` names: itself (a folder, or a link to one), or a `.git` file's `gitdir`."""
+    try:
+        if dot_git.is_dir():
+            return dot_git.resolve(strict=True)
+        if dot_git.is_file():
+            text = dot_git.read_text(errors="replace")
+            if text.startswith("gitdir:"):
+                named = (dot_git.parent / text.removeprefix("gitdir:").strip()).resolve()
+                return named if named.is_dir() else None
+    except (OSError, RuntimeError):  # unreadable, a link loop: git cannot use it either
+        pass
+    return None
 
 
 def _folders_in(root: Path) -> list[Path]:

@@ -93,7 +93,7 @@ def plan(roots: Roots, tool: str, arguments: dict[str, Any]) -> Planned:
     shown = arguments["path"]
     path = roots.resolve(shown)
     if why := write_protected(path):
-        raise ToolFailure(f"{shown}: not written; {why.removeprefix(str(path) + ' ')}")
+        raise ToolFailure(f"{shown}: not written: {why}")
     root = next(r for r in roots.roots.values() if path.is_relative_to(r))
     with folder_of(root, path, shown) as folder:
         old, mode = _current(folder, path, shown)
