@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +212,58 @@ def test_the_file_tools_never_reach_loopds_own_files_or_the_keys(tmp_path: Path)
     assert tools.search_text({"pattern": "secret"}) == "notes.md:1: no secret here"
     with pytest.raises(ToolFailure, match="is hidden from the tools"):
         plan(tools.roots, "write_file", {"path": "keys/authorized_keys", "content": "mine"})
+
+
+SWAPPER = """
+import os, sys
+folder = sys.argv[1]
+os.chdir(folder)
+while True:
+    with open("x.new", "w") as f:
+        f.write("mine\\n")
+    os.replace("x.new", "x")
+    os.symlink(os.path.join(folder, "state", "log"), "x.link")
+    os.replace("x.link", "x")
+"""
+
+
+def test_a_link_swapped_in_while_files_are_read_never_reads_a_hidden_one(tmp_path: Path) -> None:
+    """A command of the model's may swap a file it can read for a link to one the tools never
+    reach, again and again, while read_file runs (a process of its own, as a command is):
+    some reads see the file, some are refused, none reads through the link."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "log").write_text("loopd's own\n")
+    (tmp_path / "x").write_text("mine\n")
+    tools = Builtins([tmp_path], timeout=30, private=[tmp_path / "state"])
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(tmp_path)])
+    seen: Counter[str] = Counter()
+    try:
+        for _ in range(2000):
+            try:
+                seen[tools.read_file({"path": "x"})] += 1
+            except ToolFailure:
+                seen["refused"] += 1
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert "loopd's own" not in seen
+    assert seen["mine"] > 0
+
+
+def test_a_hidden_file_with_a_second_name_stops_the_tools(tmp_path: Path) -> None:
+    """With the home folder as a root, a command can give `.npmrc` a second name before the
+    person writes a token there: the tools refuse every call until the second name is gone."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "notes.txt").write_text("")
+    os.link(tmp_path / "proj" / "notes.txt", tmp_path / ".npmrc")  # as a command could
+    (tmp_path / ".npmrc").write_text("_authToken=npm_SECRET\n")  # the person, in place
+    tools = Builtins([tmp_path], timeout=30, run=RunConfig(deny_read=[tmp_path / ".npmrc"]))
+    entries = {e.name: e for e in builtin_entries(ToolsConfig(roots=[tmp_path]))}
+    calls = [("read_file", {"path": "proj/notes.txt"}), ("run_command", {"command": "true"})]
+    for name, arguments in calls:
+        request = ToolRequest("s", 1, name, arguments)
+        with pytest.raises(ToolFailure, match="a file with another name"):
+            trio.run(tools.run_tool, entries[name], request)
+    (tmp_path / "proj" / "notes.txt").unlink()
+    request = ToolRequest("s", 1, "list_directory", {"path": "proj"})
+    assert trio.run(tools.run_tool, entries["list_directory"], request).text == "[proj is empty]"

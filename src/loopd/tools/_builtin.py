@@ -251,6 +251,8 @@ class Builtins:
 
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
         tools = self.within(request.cwd)
+        if entry.name in _FILE_TOOLS and (why := tools.roots.tampered()):
+            raise ToolFailure(why)
         if entry.name == "run_command":
             return await tools.run_command(request.arguments)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first
@@ -289,26 +291,14 @@ class Builtins:
             return ToolOutput(f"{stopped}\n{output}")
         return ToolOutput(f"exit status {status}\n{output}")
 
-    def _regular_file(self, path: str) -> tuple[Path, os.stat_result]:
-        resolved = self.roots.resolve(path)
-        try:
-            info = resolved.stat()
-        except FileNotFoundError:
-            raise ToolFailure(f"{path}: no such file") from None
-        if stat.S_ISDIR(info.st_mode):
-            raise ToolFailure(f"{path} is a directory; use list_directory")
-        if not stat.S_ISREG(info.st_mode):
-            raise ToolFailure(f"{path} is not a regular file")
-        return resolved, info
-
     def read_file(self, arguments: dict[str, Any]) -> str:
         path = arguments["path"]
-        resolved, info = self._regular_file(path)
         start = int(arguments.get("start_line", 1))
-        with resolved.open("rb") as f:
+        with self.roots.open(self.roots.resolve(path), path) as f:
             if b"\0" in f.read(SNIFF_BYTES):
+                size = os.fstat(f.fileno()).st_size
                 raise ToolFailure(
-                    f"{path} is a binary file ({info.st_size} bytes); it cannot be shown as text"
+                    f"{path} is a binary file ({size} bytes); it cannot be shown as text"
                 )
             f.seek(0)
             lines: list[str] = []
@@ -363,8 +353,11 @@ class Builtins:
         start = self.roots.resolve(path)
         matches: list[str] = []
         for file in _text_files(start, self.roots):
-            with file.open("rb") as f:
-                data = f.read(SEARCH_FILE_BYTES)
+            try:
+                with self.roots.open(file, self.roots.shown(file)) as f:
+                    data = f.read(SEARCH_FILE_BYTES)
+            except ToolFailure:  # changed since it was listed: not one to search now
+                continue
             if b"\0" in data[:SNIFF_BYTES]:
                 continue
             for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):

@@ -5,12 +5,23 @@ person, outside any sandbox)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import stat
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath, PurePosixPath
+from typing import BinaryIO
 
 from ._port import ToolFailure
 
-__all__ = ["SNIFF_BYTES", "FolderRefused", "Roots", "hideable", "write_protected"]
+__all__ = [
+    "SNIFF_BYTES",
+    "FolderRefused",
+    "Roots",
+    "folder_of",
+    "hideable",
+    "write_protected",
+]
 
 SNIFF_BYTES = 8192
 """Enough of a file to tell text from binary the way git does: a NUL byte."""
@@ -92,12 +103,85 @@ class Roots:
         """Whether `path` (resolved) is one the tools never reach."""
         return any(path.is_relative_to(hidden) for hidden in self._hidden)
 
+    def open(self, path: Path, shown: str) -> BinaryIO:
+        """`path` (resolved, inside a root) open for reading, reached from its root without
+        following a link: a link swapped in after the check is refused, never followed to a
+        hidden file; a FIFO is never waited on."""
+        root = next(r for r in self.roots.values() if path.is_relative_to(r))
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        with folder_of(root, path, shown) as folder:
+            try:
+                fd = os.open(path.name, flags, dir_fd=folder)
+            except FileNotFoundError:
+                raise ToolFailure(f"{shown}: no such file") from None
+            except OSError as e:  # ELOOP: a link now
+                raise ToolFailure(f"{shown} cannot be opened ({e.strerror})") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise ToolFailure(f"{shown} is a directory; use list_directory")
+            raise ToolFailure(f"{shown} is not a regular file")
+        return os.fdopen(fd, "rb")
+
+    def tampered(self) -> str | None:
+        """Why the hidden paths inside the roots cannot be trusted to stay hidden, or None. A
+        command can make one before it exists: a link to a file it can read, or a hard link
+        of one, so the key written there later lands where it reads. Found, every tool and
+        command is refused until a person removes it."""
+        for hidden in self._hidden:
+            if not any(hidden.is_relative_to(root) for root in self.roots.values()):
+                continue  # outside the roots: commands cannot write there
+            for path in _under(hidden):
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
+                    kind = "a link" if stat.S_ISLNK(info.st_mode) else "a file with another name"
+                    return (
+                        f"{path} is hidden from the tools, and is {kind}: a command may have "
+                        "made it to read what is written there. Remove it (or its other "
+                        "name) before the tools run again"
+                    )
+        return None
+
     def shown(self, path: Path) -> str:
         for name, root in self.roots.items():
             if path.is_relative_to(root):
                 relative = path.relative_to(root).as_posix()
                 return relative if len(self.roots) == 1 else f"{name}/{relative}".rstrip("/.")
         return path.name
+
+
+@contextlib.contextmanager
+def folder_of(root: Path, path: Path, shown: str) -> Iterator[int]:
+    """A descriptor of `path`'s folder, reached from `root` without following a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in PurePath(path.relative_to(root)).parts[:-1]:
+            try:
+                inner = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                raise ToolFailure(f"{shown}: the folder {part}/ does not exist") from None
+            except OSError:  # ELOOP, ENOTDIR: a link or a file where a folder was
+                raise ToolFailure(
+                    f"{shown}: {part} is no longer a folder (a link now?); nothing was written"
+                ) from None
+            os.close(fd)
+            fd = inner
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _under(path: Path) -> Iterator[Path]:
+    """`path`, and all under it when it is a folder (links not followed)."""
+    yield path
+    if path.is_dir() and not path.is_symlink():
+        for folder, folders, files in os.walk(path):
+            yield from (Path(folder) / name for name in (*folders, *files))
 
 
 def hideable(paths: Sequence[Path], roots: Sequence[Path]) -> list[Path]:

@@ -22,14 +22,13 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 from ._edits import Edit, apply_edits, diff, line_changes
 from ._port import ToolFailure
-from ._roots import SNIFF_BYTES, Roots, write_protected
+from ._roots import SNIFF_BYTES, Roots, folder_of, write_protected
 
 __all__ = [
     "NEW_FILE",
@@ -110,28 +109,6 @@ def plan(roots: Roots, tool: str, arguments: dict[str, Any]) -> Planned:
     if "\0" in new:
         raise ToolFailure(f"{shown}: the content holds a NUL byte; only text is written")
     return Planned(path, root, shown, old, data, mode)
-
-
-@contextlib.contextmanager
-def folder_of(root: Path, path: Path, shown: str) -> Iterator[int]:
-    """A descriptor of `path`'s folder, reached from `root` without following a link."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    fd = os.open(root, flags)
-    try:
-        for part in PurePath(path.relative_to(root)).parts[:-1]:
-            try:
-                inner = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                raise ToolFailure(f"{shown}: the folder {part}/ does not exist") from None
-            except OSError:  # ELOOP, ENOTDIR: a link or a file where a folder was
-                raise ToolFailure(
-                    f"{shown}: {part} is no longer a folder (a link now?); nothing was written"
-                ) from None
-            os.close(fd)
-            fd = inner
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _current(folder: int, path: Path, shown: str) -> tuple[bytes | None, int]:
