@@ -139,6 +139,48 @@ async def test_a_command_cannot_connect_to_loopds_socket(box: Box) -> None:
     assert "b'x'" in pair  # a pipe between its own processes still works
 
 
+SOCKETS = """
+import socket
+for name, make in [
+    ("vsock", lambda: socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)),
+    ("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)),
+    ("datagram pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+    ("stream pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)),
+    ("internet", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+]:
+    try:
+        make()
+        print(name, "made")
+    except OSError as e:
+        print(name, "refused", e.errno)
+"""
+
+
+async def test_only_internet_sockets_and_stream_pairs_can_be_made(tmp_path: Path) -> None:
+    """A datagram pair can be sent to any Unix socket's path, and vsock reaches the machine
+    that runs this one, whatever the network namespace."""
+    (tmp_path / "sockets.py").write_text(SOCKETS)
+    _, output = await run_command(Sandbox([tmp_path]), f"{PYTHON} sockets.py", tmp_path, 30)
+    refused = f"refused {errno.EPERM}"
+    assert output.splitlines() == [
+        f"vsock {refused}",
+        f"packet {refused}",
+        f"datagram pair {refused}",
+        "stream pair made",
+        "internet made",
+    ]
+
+
+async def test_memory_filesystems_are_bounded_and_dev_is_read_only(tmp_path: Path) -> None:
+    sandbox = Sandbox([tmp_path], max_memory_mb=64)
+    command = "df -k /tmp /dev/shm | tail -2; touch /dev/x 2>&1; : > /dev/null && echo null"
+    _, output = await run_command(sandbox, command, tmp_path, 30)
+    sizes = [int(line.split()[1]) for line in output.splitlines()[:2]]
+    assert sizes == [64 * 1024, 64 * 1024]
+    assert "Read-only file system" in output
+    assert output.endswith("null\n")  # its device nodes still work
+
+
 async def test_a_command_cannot_read_session_logs_the_undo_store_or_slot_files(
     box: Box,
 ) -> None:
@@ -263,13 +305,14 @@ async def test_git_hooks_and_config_cannot_be_written_by_a_command_or_by_write_f
     (lib / "config").write_text("[core]\n")
     (box.work / "app").mkdir()
     (box.work / "app" / ".git").write_text("gitdir: ../lib/.git\n")  # as a worktree's
-    by_command, by_tool, config_by_tool, elsewhere, in_lib, moved = await box.run(
+    by_command, by_tool, config_by_tool, elsewhere, in_lib, moved, pointed = await box.run(
         "printf 'x' > .git/hooks/pre-commit; echo '[core]fsmonitor = evil' >> .git/config",
         ("write_file", {"path": ".git/hooks/pre-commit", "content": hook}),
         ("write_file", {"path": ".git/config", "content": "[core]\n\tfsmonitor = evil\n"}),
         "echo fine > notes.md; mkdir -p src && echo ok > src/a.txt; cat src/a.txt",
         "mkdir -p lib/.git/hooks; echo ../evil > lib/.git/commondir; cd app && git status",
         "mv .git .git-old; mv lib lib-old; mv app/.git app/git-old; ls",
+        "git init -q app/evil; echo 'gitdir: evil/.git' > app/.git",
     )
     assert not (box.work / ".git" / "hooks" / "pre-commit").exists()
     assert (box.work / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
@@ -280,7 +323,9 @@ async def test_git_hooks_and_config_cannot_be_written_by_a_command_or_by_write_f
     assert "ok" in elsewhere
     assert "Read-only file system" in in_lib
     assert sorted(p.name for p in lib.iterdir()) == ["config"]
-    assert moved.count("Device or resource busy") == 2  # mount points: .git and lib
+    assert moved.count("Device or resource busy") == 3  # mount points: both .git and lib
+    assert "Read-only file system" in pointed  # a .git file names the folder it must
+    assert (box.work / "app" / ".git").read_text() == "gitdir: ../lib/.git\n"
     assert sorted(p.name for p in box.work.iterdir()) == [".git", "app", "lib", "notes.md", "src"]
 
 

@@ -1,8 +1,9 @@
 """What a sandboxed command may ask of the kernel, and how many processes it may have.
 
 The seccomp filter refuses (EPERM) what no command of the model's needs and an escape would:
-Unix sockets (`socket(AF_UNIX)`: every daemon's door, loopd's own included; `socketpair`
-stays, pipes between processes need it), io_uring (which makes sockets past that rule),
+every socket but the internet's and netlink (no Unix sockets: every daemon's door, loopd's
+own included; no vsock; `socketpair` makes streams only, a datagram pair could be sent to any
+socket's path), io_uring (which makes sockets past those rules),
 tracing other processes, mounting, new namespaces, the kernel's keyrings, BPF and perf, and
 setuid or setgid modes on files (`openat2`, whose mode it cannot see, answers ENOSYS). It is
 compiled once by libseccomp (through `pyseccomp`) and handed to bubblewrap as a BPF program;
@@ -30,6 +31,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -48,6 +50,12 @@ REFUSED_CALLS = (
     *("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module"),
 )
 """System calls a sandboxed command gets EPERM for, besides `socket(AF_UNIX)`."""
+
+SOCKET_FAMILIES = frozenset({socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK})
+"""The only sockets a command may make: no Unix sockets (every daemon's door, loopd's own
+included), no vsock (which no network namespace bounds), no raw packets or Bluetooth."""
+FAMILIES = 64
+"""Above every address family Linux has (46 in 6.x)."""
 
 MODE_ARGUMENT = {
     "chmod": 1,
@@ -87,26 +95,42 @@ def seccomp_program() -> bytes:
     refuse = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     arch = seccomp.system_arch()
-
-    def known(name: str) -> bool:
-        return bool(seccomp.resolve_syscall(arch, name) >= 0)  # a system call of this machine
-
-    # The kernel reads the domain as 32 bits: the upper ones must not make it another number.
-    unix = seccomp.Arg(0, seccomp.MASKED_EQ, 0xFFFFFFFF, socket.AF_UNIX)
-    rules.add_rule(refuse, "socket", unix)
-    for name in filter(known, REFUSED_CALLS):
+    known = {name for name in (*REFUSED_CALLS, *MODE_ARGUMENT, "openat2") if _known(arch, name)}
+    for name in sorted(known & set(REFUSED_CALLS)):
         rules.add_rule(refuse, name)
+    _socket_rules(rules, refuse)
     # openat2 takes its mode in a struct a filter cannot read: programs fall back to openat.
-    if known("openat2"):
+    if "openat2" in known:
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "openat2")
     for name, position in MODE_ARGUMENT.items():
-        if known(name):
+        if name in known:
             for bit in (stat.S_ISUID, stat.S_ISGID):
                 rules.add_rule(refuse, name, seccomp.Arg(position, seccomp.MASKED_EQ, bit, bit))
     with tempfile.TemporaryFile() as out:
         rules.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+def _known(arch: int, name: str) -> bool:
+    """Whether `name` is a system call of this machine."""
+    import pyseccomp as seccomp  # noqa: PLC0415 - as seccomp_program
+
+    return bool(seccomp.resolve_syscall(arch, name) >= 0)
+
+
+def _socket_rules(rules: Any, refuse: int) -> None:
+    import pyseccomp as seccomp  # noqa: PLC0415 - as seccomp_program
+
+    # Sockets of the internet (in the command's own network namespace) and netlink only; the
+    # kernel reads the domain as 32 bits, so the upper ones must not make it another number.
+    for family in range(FAMILIES):
+        if family not in SOCKET_FAMILIES:
+            rules.add_rule(refuse, "socket", seccomp.Arg(0, seccomp.MASKED_EQ, 0xFFFFFFFF, family))
+    # A pair of connected streams, not datagrams, which can be sent to any socket's path.
+    for kind in range(16):
+        if kind not in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+            rules.add_rule(refuse, "socketpair", seccomp.Arg(1, seccomp.MASKED_EQ, 0xF, kind))
 
 
 def limited(prlimit: str, argv: list[str], max_processes: int, max_memory_mb: int) -> list[str]:

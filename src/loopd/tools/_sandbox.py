@@ -32,6 +32,7 @@ from ._roots import hideable
 __all__ = ["ROOT_SECRETS", "Sandbox", "environment", "secrets"]
 
 TMP = "/tmp"  # noqa: S108 - the sandbox's own, empty /tmp
+SHM = "/dev/shm"  # noqa: S108 - and its own shared memory
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -101,7 +102,9 @@ class Sandbox:
     def argv(self, bwrap: str, command: list[str], folder: Path, seccomp_fd: int) -> list[str]:
         """bubblewrap's command line (`bwrap`: its absolute path) around `command`, run in
         `folder`."""
-        argv = [bwrap, *_in_order(self._mounts(folder))]
+        # /dev read-only once /dev/shm is in it: its device nodes still work, and nothing else
+        # can be put in a filesystem as large as half the machine's memory.
+        argv = [bwrap, *_in_order(self._mounts(folder)), "--remount-ro", "/dev"]
         argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not self.network:
@@ -110,8 +113,10 @@ class Sandbox:
         return [*argv, "--chdir", str(folder), "--", *command]
 
     def _mounts(self, folder: Path) -> list[tuple[Path, list[str]]]:
+        size = str(self.max_memory_mb * 1024 * 1024)  # memory, as much as one process may take
         mounts = [(Path("/"), ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])]
-        mounts.append((Path(TMP), ["--tmpfs", TMP]))
+        mounts.append((Path(SHM), ["--size", size, "--tmpfs", SHM]))
+        mounts.append((Path(TMP), ["--size", size, "--tmpfs", TMP]))
         mounts += [(root, ["--bind", str(root), str(root)]) for root in self.roots]
         protected: list[tuple[Path, list[str]]] = []
         if not self.git_writable:
@@ -139,18 +144,17 @@ class Sandbox:
         return []
 
     def _gits(self, folder: Path) -> list[Path]:
-        """The git folders, inside the roots, of the repositories at a root, right inside one,
-        and at the command's folder and above it up to its root (a `.git` file's `gitdir`
-        too: a worktree's or a submodule's)."""
+        """What git reads, inside the roots, for the repositories at a root, right inside one,
+        and at the command's folder and above it up to its root (`_git_paths`)."""
         found: dict[Path, None] = {}
         for root in self.roots:
             candidates = [root, *_folders_in(root)]
             if folder.is_relative_to(root):
                 candidates += [p for p in (folder, *folder.parents) if p.is_relative_to(root)]
             for candidate in candidates:
-                git = _git_folder(candidate / ".git")
-                if git is not None and any(git.is_relative_to(r) for r in self.roots):
-                    found[git] = None
+                for git in _git_paths(candidate / ".git"):
+                    if any(git.is_relative_to(r) for r in self.roots):
+                        found[git] = None
         return list(found)
 
 
@@ -158,19 +162,23 @@ def _inside_any(path: Path, folders: list[Path]) -> bool:
     return any(path != folder and path.is_relative_to(folder) for folder in folders)
 
 
-def _git_folder(dot_git: Path) -> Path | None:
-    """What a `.git` names: itself (a folder, or a link to one), or a `.git` file's `gitdir`."""
+def _git_paths(dot_git: Path) -> list[Path]:
+    """What git reads for a `.git`: the folder (or what a link names), or a `.git` file (a
+    worktree's, a submodule's: it could be pointed at a folder a command made) and the
+    folder its `gitdir` names."""
     try:
         if dot_git.is_dir():
-            return dot_git.resolve(strict=True)
+            return [dot_git.resolve(strict=True)]
         if dot_git.is_file():
-            text = dot_git.read_text(errors="replace")
+            real = dot_git.resolve(strict=True)
+            text = real.read_text(errors="replace")
             if text.startswith("gitdir:"):
-                named = (dot_git.parent / text.removeprefix("gitdir:").strip()).resolve()
-                return named if named.is_dir() else None
+                named = (real.parent / text.removeprefix("gitdir:").strip()).resolve()
+                return [real, named] if named.is_dir() else [real]
+            return [real]
     except (OSError, RuntimeError):  # unreadable, a link loop: git cannot use it either
         pass
-    return None
+    return []
 
 
 def _folders_in(root: Path) -> list[Path]:
