@@ -299,6 +299,42 @@ async def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> Non
     valid(s, s.first, *children)
 
 
+def write_file(path: str, content: str) -> Reply:
+    arguments = json.dumps({"name": "write_file", "arguments": {"path": path, "content": content}})
+    return Reply(tool_calls=(("w1", "call_tool", arguments),))
+
+
+async def cancelled_while_a_sub_agent_waits(folder: Path, waits: str) -> list[Any]:
+    """The parent's events from its cancel to its end, cancelled while its sub-agent waits."""
+    child = write_file("a.md", "x") if waits == "for approval" else Reply(kind="stall")
+    async with scripted(folder, {"Go.": [delegate("Do it.")], "Do it.": [child]}) as s:
+        await s.parent.send("t1", "Go.")
+        with trio.fail_after(10):
+            if waits == "for approval":
+                await next_of(s.events, ApprovalNeeded)
+            else:
+                await s.server.wait_until(lambda: len(s.server.requests) == 2)
+        assert await s.parent.cancel("t1")
+        with trio.fail_after(10):
+            return [m.item for m in await collect(s.events, 1)]
+
+
+@pytest.mark.parametrize("waits", ["for approval", "for its answer"])
+async def test_a_cancelled_parent_is_over_only_after_its_sub_agent_is(
+    tmp_path: Path, waits: str
+) -> None:
+    """The sub-agent runs in its parent turn's task: its `cancelled` reaches clients before the
+    parent's end, every time (it ran in the tool port's task, which the parent's cancel did not
+    wait for, and came after)."""
+    for attempt in range(20):
+        (tmp_path / str(attempt)).mkdir()
+        items = await cancelled_while_a_sub_agent_waits(tmp_path / str(attempt), waits)
+        ended = [i for i in items if isinstance(i, AgentUpdate) and i.state == "cancelled"]
+        assert len(ended) == 1, attempt
+        assert items.index(ended[0]) < len(items) - 1, attempt
+        assert isinstance(items[-1], TurnFailed), attempt
+
+
 async def test_a_child_past_its_iteration_cap_gives_the_limit_as_the_result(
     tmp_path: Path,
 ) -> None:

@@ -220,6 +220,46 @@ async def test_kill_9_while_a_call_waits_then_restart_closes_it_not_approved(
     assert "denied (the turn ended first): read_file (call 1)" in out
 
 
+def run_command(command: str, call_id: str = "c1") -> Reply:
+    arguments = json.dumps({"name": "run_command", "arguments": {"command": command}})
+    return Reply(tool_calls=((call_id, "call_tool", arguments),))
+
+
+async def test_kill_9_after_an_approval_keeps_it_as_given_and_its_grant(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """The approval is a record the moment it is given: loopd killed while the approved call
+    runs keeps it (it was written only with the call's result, and the restart closed the call
+    as denied), and a `session` grant holds after the restart."""
+    d = await asking(
+        daemon,
+        tmp_path,
+        run_command("sleep 60"),
+        run_command("echo again", "c2"),
+        Reply(content="ok"),
+    )
+    client = await d.connect()
+    await client.send({"type": "send", "id": "t1", "content": "wait a minute"})
+    await event(client, "approval_needed")
+    await approve(client, 1, "session")
+    with trio.fail_after(10):
+        decided = (await event(client, "approval_decided"))["event"]  # before the call ends
+    assert (decided["decision"], decided["by"]) == ("session", "user")
+    await d.kill()
+    assert approvals(d) == [(1, "run_command", "session", "user")]
+    await d.start()
+    client = await d.connect()
+    await client.send({"type": "hello"})
+    await client.until("welcome")
+    assert approvals(d) == [(1, "run_command", "session", "user")]
+    assert results(d) == ["Interrupted: the turn ended (error) while this approved call ran."]
+    lines = await client.turn("t2", "once more")
+    assert lines[-1]["type"] == "turn_done"
+    assert not [x for x in lines if x.get("event", {}).get("kind") == "approval_needed"]
+    assert results(d)[-1] == "exit status 0\nagain\n"
+    assert conversation_problems(log(d)) == []
+
+
 async def test_bxctl_chat_m_exits_6_on_an_approval_and_bxctl_approve_answers_it(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ from loopd.tools import (
     Local,
     ModelAnswer,
     OnAsking,
+    OnDecided,
     Port,
     Registry,
     Result,
@@ -173,7 +174,13 @@ schema_values = st.recursive(
 
 
 class Answers:
-    async def call(self, request: ToolRequest, _: OnAsking, __: Runner | None = None) -> Answered:
+    async def call(
+        self,
+        request: ToolRequest,
+        _: OnAsking,
+        __: Runner | None = None,
+        ___: OnDecided | None = None,
+    ) -> Answered:
         return Answered(Result(f"ran {request.tool}", "public", False))
 
 

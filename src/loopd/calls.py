@@ -31,6 +31,7 @@ from loopd.store import ParentCall, Session
 from loopd.tools import (
     DELEGATE,
     WRITE_TOOLS,
+    Approval,
     Asking,
     CallOrigin,
     ModelAnswer,
@@ -161,12 +162,6 @@ class ToolCalls:
         return number
 
     async def _write(self, call: ToolCall, number: int, answer: ModelAnswer) -> None:
-        if (approval := answer.approval) is not None:
-            tool, decision, by = approval.tool, approval.decision, approval.by
-            await self.session.append(
-                ApprovalRecord(call=number, tool=tool, decision=decision, by=by)
-            )
-            self.on_event(ApprovalDecided(call=number, tool=tool, decision=decision, by=by))
         text, truncated = cap_result(answer.text, self.loop.tool_result_cap)
         if answer.untrusted:
             text = untrusted_envelope(text)
@@ -222,6 +217,16 @@ class ToolCalls:
             )
             self.on_event(approval_needed(asking))
 
+        async def on_decided(approval: Approval) -> None:
+            # A record the moment it is given, before the call runs: a crash or a cancel
+            # while the call runs keeps what the person said (and a `session` grant).
+            tool, decision, by = approval.tool, approval.decision, approval.by
+            with trio.CancelScope(shield=True):
+                await self.session.append(
+                    ApprovalRecord(call=number, tool=tool, decision=decision, by=by)
+                )
+            self.on_event(ApprovalDecided(call=number, tool=tool, decision=decision, by=by))
+
         origin = CallOrigin(self.session.id, number, self.session.granted, self.session.cwd)
         own: dict[str, Any] = {}
         if self.delegate is not None:
@@ -239,6 +244,7 @@ class ToolCalls:
             find_limit=self.find_limit,
             on_asking=on_asking,
             own=own,
+            on_decided=on_decided,
         )
 
     async def _delegate(

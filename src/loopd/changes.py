@@ -40,6 +40,9 @@ from loopd.tools import (
 
 __all__ = ["Blobs", "Hands", "NothingToUndo", "UndoRefused", "undo"]
 
+WRITE_THREADS = 4
+"""Writes and undos at once (each a thread while it reads, copies and fsyncs)."""
+
 
 class Blobs:
     """Content-addressed copies of files: `<sha256>` in one folder."""
@@ -65,6 +68,9 @@ class Hands:
 
     def __init__(self, roots: Roots, blobs: Blobs) -> None:
         self.roots, self.blobs = roots, blobs
+        self.threads = trio.CapacityLimiter(WRITE_THREADS)
+        """File I/O's own threads: a slow disk under the roots never holds up the store's
+        appends, nor they it."""
 
     async def write(  # noqa: PLR0913, PLR0917 - one call's whole context, as the port runs it
         self,
@@ -79,7 +85,7 @@ class Hands:
         preview the plan must match."""
         roots = self.roots.within(session.cwd)
         planned = await trio.to_thread.run_sync(
-            plan, roots, tool, arguments, abandon_on_cancel=True
+            plan, roots, tool, arguments, abandon_on_cancel=True, limiter=self.threads
         )
         if approved is not None and approved.basis is None:
             raise ToolFailure(
@@ -99,8 +105,10 @@ class Hands:
         with trio.CancelScope(shield=True):
             before = None
             if planned.old is not None:
-                before = await trio.to_thread.run_sync(self.blobs.put, planned.old)
-            after = await trio.to_thread.run_sync(self.blobs.put, planned.new)
+                before = await trio.to_thread.run_sync(
+                    self.blobs.put, planned.old, limiter=self.threads
+                )
+            after = await trio.to_thread.run_sync(self.blobs.put, planned.new, limiter=self.threads)
             await session.append(
                 FileChangeRecord(
                     call=call,
@@ -110,7 +118,7 @@ class Hands:
                     after=after,
                 )
             )
-            await trio.to_thread.run_sync(commit, planned)
+            await trio.to_thread.run_sync(commit, planned, limiter=self.threads)
         return ToolOutput(planned.summary())
 
 
@@ -219,7 +227,7 @@ async def undo(session: Session, hands: Hands, call: int | None = None) -> UndoR
     written. Raises `UndoRefused` (or `NothingToUndo`) and changes nothing otherwise."""
     changes = _chosen(session.records, call)
     plan = _plan(changes)
-    await trio.to_thread.run_sync(_put_back, hands, plan)
+    await trio.to_thread.run_sync(_put_back, hands, plan, limiter=hands.threads)
     record = UndoRecord(calls=tuple(sorted({c.call for c in changes})), paths=tuple(sorted(plan)))
     await session.append(record)
     return record

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loopd.records import (
     ApprovalRecord,
+    ApprovalRequestRecord,
     AssistantRecord,
     FileChangeRecord,
     ToolResultRecord,
@@ -29,6 +30,14 @@ async def close_turn(
     results, then say why the turn ended. `said`: for some of those calls (by id), the number
     and the text of their result."""
     waiting = {r.tool_call_id: r for r in open_approvals(session.records)}
+    allowed = {r.call for r in session.records if isinstance(r, ApprovalRecord)} - {
+        r.call for r in session.records if isinstance(r, ApprovalRecord) and r.decision == "deny"
+    }
+    approved = {
+        r.tool_call_id: r.call
+        for r in session.records
+        if isinstance(r, ApprovalRequestRecord) and r.call in allowed
+    }
     for request in waiting.values():
         await session.append(
             ApprovalRecord(call=request.call, tool=request.tool, decision="deny", by="turn_end")
@@ -51,6 +60,9 @@ async def close_turn(
                 elif asked := waiting.pop(call.id, None):
                     why = f"Not run: the turn ended ({ended}) while it waited for approval."
                     number = asked.call
+                elif call.id in approved:
+                    why = f"Interrupted: the turn ended ({ended}) while this approved call ran."
+                    number = approved[call.id]
                 else:
                     why = f"Not run: the turn ended first ({ended})."
                     number = session.next_call()

@@ -12,6 +12,7 @@ from loopd.tools import (
     Asking,
     Executor,
     OnAsking,
+    OnDecided,
     PortHandle,
     Registry,
     Runner,
@@ -60,5 +61,11 @@ class NoTools:
 
     registry = Registry()
 
-    async def call(self, request: ToolRequest, _: OnAsking, __: Runner | None = None) -> Answered:
+    async def call(
+        self,
+        request: ToolRequest,
+        _: OnAsking,
+        __: Runner | None = None,
+        ___: OnDecided | None = None,
+    ) -> Answered:
         raise AssertionError(f"a call reached the port of an empty registry: {request}")

@@ -19,9 +19,9 @@ from loopd.records import DataClass
 from ._dispatch import Local, dispatch
 from ._port import (
     MESSAGE_LIMIT,
-    Approval,
     Asking,
     OnAsking,
+    OnDecided,
     ToolOutput,
     ToolPort,
     ToolRequest,
@@ -58,8 +58,6 @@ class ModelAnswer:
     """What the model reads: the result, or why there is none."""
     data_class: DataClass = "public"
     untrusted: bool = False
-    approval: Approval | None = None
-    """How its approval ended, when it waited for one."""
 
 
 async def answer_call(  # noqa: PLR0913 - one call's whole context
@@ -72,9 +70,11 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
     find_limit: int,
     on_asking: OnAsking,
     own: Mapping[str, CallerTool] | None = None,
+    on_decided: OnDecided | None = None,
 ) -> ModelAnswer:
     """The answer to one call as the model sent it; `own`: tools the caller runs itself, by
-    name (the port still applies their policy)."""
+    name (the port still applies their policy); `on_decided`: hears a person's answer before
+    the call runs."""
     try:
         routed = dispatch(registry, name, arguments, find_limit=find_limit)
         if isinstance(routed, Local):
@@ -83,8 +83,9 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
             origin.session, origin.number, routed.tool, routed.arguments, origin.granted, origin.cwd
         )
         run = (own or {}).get(routed.tool)
-        answered = await port.call(request, on_asking, run and partial(run, routed.arguments))
-        return ModelAnswer(*for_the_model(answered.answer), answered.approval)
+        runner = run and partial(run, routed.arguments)
+        answered = await port.call(request, on_asking, runner, on_decided)
+        return ModelAnswer(*for_the_model(answered.answer))
     except Exception as e:
         log.exception(
             "call %d of session %s (%s) failed inside loopd", origin.number, origin.session, name

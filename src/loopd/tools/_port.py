@@ -1,14 +1,17 @@
-"""The tool-port actor: the policy, approvals, the deadline, and the one place where tools run.
+"""The tool-port actor decides whether a call runs: the policy, the session's grants, and a
+person's answer. It runs nothing: the call then runs in its caller's task (`PortHandle.call`,
+one executor for every tool, under the call's deadline), so cancelling a turn ends its tools
+and sub-agents inside the turn's own scope.
 
-A call is a message in its inbox; each runs in a task of the actor's own, under a cancel
-scope its caller holds, so a cancelled turn or `tools.timeout` ends it at once. The policy
-decides first: `deny` answers at once, `ask` makes the call wait for a person. The actor owns
-the calls in flight and the approvals they wait for; a decision is a message too. A tool that
-raises becomes `Failed` with a short message; the daemon never goes down with a tool.
+A call's question is a message in the actor's inbox; each waits in a task of the actor's own,
+under a cancel scope its caller holds, so a cancelled turn ends its wait at once. `deny`
+answers at once, `ask` makes the call wait for a person. The actor owns the approvals calls
+wait for; a decision is a message too. A tool that raises becomes `Failed` with a short
+message; the daemon never goes down with a tool.
 
     caller ── Call(request) ──▶ port ── Asking ──▶ caller      (only for `ask`)
     client ── Decide(call) ───▶ port
-                                port ── Answered ─▶ caller
+                                port ── Verdict ──▶ caller ── runs the tool
 
 A call its caller runs itself (a `Runner`) is handed the `Asking` it waited on: what the
 person approved, so that a write applies only the change they were shown.
@@ -52,6 +55,7 @@ __all__ = [
     "ToolOutput",
     "ToolPort",
     "ToolRequest",
+    "Verdict",
     "for_the_model",
     "run_tool_port",
 ]
@@ -138,6 +142,8 @@ def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
 
 
 OnAsking = Callable[[Asking], Awaitable[None]]
+OnDecided = Callable[["Approval"], Awaitable[None]]
+"""Hears a person's answer (or its timeout) the moment it is given, before the call runs."""
 Runner = Callable[[Asking | None], Awaitable["ToolOutput"]]
 """A tool the caller runs itself (a sub-agent, a write), under the port's policy and approvals;
 given the `Asking` the call waited on (what the person approved), None when it did not wait."""
@@ -145,7 +151,11 @@ given the `Asking` the call waited on (what the person approved), None when it d
 
 class ToolPort(Protocol):
     async def call(
-        self, request: ToolRequest, on_asking: OnAsking, run: Runner | None = None
+        self,
+        request: ToolRequest,
+        on_asking: OnAsking,
+        run: Runner | None = None,
+        on_decided: OnDecided | None = None,
     ) -> Answered: ...
 
 
@@ -190,14 +200,26 @@ class Previews(Protocol):
 
 # -- the inbox -------------------------------------------------------------------------------
 
-_Note = Asking | outcome.Outcome[Answered]
+
+@dataclass(frozen=True)
+class Verdict:
+    """The port's decision on a call: its tool runs, or `refusal` is its answer."""
+
+    entry: ToolEntry | None
+    refusal: Failed | Denied | None = None
+    approval: Approval | None = None
+    """How its approval ended, when it waited for one."""
+    asking: Asking | None = None
+    """What the person was shown, when it waited."""
+
+
+_Note = Asking | outcome.Outcome[Verdict]
 
 
 @dataclass
 class _Call:
     request: ToolRequest
     reply: trio.MemorySendChannel[_Note]
-    run: Runner | None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -235,20 +257,45 @@ class _Pending:
 class PortHandle:
     """The side of the tool-port actor that turns and the session actor hold."""
 
-    def __init__(self, inbox: trio.MemorySendChannel[_PortMessage], registry: Registry) -> None:
+    def __init__(
+        self,
+        inbox: trio.MemorySendChannel[_PortMessage],
+        registry: Registry,
+        executors: dict[str, Executor],
+        timeout: float,
+    ) -> None:
         self._inbox = inbox
         self.registry = registry
         """Read by `find_tool` and the dispatch checks; only the port's sources change it."""
+        self._executors, self._timeout = executors, timeout
 
     async def call(
-        self, request: ToolRequest, on_asking: OnAsking, run: Runner | None = None
+        self,
+        request: ToolRequest,
+        on_asking: OnAsking,
+        run: Runner | None = None,
+        on_decided: OnDecided | None = None,
     ) -> Answered:
-        """Run one call; `on_asking` hears first if it must wait for approval. Cancelling the
-        caller ends the call (and its wait) at once. `run`: what runs once the policy lets the
-        call go, instead of its source's executor, with no `[tools] timeout` (it keeps its own
+        """Decide one call and run it, in the caller's task: `on_asking` hears first if it must
+        wait for approval, `on_decided` the answer as soon as it is given. Cancelling the caller
+        ends the call (and its wait) at once. `run`: what runs once the policy lets the call
+        go, instead of its source's executor, with no `[tools] timeout` (it keeps its own
         deadlines)."""
+        verdict = await self.approve(request, on_asking)
+        if verdict.approval is not None and on_decided is not None:
+            await on_decided(verdict.approval)
+        if verdict.entry is None or verdict.refusal is not None:
+            refusal = verdict.refusal or Failed(f"the tool {request.tool} is no longer there")
+            return Answered(refusal, verdict.approval)
+        runner = run and partial(run, verdict.asking)
+        answer = await self._execute(verdict.entry, request, runner)
+        return Answered(answer, verdict.approval)
+
+    async def approve(self, request: ToolRequest, on_asking: OnAsking) -> Verdict:
+        """The port's decision on `request`; `on_asking` hears first if it waits for a
+        person."""
         send, receive = trio.open_memory_channel[_Note](2)
-        job = _Call(request, send, run)
+        job = _Call(request, send)
         try:
             try:
                 await self._inbox.send(job)
@@ -261,8 +308,40 @@ class PortHandle:
                     else:
                         return note.unwrap()
         finally:
-            job.scope.cancel()  # a no-op once the call is done; ends it if we were cancelled
+            job.scope.cancel()  # a no-op once decided; ends the wait if we were cancelled
         raise PortStopped("the tool port stopped before it answered: loopd is shutting down")
+
+    async def _execute(
+        self,
+        entry: ToolEntry,
+        request: ToolRequest,
+        run: Callable[[], Awaitable[ToolOutput]] | None,
+    ) -> PortAnswer:
+        """The one place a tool runs, whoever its source: under its deadline, its failures
+        turned into `Failed`."""
+        timeout = math.inf if run else entry.timeout or self._timeout
+        if run is None:
+            if (executor := self._executors.get(entry.source)) is None:
+                return Failed(f"{entry.name} is run by whoever calls it, and this caller cannot")
+            run = partial(executor.run_tool, entry, request)
+        with trio.move_on_after(timeout) as deadline:
+            try:
+                output = await run()
+            except ToolFailure as e:
+                return Failed(str(e)[:MESSAGE_LIMIT])
+            except Exception as e:
+                log.exception(
+                    "tool %s raised (session %s, call %d)",
+                    entry.name,
+                    request.session,
+                    request.call,
+                )
+                return Failed(f"{type(e).__name__}: {e}"[:MESSAGE_LIMIT])
+        if deadline.cancelled_caught:
+            return Failed(f"{entry.name} did not finish within {timeout:g} s and was stopped")
+        if output.is_error:
+            return Failed(output.text[:MESSAGE_LIMIT] or f"{entry.name} reported an error")
+        return Result(output.text, entry.policy.data_class, entry.policy.untrusted)
 
     async def decide(self, session: str, call: int, decision: Decision) -> bool:
         """Answer a waiting approval; False when no call of `session` by that number waits."""
@@ -275,14 +354,11 @@ class PortHandle:
 
 class _PortActor:
     def __init__(
-        self,
-        registry: Registry,
-        executors: dict[str, Executor],
-        timeout: float,
-        approval_timeout: float,
+        self, registry: Registry, executors: dict[str, Executor], approval_timeout: float
     ) -> None:
         self.registry, self.executors = registry, executors
-        self.timeout, self.approval_timeout = timeout, approval_timeout
+        """The executors: here for their previews only."""
+        self.approval_timeout = approval_timeout
         self._pending: dict[tuple[str, int], _Pending] = {}
 
     async def run(self, inbox: trio.MemoryReceiveChannel[_PortMessage]) -> None:
@@ -307,24 +383,24 @@ class _PortActor:
 
     async def _serve(self, job: _Call) -> None:
         async with job.reply:
-            await run_for(job.scope, partial(self._answer, job), partial(answer, job.reply))
+            await run_for(job.scope, partial(self._decide, job), partial(answer, job.reply))
 
-    async def _answer(self, job: _Call) -> Answered:
+    async def _decide(self, job: _Call) -> Verdict:
         request = job.request
         entry = self.registry.get(request.tool)
         if entry is None:
-            return Answered(Failed(f"the tool {request.tool} is no longer there"))
+            return Verdict(None, Failed(f"the tool {request.tool} is no longer there"))
         policy = entry.policy
         if policy.action == "deny":
-            return Answered(Denied(f"the policy for {entry.name} is deny"))
+            return Verdict(entry, Denied(f"the policy for {entry.name} is deny"))
         if policy.action == "ask" and entry.name not in request.granted:
             asking = await self._asking(entry, request)
             approval = await self._approval(job, asking)
             if approval.decision == "deny":
-                return Answered(Denied(_refusal(approval, self.approval_timeout)), approval)
-            run = job.run and partial(job.run, asking)
-            return Answered(await self._run(entry, request, run), approval)
-        return Answered(await self._run(entry, request, job.run and partial(job.run, None)))
+                refusal = Denied(_refusal(approval, self.approval_timeout))
+                return Verdict(entry, refusal, approval, asking)
+            return Verdict(entry, None, approval, asking)
+        return Verdict(entry)
 
     async def _asking(self, entry: ToolEntry, request: ToolRequest) -> Asking:
         policy = entry.policy
@@ -356,36 +432,6 @@ class _PortActor:
             return Approval(asking.tool, "deny", "timeout")
         return Approval(asking.tool, waiting.decision, "user")
 
-    async def _run(
-        self,
-        entry: ToolEntry,
-        request: ToolRequest,
-        run: Callable[[], Awaitable[ToolOutput]] | None,
-    ) -> PortAnswer:
-        timeout = math.inf if run else entry.timeout or self.timeout
-        if run is None:
-            if (executor := self.executors.get(entry.source)) is None:
-                return Failed(f"{entry.name} is run by whoever calls it, and this caller cannot")
-            run = partial(executor.run_tool, entry, request)
-        with trio.move_on_after(timeout) as deadline:
-            try:
-                output = await run()
-            except ToolFailure as e:
-                return Failed(str(e)[:MESSAGE_LIMIT])
-            except Exception as e:
-                log.exception(
-                    "tool %s raised (session %s, call %d)",
-                    entry.name,
-                    request.session,
-                    request.call,
-                )
-                return Failed(f"{type(e).__name__}: {e}"[:MESSAGE_LIMIT])
-        if deadline.cancelled_caught:
-            return Failed(f"{entry.name} did not finish within {timeout:g} s and was stopped")
-        if output.is_error:
-            return Failed(output.text[:MESSAGE_LIMIT] or f"{entry.name} reported an error")
-        return Result(output.text, entry.policy.data_class, entry.policy.untrusted)
-
 
 def _refusal(approval: Approval, timeout: float) -> str:
     if approval.by == "timeout":
@@ -405,9 +451,9 @@ async def run_tool_port(
     # Unbounded, and safe so: every message is a call or a question whose sender waits for the
     # answer, so at most one per turn, sub-agent or client task waits in it.
     send, receive = trio.open_memory_channel[_PortMessage](math.inf)
-    actor = _PortActor(registry, executors, timeout, approval_timeout)
+    actor = _PortActor(registry, executors, approval_timeout)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run, receive)
         async with send:
-            yield PortHandle(send, registry)
+            yield PortHandle(send, registry, executors, timeout)
         nursery.cancel_scope.cancel()
