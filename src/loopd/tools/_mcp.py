@@ -1,12 +1,19 @@
 """MCP servers over stdio as tool sources, with the official `mcp` SDK (it runs on trio
 through anyio).
 
-Each server has a supervisor task in `open_tool_port`'s nursery, beside the port actor, that
-holds its connection open. Its
-tools join the registry as `<server>.<tool>`. The SDK notices a dead server only when a call
-fails, so that call answers `Failed`, the tools are marked unavailable, and the next call
-starts the server again; starts that keep failing back off, up to a minute apart. Nothing a
-server does can take the daemon down.
+Each server is a small state machine owned by one task, its supervisor in `open_tool_port`'s
+nursery beside the port actor:
+
+    starting ──▶ up(client) ──(its connection closed)──▶ down(why) ──(a call wants it)──▶ starting
+        └──(failed, timed out)──▶ down(why, not before T: backoff) ─┘
+    any ──(loopd stops)──▶ stopped
+
+Its tools join the registry as `<server>.<tool>` while it is up. The SDK notices a dead
+server only when a call fails (its connection closed: `CONNECTION_CLOSED`), so that call
+answers `Failed`, the tools are marked unavailable, and the next call starts the server again;
+starts that keep failing back off, up to a minute apart. Callers only read the state and wait
+for it to change; only the supervisor changes it. Nothing a server does can take the daemon
+down.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import mcp.types
@@ -37,85 +45,112 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 30.0
 
 
+@dataclass(frozen=True)
+class Starting:
+    pass
+
+
+@dataclass(frozen=True)
+class Up:
+    client: Client
+    closed: trio.Event = field(default_factory=trio.Event)
+    """Set by a call that found the connection closed: the server is gone."""
+
+
+@dataclass(frozen=True)
+class Down:
+    why: str
+    not_before: float = 0.0
+    """No start before this time (`trio.current_time()`): the backoff after failed starts."""
+    failures: int = 0
+    """Starts that failed in a row."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    pass
+
+
+State = Starting | Up | Down | Stopped
+
+
 class McpSource:
-    """One MCP server: its supervisor task, and the executor of its tools."""
+    """One MCP server: its supervisor task (`supervise`), and the executor of its tools."""
 
     def __init__(
         self, name: str, server: McpServer, registry: Registry, config: ToolsConfig
     ) -> None:
-        self.name = name
-        self.server = server
-        self.registry = registry
-        self.config = config
-        self._client: Client | None = None
+        self.name, self.server = name, server
+        self.registry, self.config = registry, config
+        self.state: State = Starting()
+        self._watchers = trio.lowlevel.ParkingLot()
+        """Callers waiting for the state to change."""
         self._wanted = trio.Event()
-        self._wanted.set()  # start at once
-        self._broken = trio.Event()
-        self._changed = trio.Event()
+        """A caller wants the server started (set by callers, taken by the supervisor)."""
         self.first_start = trio.Event()
         """Set once the first start has succeeded or failed."""
-        self._starts = 0
-        """Start attempts that ended, in success or failure: a caller waits for the next."""
-        self._failures = 0
-        self._not_before = 0.0
-        self._last_error = ""
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+    def _become(self, state: State) -> None:
+        self.state = state
+        self._watchers.unpark_all()
+        if not isinstance(state, Starting):
+            self.first_start.set()
 
     async def supervise(self) -> None:
-        """Start the server whenever it is wanted and not running, until cancelled."""
-        while True:
-            await self._wanted.wait()
-            self._wanted = trio.Event()
-            await self._serve_once()
+        """Start the server at once, and again whenever a call wants it and it is down, until
+        cancelled."""
+        failures = 0
+        try:
+            while True:
+                # Made anew before the server can be down, so no caller's wish comes too early.
+                self._wanted = trio.Event()
+                self._become(Starting())
+                failures = await self._run_once(failures)
+                await self._wanted.wait()
+        finally:
+            self.registry.set_available(self.name, available=False)
+            self._become(Stopped())
 
-    async def _serve_once(self) -> None:
+    async def _run_once(self, failures: int) -> int:
+        """One life of the server, up to its end; the start failures in a row after it."""
         params = StdioServerParameters(
             command=self.server.command[0],
             args=self.server.command[1:],
             env={**os.environ, **self.server.env},
         )
-        started = False
+        up: Up | None = None
         try:
             with trio.CancelScope(deadline=trio.current_time() + START_TIMEOUT) as starting:
                 async with Client(params) as client:
                     listed = await client.list_tools()
                     starting.deadline = math.inf
                     self.registry.set_source(self.name, self._entries(listed.tools))
-                    self._client, self._failures, self._broken = client, 0, trio.Event()
-                    self._starts += 1
-                    started = True
                     log.info("MCP server %s started: %d tools", self.name, len(listed.tools))
-                    self.first_start.set()
-                    self._notify()
-                    await self._broken.wait()
+                    up = Up(client)
+                    self._become(up)
+                    await up.closed.wait()
             if starting.cancelled_caught:
-                self._failed(f"it did not answer within {START_TIMEOUT:g} s")
+                return self._failed(failures, f"it did not answer within {START_TIMEOUT:g} s")
         except Exception as e:  # noqa: BLE001 - whatever a server does, report it and go on
-            if started:
-                log.warning("MCP server %s stopped: %s", self.name, _short(e))
-            else:
-                self._failed(_short(e))
+            if up is None:
+                return self._failed(failures, _short(e))
+            log.warning("MCP server %s stopped: %s", self.name, _short(e))
         finally:
-            self._client = None
             self.registry.set_available(self.name, available=False)
-            self.first_start.set()
-            self._notify()
+        self._become(Down("it stopped; it is started again on the next call"))
+        return 0
 
-    def _failed(self, why: str) -> None:
-        self._starts += 1
-        self._failures += 1
-        self._last_error = why
-        delay = RESTART.delay(self._failures)
-        self._not_before = trio.current_time() + delay
+    def _failed(self, failures: int, why: str) -> int:
+        failures += 1
+        delay = RESTART.delay(failures)
         log.warning(
             "MCP server %s did not start: %s (next try in %.0f s at the earliest)",
             self.name,
             why,
             delay,
         )
+        self._become(Down(why, trio.current_time() + delay, failures))
+        return failures
 
     def _entries(self, tools: list[mcp.types.Tool]) -> list[ToolEntry]:
         entries = []
@@ -134,36 +169,39 @@ class McpSource:
             )
         return entries
 
-    async def _connected(self) -> Client:
-        if self._client is not None:
-            return self._client
-        wait = self._not_before - trio.current_time()
-        if wait > 0:
-            raise ToolFailure(
-                f"MCP server {self.name} is not running ({self._last_error}); "
-                f"the next start is in {wait:.0f} s"
-            )
-        starts = self._starts
-        self._wanted.set()
-        while self._client is None and self._starts == starts:
-            await self._changed.wait()
-        if self._client is None:
-            raise ToolFailure(f"MCP server {self.name} did not start: {self._last_error}")
-        return self._client
+    async def _up(self) -> Up:
+        """The server up, started if a call may start it now; a `ToolFailure` saying why not."""
+        asked = False
+        while True:
+            state = self.state
+            if isinstance(state, Up) and not state.closed.is_set():
+                return state
+            if isinstance(state, Stopped):
+                raise ToolFailure(f"MCP server {self.name} is stopped: loopd is shutting down")
+            if isinstance(state, Down):
+                wait = state.not_before - trio.current_time()
+                if asked and state.failures:
+                    raise ToolFailure(f"MCP server {self.name} did not start: {state.why}")
+                if wait > 0:
+                    raise ToolFailure(
+                        f"MCP server {self.name} is not running ({state.why}); "
+                        f"the next start is in {wait:.0f} s"
+                    )
+                self._wanted.set()
+                asked = True
+            await self._watchers.park()
 
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
         """The MCP server's tools work where the server does: a session's own folder (`cwd`)
         does not reach them."""
-        client = await self._connected()
+        up = await self._up()
         tool = entry.name.removeprefix(f"{self.name}.")
         try:
-            result = await client.call_tool(tool, request.arguments)
+            result = await up.client.call_tool(tool, request.arguments)
         except MCPError as e:
-            if "closed" in str(e).lower():
-                # Down now, for every caller; the supervisor cleans up and restarts on demand.
-                self._client = None
+            if e.code == mcp.types.CONNECTION_CLOSED:
                 self.registry.set_available(self.name, available=False)
-                self._broken.set()
+                up.closed.set()  # the supervisor sees the server gone, and says so
                 raise ToolFailure(
                     f"MCP server {self.name} stopped ({e}); it is started again on the next call"
                 ) from None
