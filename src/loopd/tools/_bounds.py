@@ -196,7 +196,7 @@ class PidsCgroups:
 
     async def remove(self, group: Path) -> None:
         """Kill what is left in `group`, then remove it (a cgroup goes once it is empty)."""
-        pause = 0.0005  # its last processes are usually gone within a millisecond or two
+        pause = 0.0002  # its last processes are usually gone within a millisecond or two
         with trio.move_on_after(5):
             while True:
                 try:

@@ -187,9 +187,14 @@ def _under(path: Path) -> Iterator[Path]:
 def hideable(paths: Sequence[Path], roots: Sequence[Path]) -> list[Path]:
     """`paths` resolved, less the folders that hold a root or the home folder: hiding one of
     those whole would hide the roots, or every dotfile a program reads."""
-    home = Path.home().resolve()
-    resolved = [p.expanduser().resolve() for p in paths]
-    return [p for p in resolved if not any(k.is_relative_to(p) for k in (*roots, home))]
+    kept = [str(k) for k in (*roots, Path.home().resolve())]
+    resolved = [Path(os.path.realpath(p.expanduser())) for p in paths]
+    return [p for p in resolved if not any(_at_or_in(k, str(p)) for k in kept)]
+
+
+def _at_or_in(path: str, folder: str) -> bool:
+    """As `Path.is_relative_to` for absolute, resolved paths, without parsing them again."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def write_protected(path: PurePath) -> str | None:

@@ -123,7 +123,7 @@ class Sandbox:
             protected += [(git, ["--ro-bind", str(git), str(git)]) for git in self._gits(folder)]
         hidden = hideable(self.hidden, self.roots)
         for path in hidden:
-            if any(path != other and path.is_relative_to(other) for other in hidden):
+            if _inside_any(path, hidden):
                 continue  # hidden with the folder it is in
             if path.is_dir():
                 protected.append((path, ["--tmpfs", str(path), "--remount-ro", str(path)]))
@@ -159,7 +159,11 @@ class Sandbox:
 
 
 def _inside_any(path: Path, folders: list[Path]) -> bool:
-    return any(path != folder and path.is_relative_to(folder) for folder in folders)
+    """Whether `path` is strictly inside one of `folders` (all absolute and resolved). As
+    strings: pathlib's `is_relative_to` parses both paths anew each time, and this runs for
+    every pair of mounts of every command."""
+    text = str(path)
+    return any(text.startswith(str(folder).rstrip("/") + "/") for folder in folders)
 
 
 def _git_paths(dot_git: Path) -> list[Path]:
