@@ -13,7 +13,13 @@ from typing import Any
 
 from acp import schema
 
-from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted, ToolResult
+from loopd.events import (
+    AgentUpdate,
+    ApprovalNeeded,
+    ToolCallStarted,
+    ToolResult,
+    WaitingForServer,
+)
 from loopd.infer import Content, Reasoning
 from loopd.proto import TurnFailed, Usage
 from loopd.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
@@ -98,10 +104,11 @@ def update_of(event: object, session: str) -> Update | None:
     editor shows it. A sub-agent's progress shows in the `delegate` call that started it."""
     if isinstance(event, AgentUpdate):
         return _agent_progress(event) if event.parent == session else None
-    if isinstance(event, Reasoning):
-        return schema.AgentThoughtChunk(
-            session_update="agent_thought_chunk", content=_text(event.text)
-        )
+    if isinstance(event, Reasoning | WaitingForServer):
+        # A wait for the server is told as a thought, not as the answer: the editor shows it
+        # while the turn waits, and the message the model then writes stays its own.
+        text = event.text if isinstance(event, Reasoning) else f"({event.said()})\n"
+        return schema.AgentThoughtChunk(session_update="agent_thought_chunk", content=_text(text))
     if isinstance(event, Content):
         return schema.AgentMessageChunk(
             session_update="agent_message_chunk", content=_text(event.text)

@@ -31,6 +31,7 @@ from loopd.events import (
     SessionContinued,
     ToolCallStarted,
     ToolResult,
+    WaitingForServer,
 )
 from loopd.infer import (
     Content,
@@ -81,7 +82,15 @@ HINTS = {
 }
 
 
-_Note = ThinkingCapped | Repeating | Retrying | CacheLoss | Compacting | SessionContinued
+_Note = (
+    ThinkingCapped
+    | Repeating
+    | Retrying
+    | WaitingForServer
+    | CacheLoss
+    | Compacting
+    | SessionContinued
+)
 """Events told as a line under the turn (or as its state)."""
 
 MEASURABLE = 0.05
@@ -197,6 +206,9 @@ class TurnView:
                     style="yellow",
                 )
             )
+        elif isinstance(event, WaitingForServer):
+            self.notes.append(Text(event.said(), style="yellow"))
+            self.state = "waiting for llama-server"
         elif isinstance(event, Compacting):
             self.state = f"summarising session {event.session} to go on in a new one"
         elif isinstance(event, SessionContinued):

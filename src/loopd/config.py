@@ -78,7 +78,8 @@ class _Table(BaseModel):
 
 class RetryConfig(_Table):
     attempts: PositiveInt = 5
-    """Tries in all for connect failures and 503 (model loading)."""
+    """Tries in all of a summary's request on connect failures and 503 (model loading). A
+    turn's request is tried until the server takes it or `[loop] turn_timeout` passes."""
     base: PositiveFloat = 0.5
     """Seconds before the second try; doubled each time, with jitter."""
     cap: PositiveFloat = 8.0

@@ -95,17 +95,20 @@ async def _keep_running(
     spec: LaunchSpec,
     log_path: Path,
     restarted: trio.MemorySendChannel[None],
+    client: Client,
     *,
     task_status: trio.TaskStatus[None],
 ) -> None:
     """Run the embedded llama-server; restart it with backoff whenever it dies, and say so on
-    `restarted` (its slots are empty then)."""
+    `restarted` (its slots are empty then). Meanwhile `client.down` says why it is away, for
+    the turns that wait for it."""
     failures = 0
     started = False
     while True:
         try:
             async with managed_server(spec, log_path) as server:
                 failures = 0
+                client.down = None
                 if not started:
                     task_status.started()
                     started = True
@@ -113,6 +116,7 @@ async def _keep_running(
                     restarted.send_nowait(None)
                 log.info("llama-server is up at %s (pid %d)", server.url, server.process.pid)
                 code = await server.process.wait()
+                client.down = f"it exited with status {code}"
                 log.warning("llama-server exited with status %s; starting it again", code)
         except ServerStartError as e:
             if not started:
@@ -191,6 +195,7 @@ async def _serve(
     # must never block; it restarts at most once per backoff period.
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
+    embedded: Client | None = None
     async with trio.open_nursery() as nursery:
         if config.server.urls:
             models = [await _probe(url) for url in config.server.urls]
@@ -202,10 +207,11 @@ async def _serve(
                 config.server.managed, config.server.slots, config.store.directory.parent
             )
             log_path = config.store.directory.parent / "llama-server.log"
-            await nursery.start(_keep_running, spec, log_path, restarted_send)
-            llamas = [_Llama(f"http://{spec.host}:{spec.port}", spec.model.name)]
+            embedded = _client(config, f"http://{spec.host}:{spec.port}")
+            await nursery.start(_keep_running, spec, log_path, restarted_send, embedded)
+            llamas = [_Llama(embedded.base_url, spec.model.name)]
             slot_directory = spec.slot_save_path
-        clients = [_client(config, llama.url) for llama in llamas]
+        clients = [embedded] if embedded else [_client(config, llama.url) for llama in llamas]
         async with AsyncExitStack() as stack:
             for client in clients:
                 await stack.enter_async_context(client)

@@ -31,6 +31,8 @@ __all__ = [
     "ToolCallStarted",
     "ToolResult",
     "TurnEvent",
+    "WaitReason",
+    "WaitingForServer",
 ]
 
 
@@ -124,6 +126,34 @@ class SessionContinued(_Event):
     summary: str
 
 
+WaitReason = Literal["loading", "restarting", "unreachable"]
+
+
+class WaitingForServer(_Event):
+    """The turn's llama-server cannot take its request yet: the turn tries again until it
+    can, or until the turn's deadline (`[loop] turn_timeout`). Sent when the wait begins and
+    when its reason changes; the wait is over when the request is taken (`waiting`)."""
+
+    kind: Literal["waiting_for_server"] = "waiting_for_server"
+    reason: WaitReason
+    """`loading`: it answers 503 while it loads its model; `restarting`: loopd's own
+    llama-server exited and is being started again; `unreachable`: no connection can be
+    made."""
+    detail: str
+    """The error of the last try, as llama-server or the connection gave it."""
+
+    def said(self) -> str:
+        """The wait in one line, as clients show it."""
+        return f"waiting for llama-server: {_WAITS[self.reason]} ({self.detail})"
+
+
+_WAITS: dict[WaitReason, str] = {
+    "loading": "it is loading its model",
+    "restarting": "it is being restarted",
+    "unreachable": "it cannot be reached",
+}
+
+
 AgentState = Literal["running", "answered", "failed", "cancelled"]
 
 
@@ -158,6 +188,7 @@ TurnEvent = Annotated[
     | ThinkingCapped
     | Repeating
     | Retrying
+    | WaitingForServer
     | ToolCallStarted
     | ApprovalNeeded
     | ApprovalDecided

@@ -15,6 +15,7 @@ group, so nothing is left behind when the watchdog itself is killed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import httpx
 import trio
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LaunchSpec",
@@ -42,14 +45,20 @@ __all__ = [
 STOP_GRACE = 5.0
 # Binding a port we just found free can still lose a race; try a few.
 PORT_ATTEMPTS = 3
+# Seconds between two looks at whether the server's processes are gone.
+GROUP_POLL = 0.02
 
+# The watchdog reads its stdin from the file descriptor itself: a daemon thread blocked in
+# `sys.stdin.buffer.read()` holds the buffered reader's lock, and the interpreter's shutdown,
+# once llama-server has exited, then aborts ("Fatal Python error: _enter_buffered_busy").
 _WATCHDOG = """
-import signal, subprocess, sys, threading
+import os, signal, subprocess, sys, threading
 child = subprocess.Popen(sys.argv[1:])
 for number in (signal.SIGTERM, signal.SIGINT):
     signal.signal(number, lambda n, _: child.send_signal(n))
 def orphaned():
-    sys.stdin.buffer.read()  # end of file: the process that started us is gone
+    while os.read(0, 4096):  # end of file: the process that started us is gone
+        pass
     child.terminate()
 threading.Thread(target=orphaned, daemon=True).start()
 sys.exit(child.wait())
@@ -190,15 +199,35 @@ async def _wait_healthy(server: RunningServer, timeout: float) -> None:
 
 async def stop(process: trio.Process) -> None:
     """SIGTERM to the group, SIGKILL to whatever is left after a grace period; reaps the
-    watchdog and closes its pipe."""
+    watchdog, closes its pipe, and waits until llama-server itself is gone too. The watchdog
+    may have died first (killed on its own): then only the group shows whether llama-server
+    still runs, holding the port a restart would bind."""
     with trio.CancelScope(shield=True):
         _signal_group(process, signal.SIGTERM)
         with trio.move_on_after(STOP_GRACE):
             await process.wait()
+            await _group_gone(process)
         _signal_group(process, signal.SIGKILL)
         await process.wait()
         if process.stdin is not None:
             await process.stdin.aclose()
+        with trio.move_on_after(STOP_GRACE):
+            await _group_gone(process)
+            return
+        log.warning("llama-server (process group %d) is still there after SIGKILL", process.pid)
+
+
+async def _group_gone(process: trio.Process) -> None:
+    """Until no process of the watchdog's group is left. Its members are not our children
+    (llama-server is the watchdog's), so there is nothing to wait on but a look now and then."""
+    while True:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass  # it exists, though not ours to signal
+        await trio.sleep(GROUP_POLL)
 
 
 def _signal_group(process: trio.Process, number: int) -> None:

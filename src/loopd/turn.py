@@ -5,10 +5,12 @@
      ├── TurnLimit     too many tool rounds, a call repeated twice, or the turn's deadline
      └── InferFailed   llama-server could not answer (the InferError is `.error`)
 
-A `StoreError` from the session passes through as it is. Whatever ends a turn (an answer, a
-limit, an error, a cancellation), the log is left a valid conversation: every tool call of the
-last answer has a result (saying why it was not run, if it was not), and a `turn_end` record
-gives the reason. Each record is on disk before the event that reports it is sent.
+A server that cannot take a request yet (loading, restarting, unreachable) is waited for
+(`loopd.waiting`), up to the turn's deadline. A `StoreError` from the session passes through
+as it is. Whatever ends a turn (an answer, a limit, an error, a cancellation), the log is left
+a valid conversation: every tool call of the last answer has a result (saying why it was not
+run, if it was not), and a `turn_end` record gives the reason. Each record is on disk before
+the event that reports it is sent.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
+from loopd.backoff import Backoff
 from loopd.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.changes import Hands
 from loopd.closing import close_turn
@@ -37,10 +40,12 @@ from loopd.infer import (
     ToolCallDelta,
     cache_outcome,
     is_context_full,
+    is_output,
 )
 from loopd.records import (
     AssistantRecord,
     CacheLossRecord,
+    PromptRecord,
     Record,
     TurnEndReason,
     UsageRecord,
@@ -48,6 +53,7 @@ from loopd.records import (
 )
 from loopd.store import Session
 from loopd.tools import Registry, ToolPort
+from loopd.waiting import ServerWait, wait_reason
 
 __all__ = [
     "InferFailed",
@@ -85,9 +91,13 @@ class InferFailed(TurnError):
 
 
 class Inference(Protocol):
-    """What a turn needs of the model: one completion, retried where that is safe."""
+    """What a turn needs of the model: one completion per try, and the backoff between tries
+    while the server cannot take one."""
 
-    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion: ...
+    @property
+    def retry(self) -> Backoff: ...
+
+    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion: ...
 
 
 @dataclass(frozen=True)
@@ -138,14 +148,17 @@ async def run_turn(
     await session.append(UserRecord(content=content))
     reason: TurnEndReason = "error"
     try:
+        think = rt.loop.thinking if thinking is None else thinking
+        turn = _Turn(session, rt, on_event, think)
         with trio.move_on_after(rt.loop.turn_timeout):
-            think = rt.loop.thinking if thinking is None else thinking
-            outcome = await _Turn(session, rt, on_event, think).run()
+            outcome = await turn.run()
             reason = "answer"
             return outcome
         reason = "turn_limit"
+        waited = turn.wait.why() if turn.wait else ""
         raise TurnLimit(
             f"the turn took longer than {rt.loop.turn_timeout:g} s ([{rt.limits}] turn_timeout)"
+            + waited
         )
     except TurnError as e:
         reason = e.reason
@@ -169,6 +182,10 @@ class _Turn:
     def __init__(self, session: Session, rt: Runtime, on_event: OnEvent, thinking: bool) -> None:
         self.session, self.rt, self.on_event = session, rt, on_event
         self.thinking = thinking
+        self.wait: ServerWait | None = None
+        """The waits of the request under way, if it had to wait for the server."""
+        self.output = False
+        """The try under way passed part of an answer on: it is not tried again."""
         self.calls = ToolCalls(
             session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate, rt.hands
         )
@@ -212,16 +229,7 @@ class _Turn:
             max_tokens=rt.loop.max_tokens,
             sampling=rt.sampling,
         )
-        prefill, grammar = rt.prefill(list(session.records)) if rt.prefill else ("", "")
-        try:
-            request, prompt = await next_request(
-                rt.exact, session, generation, prefill=prefill, grammar=grammar
-            )
-            completion = await rt.inference.chat_with_retry(request, self._pass_on)
-        except InferError as e:
-            if is_context_full(e):
-                raise SessionFull(str(e)) from e
-            raise InferFailed(e) from e
+        completion, prompt = await self._send(generation)
         c = completion
         if prompt is not None:
             await session.append(prompt)
@@ -241,7 +249,32 @@ class _Turn:
                 self.on_event(CacheLoss(expected=outcome.expected, cached=outcome.cached))
         return completion, usage
 
+    async def _send(self, generation: Generation) -> tuple[Completion, PromptRecord | None]:
+        """The completion, tried again while the server cannot take the request yet; and the
+        `prompt` record to append with it, if any."""
+        session, rt = self.session, self.rt
+        prefill, grammar = rt.prefill(list(session.records)) if rt.prefill else ("", "")
+        wait = self.wait = ServerWait(rt.inference.retry, self.on_event)
+        while True:
+            self.output = False
+            try:
+                # Built anew each try: with exact history it asks the server too.
+                request, prompt = await next_request(
+                    rt.exact, session, generation, prefill=prefill, grammar=grammar
+                )
+                completion = await rt.inference.chat(request, self._pass_on)
+            except InferError as e:
+                if is_context_full(e):
+                    raise SessionFull(str(e)) from e
+                if self.output or (why := wait_reason(e)) is None:
+                    raise InferFailed(e) from e
+                await wait.after(why, e)
+            else:
+                self.wait = None
+                return completion, prompt
+
     def _pass_on(self, event: ChatEvent) -> None:
+        self.output = self.output or is_output(event)
         # Deltas are dropped: clients hear of a call once it is whole, as ToolCallStarted.
         if not isinstance(event, ToolCallDelta):
             self.on_event(event)

@@ -2,10 +2,11 @@
 
 from ._assemble import THINKING_CAP_GRACE
 from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
-from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts
+from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts, is_output
 from ._errors import (
     BadAnswer,
     ConnectError,
+    ConnectionLost,
     HttpError,
     InferError,
     InferTimeout,
@@ -61,6 +62,7 @@ __all__ = [
     "Client",
     "Completion",
     "ConnectError",
+    "ConnectionLost",
     "Content",
     "EventSink",
     "FormatError",
@@ -94,6 +96,7 @@ __all__ = [
     "decode_arguments",
     "delimiter_pattern",
     "is_context_full",
+    "is_output",
     "is_retryable",
     "learn_format",
     "slot_tokens",

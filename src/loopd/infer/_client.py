@@ -28,6 +28,7 @@ from ._assemble import Assembler
 from ._errors import (
     BadAnswer,
     ConnectError,
+    ConnectionLost,
     HttpError,
     InferError,
     InferTimeout,
@@ -50,7 +51,7 @@ from ._types import (
     template_kwargs,
 )
 
-__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Timeouts"]
+__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Timeouts", "is_output"]
 
 EventSink = Callable[[ChatEvent], None]
 AnyRequest = ChatRequest | PromptRequest
@@ -61,6 +62,11 @@ ERROR_BODY_LIMIT = 64 * 1024
 CLOSE_GRACE = 2.0
 # Events that mean output reached the caller: after one of them, a retry would repeat it.
 _OUTPUT = (Reasoning, Content, ToolCallDelta)
+
+
+def is_output(event: ChatEvent) -> bool:
+    """The event passes on part of the answer: a request that sent one must not be retried."""
+    return isinstance(event, _OUTPUT)
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or RetryPolicy()
+        self.down: str | None = None
+        """Why the server is known to be away (set by whoever runs it: it exited and is
+        being started again); it names the reason when no connection can be made."""
         # Read deadlines are cancel scopes below; httpx keeps only the connect deadline.
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -177,7 +186,7 @@ class Client:
         deadline."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                with _mapped(self.base_url):
+                with _mapped(self.base_url, self.down):
                     return (await self._http.get("/health")).status_code == httpx.codes.OK
             except InferError:
                 return False
@@ -212,7 +221,7 @@ class Client:
     async def _slots(self) -> list[Any] | None:
         with trio.move_on_after(self.timeouts.read):
             try:
-                with _mapped(self.base_url):
+                with _mapped(self.base_url, self.down):
                     response = await self._http.get("/slots")
                 slots = response.json() if response.status_code == 200 else None
             except (InferError, ValueError):
@@ -232,7 +241,7 @@ class Client:
         """A small JSON request and its JSON answer, not a stream, with the read deadline: the
         server's properties, a template's rendering, tokens' text, a slot's save or restore."""
         with trio.move_on_after(self.timeouts.read):
-            with _mapped(self.base_url):
+            with _mapped(self.base_url, self.down):
                 response = await self._http.send(request)
             if response.status_code != 200:
                 raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
@@ -254,7 +263,7 @@ class Client:
 
         def relay(event: ChatEvent) -> None:
             nonlocal passed_on
-            passed_on = passed_on or isinstance(event, _OUTPUT)
+            passed_on = passed_on or is_output(event)
             on_event(event)
 
         attempt = 1
@@ -303,7 +312,7 @@ class Client:
         return opened.unwrap()
 
     async def _open(self, http_request: httpx.Request) -> httpx.Response:
-        with trio.move_on_after(self.timeouts.queue) as waited, _mapped(self.base_url):
+        with trio.move_on_after(self.timeouts.queue) as waited, _mapped(self.base_url, self.down):
             response = await self._http.send(http_request, stream=True)
         if waited.cancelled_caught:
             raise InferTimeout(
@@ -353,7 +362,7 @@ class Client:
         except SSEError as e:
             raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
         except httpx.TransportError as e:  # once the answer began: `_mapped` is for before
-            raise StreamBroken(f"the stream broke: {e!r}") from e
+            raise ConnectionLost(f"the stream broke: {e!r}") from e
 
 
 def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -> Completion | None:
@@ -369,16 +378,17 @@ def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -
 
 
 @contextmanager
-def _mapped(base_url: str) -> Iterator[None]:
+def _mapped(base_url: str, down: str | None) -> Iterator[None]:
     """httpx's errors before an answer began, as loopd's: the one place they are mapped. No
-    connection is a `ConnectError` (retried); a connection that broke before the answer, a
-    `StreamBroken`."""
+    connection is a `ConnectError` (retried), saying why the server is `down` when that is
+    known; a connection that broke before the answer, `ConnectionLost`."""
     try:
         yield
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise ConnectError(f"cannot connect to llama-server at {base_url}: {e}") from e
+        why = f" ({down})" if down else ""
+        raise ConnectError(f"cannot connect to llama-server at {base_url}{why}: {e}", down) from e
     except httpx.TransportError as e:
-        raise StreamBroken(f"llama-server closed the connection before answering: {e!r}") from e
+        raise ConnectionLost(f"llama-server closed the connection before answering: {e!r}") from e
 
 
 async def _close(response: httpx.Response) -> None:

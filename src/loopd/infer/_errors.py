@@ -7,6 +7,7 @@ InferError                  anything that kept a request from completing
  ├── BadAnswer              a JSON endpoint answered 200 without what was asked
  └── StreamError            the answer began but could not be read to its end
       ├── StreamBroken      cut, garbled, or not an event stream at all
+      │    └── ConnectionLost   the connection broke, before the answer or during it
       └── StreamErrorEvent  llama-server reported an error inside the stream
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 __all__ = [
     "BadAnswer",
     "ConnectError",
+    "ConnectionLost",
     "HttpError",
     "InferError",
     "InferTimeout",
@@ -35,6 +37,11 @@ class InferError(Exception):
 
 class ConnectError(InferError):
     """No connection could be made: the server is down, starting, or the address is wrong."""
+
+    def __init__(self, message: str, down: str | None = None) -> None:
+        super().__init__(message)
+        self.down = down
+        """Why loopd knows the server is away (it is being restarted), if it knows."""
 
 
 class HttpError(InferError):
@@ -72,6 +79,11 @@ class StreamError(InferError):
 
 class StreamBroken(StreamError):
     """The stream was cut, ended without `[DONE]`, or was not the stream we asked for."""
+
+
+class ConnectionLost(StreamBroken):
+    """The connection broke: the server died or restarted, or a kept-alive connection it had
+    closed was used again. A turn tries again where no output had been passed on yet."""
 
 
 class StreamErrorEvent(StreamError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ._client import AnyRequest, Client, EventSink, SlotFile
+from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile
 from ._types import Completion
 
 __all__ = ["Slot"]
@@ -17,10 +17,21 @@ class Slot:
     client: Client
     number: int
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The backoff between tries on this slot's server."""
+        return self.client.retry
+
+    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
+        """`request` on this slot, whatever slot it names: one try."""
+        return await self.client.chat(self._pinned(request), on_event)
+
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`request` on this slot, whatever slot it names."""
-        pinned = replace(request, generation=replace(request.generation, slot=self.number))
-        return await self.client.chat_with_retry(pinned, on_event)
+        return await self.client.chat_with_retry(self._pinned(request), on_event)
+
+    def _pinned(self, request: AnyRequest) -> AnyRequest:
+        return replace(request, generation=replace(request.generation, slot=self.number))
 
     async def slot_file(self, action: str, filename: str) -> SlotFile:
         """Save this slot's KV cache to `filename`, or restore it from there."""
