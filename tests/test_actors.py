@@ -106,6 +106,7 @@ def core(tmp_path: Path, served: Any) -> Core:
 async def collect(subscription: Subscription, turns: int) -> list[Published]:
     got: list[Published] = []
     async for message in subscription.receive:
+        assert isinstance(message, Published)
         got.append(message)
         if sum(isinstance(m.item, TurnDone | TurnFailed) for m in got) == turns:
             break
@@ -119,6 +120,7 @@ def read_file(path: str, call_id: str = "c1") -> Reply:
 
 async def next_of(subscription: Subscription, kind: type[T]) -> T:
     async for message in subscription.receive:
+        assert isinstance(message, Published)
         if isinstance(message.item, kind):
             return message.item
     raise AssertionError(f"no {kind.__name__}")

@@ -23,7 +23,7 @@ from bxctl.view import TurnView
 from conftest import StartDaemon
 from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
-from loopd.proto import Event, TurnDone, TurnFailed, Usage
+from loopd.proto import Event, SessionFailed, TurnDone, TurnFailed, Usage
 from loopd.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
 from loopd.store import Store
 from loopd.transcript import transcript
@@ -211,6 +211,17 @@ def test_a_long_answer_shows_only_its_tail_live() -> None:
     assert "line 199" in text
     assert "line 0\n" not in text
     assert len(text.splitlines()) < 25
+
+
+def test_a_failed_session_says_why_and_how_to_go_on() -> None:
+    view = TurnView()
+    view.feed(
+        SessionFailed(session="s1", fault="disk_full", message="the disk is full: s1.jsonl: ...")
+    )
+    view.feed(TurnFailed(id="t", kind="error", message="the disk is full: s1.jsonl: ..."))
+    text = render(view)
+    assert "session s1 failed and is closed: the disk is full: s1.jsonl" in text
+    assert "/resume s1 opens it again" in text
 
 
 @pytest.mark.parametrize(

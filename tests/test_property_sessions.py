@@ -24,7 +24,7 @@ import trio
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from loopd.actors import SessionHandle, Subscription, TurnDone, TurnFailed, open_core
+from loopd.actors import Published, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
 from loopd.canonical import canonical
 from loopd.config import Config
 from loopd.infer import Client
@@ -81,6 +81,7 @@ def config(directory: Path) -> Config:
 async def turn(handle: SessionHandle, subscription: Subscription, turn_id: str, text: str) -> None:
     await handle.send(turn_id, text)
     async for published in subscription.receive:
+        assert isinstance(published, Published)
         if published.turn == turn_id and isinstance(published.item, TurnDone | TurnFailed):
             return
 

@@ -37,7 +37,7 @@ from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
 from loopd import __version__
 from loopd.actors import HISTORY_PAGE
 from loopd.events import ApprovalNeeded
-from loopd.proto import DaemonMessage, Error, Event, History, TurnDone, TurnFailed
+from loopd.proto import DaemonMessage, Error, Event, History, SessionFailed, TurnDone, TurnFailed
 from loopd.records import RECORD
 
 __all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
@@ -56,7 +56,7 @@ LOOPD_UNREACHABLE = -32010
 class _Turn:
     done: trio.Event = field(default_factory=trio.Event)
     end: DaemonMessage | None = None
-    """`turn_done`, `turn_failed` or an `error`; None: loopd went away."""
+    """`turn_done`, `turn_failed`, `session_failed` or an `error`; None: loopd went away."""
 
 
 @dataclass(eq=False)
@@ -213,6 +213,12 @@ class Agent:
         connection = session.connection
         try:
             while (message := await connection.receive()) is not None:
+                if isinstance(message, SessionFailed):
+                    # loopd closed the session: its prompts end with why, and the next
+                    # prompt opens it again on a new connection (`_reconnect`).
+                    for turn in session.turns.values():
+                        turn.end = message
+                    break
                 await self._relay_one(session, message)
         except Unreachable:
             pass
@@ -264,7 +270,13 @@ def _response(end: DaemonMessage | None) -> schema.PromptResponse:
         if (reason := stop_reason(end)) is not None:
             return schema.PromptResponse(stop_reason=reason)
         raise RpcError(INTERNAL_ERROR, f"the turn failed ({end.kind}): {end.message}")
-    assert isinstance(end, Error)  # noqa: S101 - the relay ends turns with these three
+    if isinstance(end, SessionFailed):  # no stop reason says it: an error, as ACP allows
+        raise RpcError(
+            INTERNAL_ERROR,
+            f"loopd closed the session: {end.message}; prompt again to reopen it once that "
+            "is fixed",
+        )
+    assert isinstance(end, Error)  # noqa: S101 - the relay ends turns with these four
     raise RpcError(INTERNAL_ERROR, f"loopd refused the prompt ({end.code}): {end.message}")
 
 

@@ -36,7 +36,16 @@ from bxctl.view import (
 )
 from loopd.backoff import RECONNECT
 from loopd.events import ApprovalNeeded
-from loopd.proto import Error, History, Sessions, Status, TurnFailed, Undone, Welcome
+from loopd.proto import (
+    Error,
+    History,
+    SessionFailed,
+    Sessions,
+    Status,
+    TurnFailed,
+    Undone,
+    Welcome,
+)
 from loopd.records import RECORD
 from loopd.transcript import transcript
 
@@ -358,7 +367,7 @@ async def live_turn(
                     break
                 if isinstance(message, Error) and message.id == turn:
                     view.outcome = TurnFailed(id=turn, kind="error", message=message.message)
-                elif getattr(message, "id", None) == turn:
+                elif getattr(message, "id", None) == turn or isinstance(message, SessionFailed):
                     view.feed(message)
             nursery.cancel_scope.cancel()
     if lost:

@@ -43,7 +43,7 @@ from loopd.infer import (
     ThinkingCapped,
     Waiting,
 )
-from loopd.proto import DaemonMessage, Event, TurnDone, TurnFailed, Usage
+from loopd.proto import DaemonMessage, Event, SessionFailed, TurnDone, TurnFailed, Usage
 from loopd.transcript import approval_line, flags
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "approval_panel",
     "as_tree",
     "context_line",
+    "session_failed",
     "session_line",
     "usage_line",
 ]
@@ -80,6 +81,18 @@ HINTS = {
     "cancelled": "Cancelled. The log keeps everything up to here.",
     "error": "The turn failed; loopd's log says more.",
 }
+
+
+def session_failed(failed: SessionFailed) -> list[Text]:
+    """What a person reads when loopd closed the session: why, and how to go on."""
+    return [
+        Text(f"session {failed.session} failed and is closed: {failed.message}", style="bold red"),
+        Text(
+            f"Nothing written before is lost. Once that is fixed, /resume {failed.session} "
+            "opens it again; /new starts a fresh one.",
+            style="red",
+        ),
+    ]
 
 
 _Note = (
@@ -139,6 +152,8 @@ class TurnView:
     def feed(self, message: DaemonMessage) -> None:
         if isinstance(message, TurnDone | TurnFailed):
             self.outcome = message
+        elif isinstance(message, SessionFailed):
+            self.notes += session_failed(message)
         elif isinstance(message, Event):
             self._event(message.event)
 

@@ -19,7 +19,7 @@ from loopd.baseline import messages
 from loopd.canonical import canonical
 from loopd.channel import DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
-from loopd.daemon import StartupError, serve
+from loopd.daemon import StartupError, Unusable, serve
 from loopd.records import conversation_problems
 from loopd.store import Store, StoreError
 from loopd.tools import (
@@ -202,7 +202,9 @@ def _serve(config: Config, args: argparse.Namespace, source: Path | None) -> int
         trio.run(serve, config, socket_path, source)
     except BaseException as e:
         error = innermost(e)
-        if not isinstance(error, (DaemonRunning, StartupError, StoreError, UnsafeSocket, OSError)):
+        if not isinstance(
+            error, (DaemonRunning, StartupError, StoreError, Unusable, UnsafeSocket, OSError)
+        ):
             raise
         print(f"loopd: {error}", file=sys.stderr)
         return EXIT_RUNNING if isinstance(error, DaemonRunning) else EXIT_FAILED

@@ -1,12 +1,14 @@
 """`loopd serve`: one nursery that supervises everything a running loopd is.
 
     serve ─┬─ signals            SIGINT/SIGTERM: say goodbye, stop; a second one: exit now
+           ├─ own files          its socket or its store folder gone: say why, stop, exit 1
            ├─ llama-server       the embedded default: started, watched, restarted with backoff
            └─ open_core ── channel server
 
 Start-up fails early and clearly: a live daemon on the socket, no llama-server or model to
 start. Shutdown cancels the running turns (their logs stay valid), saves the caches the slots
-hold, says `bye` to every client, removes the socket, and exits 0.
+hold, says `bye` to every client, removes the socket, and exits 0. Only what leaves loopd unable
+to serve anyone stops it otherwise (`Unusable`); a session that fails closes alone (`actors`).
 """
 
 from __future__ import annotations
@@ -25,18 +27,20 @@ import trio
 
 from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
-from loopd.channel import ChannelServer, DaemonInfo, open_socket
+from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket
 from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.store import Store
 
-__all__ = ["StartupError", "launch_spec", "serve"]
+__all__ = ["StartupError", "Unusable", "launch_spec", "serve"]
 
 log = logging.getLogger(__name__)
 
 HEALTH_EVERY = 1.0
 """Seconds between two looks at an external llama-server's `/health`."""
+OWN_FILES_EVERY = 1.0
+"""Seconds between two looks at loopd's socket and store folder."""
 HEALTH_TIMEOUT = 5.0
 """Seconds a `/health` answer may take before the server counts as not answering; also the
 start-up probe's deadline."""
@@ -44,6 +48,10 @@ start-up probe's deadline."""
 
 class StartupError(Exception):
     """loopd cannot start; the message says why and what to do."""
+
+
+class Unusable(Exception):
+    """loopd stopped because it could no longer serve anyone; the message says why."""
 
 
 def launch_spec(managed: ManagedServer, slots: int, state: Path) -> LaunchSpec:
@@ -148,10 +156,12 @@ class _Stop:
     starting: trio.CancelScope = field(default_factory=trio.CancelScope)
     serving: trio.CancelScope | None = None
     channel: ChannelServer | None = None
+    unusable: str | None = None
+    """Why loopd stops on its own, when it does."""
 
-    async def stop(self) -> None:
+    async def stop(self, why: str = "loopd is shutting down") -> None:
         if self.channel is not None:
-            await self.channel.goodbye("loopd is shutting down")
+            await self.channel.goodbye(why)
         (self.serving or self.starting).cancel()
 
 
@@ -167,6 +177,8 @@ async def serve(config: Config, socket_path: Path, config_file: Path | None = No
             with stop.starting:
                 await _open_and_serve(config, socket_path, stop, private)
             nursery.cancel_scope.cancel()
+    if stop.unusable is not None:
+        raise Unusable(f"loopd stopped: {stop.unusable}")
     log.info("stopped")
 
 
@@ -178,7 +190,10 @@ async def _open_and_serve(
     log.info("listening on %s", socket_path)
     try:
         with store.hold():
-            await _serve(config, store, unix.listener, stop, private)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_own_files, store, unix, stop)
+                await _serve(config, store, unix.listener, stop, private)
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await unix.aclose()
@@ -270,6 +285,18 @@ async def _watch_health(url: str, pool: PoolHandle) -> None:
                         url,
                     )
             await trio.sleep(HEALTH_EVERY)
+
+
+async def _watch_own_files(store: Store, unix: UnixSocket, stop: _Stop) -> None:
+    """Stop loopd when it can no longer serve anyone: its socket gone (no client can reach it,
+    and no new loopd can start while this one holds the store) or its store folder gone (the
+    logs it writes would be found by nobody). Anything smaller is a session's own failure."""
+    # Polled: a file's removal sends no event loopd could wait for without inotify.
+    while (why := unix.gone() or store.gone()) is None:  # noqa: ASYNC110
+        await trio.sleep(OWN_FILES_EVERY)
+    log.error("%s: loopd cannot serve anyone and stops", why)
+    stop.unusable = why
+    await stop.stop(f"loopd stops: {why}")
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:

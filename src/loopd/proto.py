@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 from loopd.events import TurnEvent
 from loopd.records import Decision, FailureKind, UsageRecord
 from loopd.store import SessionInfo as StoredSession
+from loopd.store import WriteFault
 
 __all__ = [
     "CLIENT_MESSAGE",
@@ -35,6 +36,7 @@ __all__ = [
     "NewSession",
     "OpenSession",
     "Send",
+    "SessionFailed",
     "SessionInfo",
     "Sessions",
     "SessionsRequest",
@@ -255,6 +257,20 @@ class TurnFailed(_Message):
     message: str
 
 
+class SessionFailed(_Message):
+    """The session's log could not be written, so loopd closed the session; every other
+    session goes on. Each of its turns, running or waiting, then ends with `turn_failed`. The
+    client stays in it, and what it sends is answered `session_unavailable`, until it opens it
+    again (`open_session` with its id, or `hello`), which works once the cause is gone."""
+
+    type: Literal["session_failed"] = "session_failed"
+    session: str
+    fault: WriteFault
+    """`disk_full`, `read_only` (loopd may no longer write there), `io_error`, or `other`."""
+    message: str
+    """What happened: `the disk is full: ...`, with the system's error."""
+
+
 class SlotInfo(_Message):
     server: str
     """The llama-server it is a slot of."""
@@ -393,6 +409,7 @@ DaemonMessage = Annotated[
     | Event
     | TurnDone
     | TurnFailed
+    | SessionFailed
     | Status
     | Sessions
     | History

@@ -15,6 +15,7 @@ never skipped. One process writes a session at a time (an exclusive `flock` on t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 import trio
 from pydantic import TypeAdapter, ValidationError
@@ -54,6 +55,8 @@ __all__ = [
     "Store",
     "StoreError",
     "UnknownSession",
+    "WriteFault",
+    "fault_of",
     "new_session_id",
     "parse_log",
 ]
@@ -86,6 +89,28 @@ class CorruptLog(StoreError):
         super().__init__(f"{path}:{line}: {reason}")
         self.path = path
         self.line = line
+
+
+WriteFault = Literal["disk_full", "read_only", "io_error", "other"]
+"""Why a log could not be written, as clients are told (`session_failed`)."""
+
+_FAULTS: dict[int, tuple[WriteFault, str]] = {
+    errno.ENOSPC: ("disk_full", "the disk is full"),
+    errno.EDQUOT: ("disk_full", "the disk quota is used up"),
+    errno.EROFS: ("read_only", "the session's log folder is read-only"),
+    errno.EACCES: ("read_only", "loopd may no longer write the session's log"),
+    errno.EPERM: ("read_only", "loopd may no longer write the session's log"),
+    errno.EIO: ("io_error", "an I/O error on the session's log"),
+}
+
+
+def fault_of(error: StoreError) -> tuple[WriteFault, str]:
+    """What a failed write means, from the system's error under it, and a message that
+    says it first and the details after."""
+    cause = error.__cause__
+    code = cause.errno if isinstance(cause, OSError) else None
+    fault, what = _FAULTS.get(code or 0, ("other", "the session's log could not be written"))
+    return fault, f"{what}: {error}"
 
 
 def new_session_id(at: datetime | None = None) -> str:
@@ -218,6 +243,8 @@ class Store:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._held: tuple[int, int] | None = None
+        """The device and inode of the `.lock` this process holds, while it holds it."""
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -226,9 +253,26 @@ class Store:
         fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             _lock(fd, self.directory)
+            info = os.fstat(fd)
+            self._held = (info.st_dev, info.st_ino)
             yield
         finally:
+            self._held = None
             os.close(fd)
+
+    def gone(self) -> str | None:
+        """Why the store held by `hold` can no longer be used, if it cannot: its folder was
+        removed or replaced. Logs still open would be written to files nobody can find, and
+        new ones where no lock keeps a second loopd out."""
+        if self._held is None:
+            return None
+        try:
+            info = (self.directory / ".lock").stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return f"its store folder {self.directory} was removed"
+        if (info.st_dev, info.st_ino) != self._held:
+            return f"its store folder {self.directory} was replaced"
+        return None
 
     def path_of(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
@@ -298,7 +342,6 @@ class Store:
         parent: ParentCall | None,
         cwd: Path | None,
     ) -> Session:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = now()
         header = SessionHeader(
             id=new_session_id(created),
@@ -317,18 +360,24 @@ class Store:
         staging = self.directory / f".{header.id}{SUFFIX}.partial"
         # Written and locked under a hidden name, then renamed: a log is never seen without
         # its header, and nobody can take it between the rename and our lock.
-        fd = os.open(
-            staging, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
-        )
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(
+                staging, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+            )
+        except OSError as e:
+            raise StoreError(f"{self.directory}: cannot create a session: {e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.write(fd, dump(header))
             os.fsync(fd)
             staging.rename(path)
             _fsync_directory(self.directory)
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
             staging.unlink(missing_ok=True)
+            if isinstance(e, OSError):  # a full disk, a read-only folder: said as the store's
+                raise StoreError(f"{self.directory}: cannot create a session: {e}") from e
             raise
         return Session(path, fd, header, [])
 

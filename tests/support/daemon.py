@@ -29,6 +29,8 @@ class Daemon:
     slot files)."""
     env: dict[str, str] | None = None
     """loopd's environment (None: the test's own)."""
+    wrap: tuple[str, ...] = ()
+    """A command `serve` runs under, given loopd's own as its last arguments (`unshare ...`)."""
     process: trio.Process | None = None
     log: Path = field(init=False)
     clients: list[LineClient] = field(default_factory=list)
@@ -58,7 +60,7 @@ class Daemon:
     async def start(self, *args: str) -> None:
         with self.log.open("ab") as log:
             self.process = await trio.lowlevel.open_process(
-                self.command("serve", *args), stdout=log, stderr=log, env=self.env
+                [*self.wrap, *self.command("serve", *args)], stdout=log, stderr=log, env=self.env
             )
         with trio.fail_after(30):
             while not await self._answers():

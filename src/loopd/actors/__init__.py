@@ -43,6 +43,7 @@ from ._errors import (
     FolderNotAllowed,
     NoSuchSession,
     SessionError,
+    SessionFailed,
     SessionUnavailable,
     TooManySessions,
 )
@@ -56,6 +57,7 @@ from ._session_inbox import (
     SessionHandle,
     SessionStatus,
     Subscription,
+    SubscriptionItem,
     TurnDone,
     TurnFailed,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "Published",
     "SessionActor",
     "SessionError",
+    "SessionFailed",
     "SessionHandle",
     "SessionHooks",
     "SessionRegistry",
@@ -83,6 +86,7 @@ __all__ = [
     "SessionUnavailable",
     "SlotView",
     "Subscription",
+    "SubscriptionItem",
     "TooManySessions",
     "TurnDone",
     "TurnFailed",

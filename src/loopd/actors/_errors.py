@@ -2,7 +2,16 @@
 meaning, so a caller catches `SessionError` and tells the kinds apart by type. Nothing was done
 when one is raised. The store's and the tools' own errors are translated here, at the edge of
 the actors, and go no further.
+
+`SessionFailed` is not one of them: it is how a session actor ends when its log cannot be
+written, caught by the registry that supervises it (that session closes, no other).
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loopd.store import StoreError, WriteFault, fault_of
 
 __all__ = [
     "Busy",
@@ -11,6 +20,7 @@ __all__ = [
     "FolderNotAllowed",
     "NoSuchSession",
     "SessionError",
+    "SessionFailed",
     "SessionUnavailable",
     "TooManySessions",
 ]
@@ -47,3 +57,22 @@ class FolderNotAllowed(SessionError):
 
 class CannotUndo(SessionError):
     """Nothing to undo, or a file changed since the calls wrote it: nothing was put back."""
+
+
+@dataclass(eq=False)
+class SessionFailed(Exception):
+    """A session actor stopped because its log could not be written; what happened, as its
+    clients are told (`session_failed`)."""
+
+    session: str
+    fault: WriteFault
+    message: str
+    """What happened, first in words (`the disk is full: ...`), then the system's error."""
+
+    @classmethod
+    def of(cls, session: str, error: StoreError) -> SessionFailed:
+        fault, message = fault_of(error)
+        return cls(session, fault, message)
+
+    def __str__(self) -> str:
+        return f"session {self.session} failed: {self.message}"

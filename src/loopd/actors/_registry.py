@@ -21,7 +21,13 @@ from loopd.records import Baseline
 from loopd.store import Session, SessionInfo, Store, StoreError, UnknownSession
 from loopd.tools import FolderRefused, Roots
 
-from ._errors import FolderNotAllowed, NoSuchSession, SessionUnavailable, TooManySessions
+from ._errors import (
+    FolderNotAllowed,
+    NoSuchSession,
+    SessionFailed,
+    SessionUnavailable,
+    TooManySessions,
+)
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import SessionHandle
 
@@ -121,14 +127,13 @@ class SessionRegistry:
             self._pending[key] = opened
         try:
             if which == NEW:
-                session = await self.store.create(self._baseline(), cwd=cwd)
+                session = await self._new(cwd)
                 log.info("new session %s", session.id)
             else:
                 session = await self._stored(which)
                 log.info(
                     "session %s: %d records, %d turns", which, len(session.records), session.turns
                 )
-                await close_interrupted(self.store, session)
             live = _Live({session.id})
             live.handle = await self._nursery.start(self._serve, session, live)
         finally:
@@ -138,24 +143,50 @@ class SessionRegistry:
         self._by_handle[live.handle] = live
         return live.handle, session.id
 
+    async def _new(self, cwd: Path | None) -> Session:
+        try:
+            return await self.store.create(self._baseline(), cwd=cwd)
+        except StoreError as e:  # a full disk, a folder loopd may not write
+            log.warning("a new session could not be created: %s", e)
+            raise SessionUnavailable(str(e)) from None
+
     async def _stored(self, which: str) -> Session:
         try:
             session = await self.store.open(which)
         except UnknownSession as e:
             raise NoSuchSession(str(e)) from None
         except StoreError as e:  # locked by another process, or a log that does not read
+            log.warning("session %s cannot be opened: %s", which, e)
+            raise SessionUnavailable(str(e)) from None
+        try:
+            await close_interrupted(self.store, session)
+        except StoreError as e:  # its closing records could not be written: not opened
+            session.close()
+            log.warning("session %s cannot be opened: %s", which, e)
             raise SessionUnavailable(str(e)) from None
         return session
 
     async def _serve(
         self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]
     ) -> None:
+        """Supervise one session actor: its failure closes that session alone, and is
+        forgotten, so the next client to ask for the session opens it again."""
         actor = self._actor(session, _Hooks(self, live))
         try:
             with live.scope:
                 await actor.run(task_status=task_status)
+        except SessionFailed as e:
+            log.error("%s; it is closed, every other session goes on", e)  # noqa: TRY400 - no bug
+            self._forget_failed(live)
         finally:
             live.done.set()
+
+    def _forget_failed(self, live: _Live) -> None:
+        for session in live.ids:
+            if self._by_id.get(session) is live:
+                del self._by_id[session]
+        if live.handle is not None and self._by_handle.get(live.handle) is live:
+            del self._by_handle[live.handle]
 
     def detach(self, handle: SessionHandle) -> None:
         """A client left the session of `handle`."""

@@ -34,7 +34,14 @@ from loopd.tools import PortHandle
 from loopd.turn import InferFailed, Runtime, SessionFull, TurnError, TurnOutcome, run_turn
 
 from ._agents import Agents
-from ._errors import Busy, CannotUndo, DuplicateTurn, SessionError, SessionUnavailable
+from ._errors import (
+    Busy,
+    CannotUndo,
+    DuplicateTurn,
+    SessionError,
+    SessionFailed,
+    SessionUnavailable,
+)
 from ._pool import Lease, PoolHandle
 from ._session_inbox import (
     HISTORY_PAGE,
@@ -50,6 +57,7 @@ from ._session_inbox import (
     Status,
     Subscribe,
     Subscription,
+    SubscriptionItem,
     TurnDone,
     TurnFailed,
     Undo,
@@ -118,18 +126,26 @@ class SessionActor:
         self._wake = trio.Event()
         self._subscribers: list[Subscription] = []
         self._running: tuple[str, trio.CancelScope] | None = None
+        self._stop = trio.CancelScope()
+        """Cancelled when the session fails: the actor stops, and `run` raises the failure."""
+        self._failure: SessionFailed | None = None
 
     async def serve(self, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
-        async with inbox:
-            async for message in inbox:
-                try:
-                    await self._take(message)
-                except SessionError as e:
-                    reply_error(message.reply, e)
-                except UndoRefused as e:
-                    reply_error(message.reply, CannotUndo(str(e)))
-                except StoreError as e:  # the log could not be written
-                    reply_error(message.reply, SessionUnavailable(str(e)))
+        """Answer messages until cancelled; `run` closes the inbox, answering what is left."""
+        async for message in inbox:
+            try:
+                await self._take(message)
+            except SessionError as e:
+                reply_error(message.reply, e)
+            except UndoRefused as e:
+                reply_error(message.reply, CannotUndo(str(e)))
+            except StoreError as e:  # the log could not be written: that request fails
+                reply_error(message.reply, SessionUnavailable(str(e)))
+            except trio.Cancelled:
+                # The actor stops with this message in hand: its asker must not wait forever.
+                # (One answered already keeps that answer: its reply channel holds one.)
+                reply_error(message.reply, SessionUnavailable(self._closed_because()))
+                raise
 
     async def _take(self, message: SessionMessage) -> None:
         if isinstance(message, Send | Compact):
@@ -224,7 +240,7 @@ class SessionActor:
             pending += [approval_needed(a, child) for a in await self.port.pending(child)]
         return tuple(Published(turn, event) for event in pending)
 
-    def _publish(self, message: Published) -> None:
+    def _publish(self, message: SubscriptionItem) -> None:
         self._subscribers = [s for s in self._subscribers if s.offer(message)]
 
     async def run_turns(self) -> None:
@@ -269,9 +285,9 @@ class SessionActor:
             except SummaryFailed as e:
                 self._publish(Published(message.turn, TurnFailed("error", str(e))))
             except StoreError as e:
-                log.exception("the session log could not be written")
-                self._publish(Published(message.turn, TurnFailed("error", str(e))))
-                raise
+                # The log cannot be written: the session cannot go on. It closes; its
+                # supervisor (the registry) says so, and every other session goes on.
+                self._fail(message.turn, SessionFailed.of(self.session.id, e))
             except Exception as e:
                 # A bug in a turn ends that turn (its log closed as `error`), never the actor:
                 # the next message is served.
@@ -284,6 +300,23 @@ class SessionActor:
             self._publish(
                 Published(message.turn, TurnFailed("cancelled", "the turn was cancelled"))
             )
+
+    def _closed_because(self) -> str:
+        if self._failure is None:
+            return "the session was closed"
+        return f"{self._failure}; open it again (open_session) once that is fixed"
+
+    def _fail(self, turn: str, failure: SessionFailed) -> None:
+        """End the session: its clients hear why, then each of its turns ends, the running
+        one and those that wait, none of which will run."""
+        self._publish(failure)
+        self._publish(Published(turn, TurnFailed("error", failure.message)))
+        for waiting in self._queue:
+            not_run = TurnFailed("error", f"not run, the session failed: {failure.message}")
+            self._publish(Published(waiting.turn, not_run))
+        self._queue.clear()
+        self._failure = failure
+        self._stop.cancel()
 
     @asynccontextmanager
     async def _slot(self, on_event: Callable[[TurnEvent], None]) -> AsyncIterator[Lease]:
@@ -395,21 +428,39 @@ class SessionActor:
         self, *, task_status: trio.TaskStatus[SessionHandle] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve the session (and the sessions that continue it) until cancelled; the actor
-        closes its session when it stops."""
+        closes its session when it stops. Raises `SessionFailed` when its log could not be
+        written (its clients were told)."""
         # Unbounded, and safe so: every sender waits for its answer (`ask`), so what waits in
         # it is at most one message per client task, and clients are bounded
         # (`[channel] max_clients`).
         send, receive = trio.open_memory_channel[SessionMessage](math.inf)
         handle = SessionHandle(send)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.run_turns)
-                nursery.start_soon(self.serve, receive)
-                task_status.started(handle)
+            with self._stop:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.run_turns)
+                    nursery.start_soon(self.serve, receive)
+                    task_status.started(handle)
         finally:
+            handle.closed_because = self._closed_because()
+            _close_inbox(receive, handle.closed_because)
             for subscription in self._subscribers:
                 subscription.close()
             self.session.close()
+        if self._failure is not None:
+            raise self._failure
+
+
+def _close_inbox(inbox: trio.MemoryReceiveChannel[SessionMessage], why: str) -> None:
+    """Answer what waits unread, then close: with no checkpoint between the two, no asker is
+    left waiting for an answer that never comes (a later one finds the inbox closed)."""
+    while True:
+        try:
+            message = inbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+        reply_error(message.reply, SessionUnavailable(why))
+    inbox.close()
 
 
 def _check_restore(session: Session, start: int, restored: int) -> None:

@@ -7,9 +7,10 @@ answers with (a `SessionError`) is raised in the caller.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import trio
 
@@ -17,6 +18,8 @@ from loopd.events import TurnEvent
 from loopd.inbox import Reply, ask
 from loopd.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
+
+from ._errors import SessionFailed, SessionUnavailable
 
 __all__ = [
     "HISTORY_PAGE",
@@ -26,12 +29,15 @@ __all__ = [
     "SessionMessage",
     "SessionStatus",
     "Subscription",
+    "SubscriptionItem",
     "TurnDone",
     "TurnFailed",
 ]
 
 HISTORY_PAGE = 500
 """Records in one history answer at most."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,15 +58,19 @@ class Published:
     item: TurnEvent | TurnDone | TurnFailed
 
 
+SubscriptionItem = Published | SessionFailed
+"""What a subscriber hears: a turn's events, and last, if its log fails, the session's end."""
+
+
 class Subscription:
     def __init__(self, buffer: int) -> None:
-        self._send, self.receive = trio.open_memory_channel[Published](buffer)
+        self._send, self.receive = trio.open_memory_channel[SubscriptionItem](buffer)
         self.lagged = False
         """Set when it fell behind and was dropped. Written once, by the session actor, just
         before it closes the channel; read by the subscriber only once the channel has ended:
         the close orders the two, so the flag needs no owner of its own."""
 
-    def offer(self, message: Published) -> bool:
+    def offer(self, message: SubscriptionItem) -> bool:
         try:
             self._send.send_nowait(message)
         except trio.WouldBlock:
@@ -170,46 +180,54 @@ class SessionHandle:
 
     def __init__(self, inbox: trio.MemorySendChannel[SessionMessage]) -> None:
         self._inbox = inbox
+        self.closed_because = "the session was closed"
+        """What a message to an actor that stopped is answered with (`SessionUnavailable`)."""
+
+    async def _ask(self, build: Callable[[Reply[T]], SessionMessage]) -> T:
+        try:
+            return await ask(self._inbox, build)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise SessionUnavailable(self.closed_because) from None
 
     async def send(self, turn: str, content: str, thinking: bool | None = None) -> int:
         """Queue a user message; its position (0: runs now). Raises `Busy` when too many wait."""
-        return await ask(self._inbox, lambda r: Send(turn, content, thinking, r))
+        return await self._ask(lambda r: Send(turn, content, thinking, r))
 
     async def compact(self, turn: str) -> int:
         """Queue a compaction (run like a turn, by the id `turn`): the model summarises the
         session and a new one continues from the summary. Its position, as for `send`."""
-        return await ask(self._inbox, lambda r: Compact(turn, r))
+        return await self._ask(lambda r: Compact(turn, r))
 
     async def cancel(self, turn: str) -> bool:
         """Cancel a running or waiting turn; False when there is no such turn."""
-        return await ask(self._inbox, lambda r: Cancel(turn, r))
+        return await self._ask(lambda r: Cancel(turn, r))
 
     async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
         """Records of the current session from `start` (negative: from the end) to `end`, at
         most `HISTORY_PAGE` of them."""
-        return await ask(self._inbox, lambda r: History(start, end, r))
+        return await self._ask(lambda r: History(start, end, r))
 
     async def status(self) -> SessionStatus:
-        return await ask(self._inbox, Status)
+        return await self._ask(Status)
 
     async def subscribe(self, buffer: int) -> Subscription:
-        return await ask(self._inbox, lambda r: Subscribe(buffer, r))
+        return await self._ask(lambda r: Subscribe(buffer, r))
 
     async def unsubscribe(self, subscription: Subscription) -> None:
         # Shielded, so a leaving client does not leave its channel behind; bounded, for an
         # actor that stopped with the message unread. (A stopped actor has closed every
         # subscription already.)
-        gone = (trio.BrokenResourceError, trio.ClosedResourceError)
+        gone = (trio.BrokenResourceError, trio.ClosedResourceError, SessionUnavailable)
         with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(*gone):
-            await ask(self._inbox, partial(Unsubscribe, subscription))
+            await self._ask(partial(Unsubscribe, subscription))
 
     async def undo(self, call: int | None = None) -> UndoRecord:
         """Put back what call `call` (None: the last turn that changed files) changed. Raises
         `Busy` while a turn runs, `CannotUndo` when there is nothing to undo or a file changed
         since."""
-        return await ask(self._inbox, lambda r: Undo(call, r))
+        return await self._ask(lambda r: Undo(call, r))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);
         False when call `call` of that session waits for none."""
-        return await ask(self._inbox, lambda r: Decide(call, decision, session, r))
+        return await self._ask(lambda r: Decide(call, decision, session, r))

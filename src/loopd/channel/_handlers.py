@@ -22,10 +22,12 @@ from loopd.actors import (
     NoSuchSession,
     Published,
     SessionError,
+    SessionFailed,
     SessionHandle,
     SessionStatus,
     SessionUnavailable,
     Subscription,
+    SubscriptionItem,
     TooManySessions,
     TurnDone,
     TurnFailed,
@@ -61,8 +63,12 @@ class Client:
     moved: trio.Event = field(default_factory=trio.Event)
     """Set when it moves to another session (then replaced)."""
 
-    def shown(self, published: Published) -> proto.DaemonMessage | None:
+    def shown(self, published: SubscriptionItem) -> proto.DaemonMessage | None:
         """The line a published event becomes for this client, if it may see it."""
+        if isinstance(published, SessionFailed):  # the session's end: every client's concern
+            return proto.SessionFailed(
+                session=published.session, fault=published.fault, message=published.message
+            )
         if not (published.turn.startswith(self.prefix) or self.watch_all):
             return None
         return line_of(published)

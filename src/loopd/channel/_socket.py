@@ -58,6 +58,16 @@ class UnixSocket:
     inode: int
     """The socket file's inode when bound: it is unlinked on close only if it is still ours."""
 
+    def gone(self) -> str | None:
+        """Why clients can no longer reach loopd here, if they cannot: the socket file was
+        removed or another took its place. (A new loopd could not start either: this one
+        holds the store.)"""
+        try:
+            inode = self.path.stat().st_ino
+        except (FileNotFoundError, NotADirectoryError):
+            return f"its socket {self.path} was removed"
+        return None if inode == self.inode else f"its socket {self.path} was replaced"
+
     async def aclose(self) -> None:
         with contextlib.suppress(OSError):
             if self.path.stat().st_ino == self.inode:

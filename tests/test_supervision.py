@@ -1,0 +1,160 @@
+"""Supervision, attacked through real processes: a session whose log can no longer be written
+closes alone (`session_failed`) while loopd and every other session go on; only what leaves
+loopd unable to serve anyone (its store folder, its socket gone) stops it, saying why.
+docs/architecture.md's supervision table names these tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conftest import NO_SLOT_FILES, StartDaemon
+from loopd.baseline import DEFAULT_SYSTEM_PROMPT, make_baseline
+from loopd.records import UserRecord, conversation_problems
+from loopd.store import Store, parse_log
+from support.daemon import Daemon, LineClient
+from support.fake_llama import FakeLlama, Reply
+from support.replay import ReplayServer
+
+AS_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="mounts a small tmpfs in a private mount namespace: needs root and unshare",
+)
+
+
+async def _hello(d: Daemon, session: str) -> tuple[LineClient, str]:
+    client = await d.connect()
+    await client.send({"type": "hello", "session": session})
+    welcome = (await client.until("welcome"))[-1]
+    return client, str(welcome["session"])
+
+
+async def _answer(client: LineClient, kind: str) -> dict[str, Any]:
+    """The next line of type `kind`, the events before it skipped."""
+    return (await client.until(kind))[-1]
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the file system of `folder` to the last block; the file that does it."""
+    filler = folder / "filler"
+    space = os.statvfs(folder)
+    filler.write_bytes(b"\0" * (space.f_bavail * space.f_frsize))
+    assert os.statvfs(folder).f_bavail == 0
+    return filler
+
+
+async def _with_a_log_on_a_small_disk(
+    tmp_path: Path, server: ReplayServer
+) -> tuple[Daemon, Path, Path]:
+    """loopd, in a mount namespace of its own, with one session's log on a small tmpfs
+    (bind-mounted over its file; every other log on the real disk); the log's path, and the
+    folder of the tmpfs as the test reaches it (through loopd's root in /proc)."""
+    store = Store(tmp_path / "loopd" / "sessions")
+    with await store.create(make_baseline(DEFAULT_SYSTEM_PROMPT)) as made:
+        log_path = made.path
+    small = tmp_path / "small"
+    small.mkdir()
+    mounts = (
+        f"mount -t tmpfs -o size=256k tmpfs {small} && cp {log_path} {small}/ && "
+        f'mount --bind {small / log_path.name} {log_path} && exec "$@"'
+    )
+    d = Daemon(
+        tmp_path / "loopd",
+        server.url,
+        slots=NO_SLOT_FILES,
+        wrap=("unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, "sh"),
+    )
+    await d.start()
+    assert d.process is not None
+    return d, log_path, Path(f"/proc/{d.process.pid}/root") / small.relative_to("/")
+
+
+@AS_ROOT
+async def test_a_session_on_a_full_disk_fails_alone_and_opens_again_once_space_is_back(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """One session's log lives on a small tmpfs, the others on the real disk. The tmpfs fills
+    up: that session gets `session_failed` while two others finish their turns and a third
+    opens, and loopd answers `status` throughout; once space is back it opens again and goes
+    on, its log whole."""
+    answer = Reply(content=" ".join(f"w{n}" for n in range(30)), delay=0.02)
+    server = ReplayServer([FakeLlama([answer] * 12)] * 12, slots=4)
+    await nursery.start(server.run)
+    d, log_path, small = await _with_a_log_on_a_small_disk(tmp_path, server)
+    assert d.process is not None
+    failing = log_path.name.removesuffix(".jsonl")
+    try:
+        a, _ = await _hello(d, failing)
+        assert (await a.turn("a1", "remember: the kettle is blue"))[-1]["type"] == "turn_done"
+        b, _ = await _hello(d, "new")
+        c, _ = await _hello(d, "new")
+        filler = _fill(small)
+
+        await b.send({"type": "send", "id": "b1", "content": "a long answer, please"})
+        await c.send({"type": "send", "id": "c1", "content": "another long answer"})
+        await a.send({"type": "send", "id": "a2", "content": "x" * 20_000})
+        failed = await _answer(a, "session_failed")
+        assert failed["session"] == failing
+        assert failed["fault"] == "disk_full"
+        assert failed["message"].startswith("the disk is full: ")
+        ended = await _answer(a, "turn_failed")
+        assert (ended["id"], ended["kind"]) == ("a2", "error")
+
+        assert (await _answer(b, "turn_done"))["id"] == "b1"
+        assert (await _answer(c, "turn_done"))["id"] == "c1"
+        await b.send({"type": "status"})
+        assert (await _answer(b, "status"))["turns"] == 1
+        _, third = await _hello(d, "new")
+        assert third != failing
+        await a.send({"type": "send", "id": "a3", "content": "hello?"})
+        refused = await _answer(a, "error")
+        assert refused["code"] == "session_unavailable"
+        assert "the disk is full" in refused["message"]
+        assert d.process.poll() is None
+
+        filler.unlink()
+        await a.send({"type": "open_session", "id": failing})
+        assert (await _answer(a, "welcome"))["session"] == failing
+        assert (await a.turn("a4", "what colour is the kettle?"))[-1]["type"] == "turn_done"
+        data = (small / log_path.name).read_bytes()  # loopd's log, as loopd sees it
+        _, records, torn = parse_log(log_path, data, failing)
+        assert torn == 0
+        assert conversation_problems(records) == []
+        said = [r.content for r in records if isinstance(r, UserRecord)]
+        assert said == ["remember: the kettle is blue", "what colour is the kettle?"]
+        assert f"session {failing} failed: the disk is full" in d.log.read_text()
+    finally:
+        await d.end()
+
+
+async def test_loopd_stops_saying_why_when_its_store_folder_is_removed(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon(FakeLlama([Reply(content="fine")]))
+    client = await d.connect()
+    assert (await client.turn("t1", "hello"))[-1]["type"] == "turn_done"
+    folder = d.home / "sessions"
+    shutil.rmtree(folder)
+    bye = await _answer(client, "bye")
+    assert bye["reason"] == f"loopd stops: its store folder {folder} was removed"
+    assert d.process is not None
+    with trio.fail_after(30):
+        assert await d.process.wait() == 1
+    assert f"loopd: loopd stopped: its store folder {folder} was removed" in d.log.read_text()
+
+
+async def test_loopd_stops_saying_why_when_its_socket_is_removed(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([]))
+    client, _ = await _hello(d, "new")
+    d.socket.unlink()
+    bye = await _answer(client, "bye")
+    assert bye["reason"] == f"loopd stops: its socket {d.socket} was removed"
+    assert d.process is not None
+    with trio.fail_after(30):
+        assert await d.process.wait() == 1
+    assert f"loopd: loopd stopped: its socket {d.socket} was removed" in d.log.read_text()
