@@ -19,6 +19,7 @@ from loopd.store import Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from test_bxctl import Tmux
+from test_tools_write import eventually, processes
 
 EXIT_APPROVAL = 6
 
@@ -247,6 +248,11 @@ async def test_kill_9_after_an_approval_keeps_it_as_given_and_its_grant(
     assert (decided["decision"], decided["by"]) == ("session", "user")
     await d.kill()
     assert approvals(d) == [(1, "run_command", "session", "user")]
+
+    async def command_gone() -> bool:
+        return "sleep 60" not in await processes()
+
+    assert await eventually(command_gone)  # the sandbox dies with loopd, however it ends
     await d.start()
     client = await d.connect()
     await client.send({"type": "hello"})

@@ -405,6 +405,14 @@ async def test_a_fork_bomb_ends_and_loopd_answers_meanwhile(daemon: StartDaemon)
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_a_command_runs_past_ten_seconds(tmp_path: Path) -> None:
+    """bubblewrap's --die-with-parent is bound to the thread that forked it: forked in one of
+    trio's worker threads, which ends after 10 s idle, every longer command was killed then."""
+    sandbox = Sandbox([tmp_path])
+    status, output = await run_command(sandbox, "sleep 12; echo finished", tmp_path, 60)
+    assert (status, output) == (0, "finished\n")
+
+
 async def test_a_process_past_its_memory_bound_fails_to_allocate(tmp_path: Path) -> None:
     """`[tools.run] max_memory_mb` per process (RLIMIT_DATA, which binds root too)."""
     grab = f"{PYTHON} -c \"b = bytearray(512 * 1024 * 1024); print('GOT IT')\""

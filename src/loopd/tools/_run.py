@@ -128,7 +128,10 @@ async def run_command(
                 group = cgroups.make(sandbox.max_processes)
             except OSError as e:
                 raise ToolFailure(f"no cgroup could be made to bound the command: {e}") from e
-            argv = cgroups.joined(group, argv)
+            # Killed with loopd from its first instant: the shell that joins the cgroup runs
+            # before bubblewrap can ask for that itself.
+            setpriv = _program("setpriv", sandbox.roots)
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *cgroups.joined(group, argv)]
         status, output = await _run(argv, folder, timeout, sandbox.env, (program,))
     finally:
         os.close(program)
@@ -148,7 +151,11 @@ async def _run(
     env: Mapping[str, str] | None,
     fds: tuple[int, ...],
 ) -> tuple[int | None, str]:
-    process = await trio.lowlevel.open_process(
+    # Forked here, in loopd's own thread, not by trio.lowlevel.open_process, which forks in a
+    # worker thread: a parent-death signal (bubblewrap's --die-with-parent, setpriv's) is
+    # bound to the thread that forked, and trio ends an idle worker thread after 10 s, which
+    # killed every command that ran longer. A fork and exec is a millisecond or two.
+    process = subprocess.Popen(  # noqa: ASYNC220 - see above
         argv,
         cwd=folder,
         env=env,
@@ -158,27 +165,33 @@ async def _run(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # a group of its own, killed whole
     )
-    head, tail, total = bytearray(), bytearray(), 0
     assert process.stdout is not None  # noqa: S101 - asked for above
+    stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
+    process.stdout.close()
+    exited = os.pidfd_open(process.pid)
+    head, tail, total = bytearray(), bytearray(), 0
     try:
         with trio.move_on_after(timeout) as deadline:
-            while chunk := await process.stdout.receive_some(READ_CHUNK):
+            while chunk := await stdout.receive_some(READ_CHUNK):
                 total += len(chunk)
                 room = max(KEEP_BYTES - len(head), 0)
                 head += chunk[:room]
                 if len(chunk) > room:  # the middle goes: the last KEEP_BYTES are kept
                     tail = (tail + chunk[room:])[-KEEP_BYTES:]
-            await process.wait()
+            await trio.lowlevel.wait_readable(exited)
     finally:
-        _kill_group(process)
+        _kill_group(process.pid)
         with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await process.wait()
+            await trio.lowlevel.wait_readable(exited)
+        os.close(exited)
+        await stdout.aclose()
+        process.poll()  # reaped, if it is gone
     output = _output(bytes(head), bytes(tail), total)
     if deadline.cancelled_caught:
         return None, output
     return process.returncode, output
 
 
-def _kill_group(process: trio.Process) -> None:
+def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
