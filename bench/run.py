@@ -196,8 +196,10 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             "## 15. The agent's hands",
             "",
             (
-                f"bench/hands.py: `true` through `run_command`, in the bubblewrap sandbox and "
-                f"bare, fork to exit (median of {f['runs']}); an `edit_file` of a "
+                f"bench/hands.py: `true` through `run_command`, in the sandbox (bubblewrap, "
+                "the seccomp filter, the process bound, the hidden paths), bare, and in the "
+                "previous release's sandbox (bubblewrap's namespaces and mounts only), fork to "
+                f"exit (median of {f['runs']}, alternating); an `edit_file` of a "
                 f"{f['size'] // 1024} KiB file (read, edit, diff, both contents kept, the log "
                 "record, a temporary file, fsync, rename) against a plain write of the same "
                 f"bytes with one fsync (median of {f['edits']})."
