@@ -15,7 +15,7 @@ from typing import TypeVar
 import trio
 
 from loopd.events import TurnEvent
-from loopd.inbox import Reply, ask
+from loopd.inbox import Reply, ask, reply_error
 from loopd.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
 
@@ -23,6 +23,7 @@ from ._errors import SessionFailed, SessionUnavailable
 
 __all__ = [
     "HISTORY_PAGE",
+    "Fanout",
     "HistoryPage",
     "Published",
     "SessionHandle",
@@ -32,6 +33,7 @@ __all__ = [
     "SubscriptionItem",
     "TurnDone",
     "TurnFailed",
+    "close_inbox",
 ]
 
 HISTORY_PAGE = 500
@@ -59,7 +61,8 @@ class Published:
 
 
 SubscriptionItem = Published | SessionFailed
-"""What a subscriber hears: a turn's events, and last, if its log fails, the session's end."""
+"""What a subscriber hears: a turn's events, and, if its log fails, the session's end (then the
+`turn_failed` of each of its turns)."""
 
 
 class Subscription:
@@ -85,6 +88,31 @@ class Subscription:
         self._send.close()
 
 
+class Fanout:
+    """A session's subscribers: each message offered to all, a subscriber that falls behind
+    dropped (`Subscription.offer`), never the sender."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscription] = []
+
+    def subscribe(self, buffer: int) -> Subscription:
+        subscription = Subscription(buffer)
+        self._subscribers.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        subscription.close()
+        if subscription in self._subscribers:
+            self._subscribers.remove(subscription)
+
+    def publish(self, message: SubscriptionItem) -> None:
+        self._subscribers = [s for s in self._subscribers if s.offer(message)]
+
+    def close(self) -> None:
+        for subscription in self._subscribers:
+            subscription.close()
+
+
 @dataclass(frozen=True)
 class SessionStatus:
     session: str
@@ -106,6 +134,16 @@ class HistoryPage:
     session: str
     start: int
     records: Sequence[Record]
+
+    @classmethod
+    def of(
+        cls, session: str, records: Sequence[Record], start: int | None, end: int | None
+    ) -> HistoryPage:
+        """Records `start` (negative: from the end) to `end`, `HISTORY_PAGE` at most."""
+        begin = start or 0
+        first = begin if begin >= 0 else max(0, len(records) + begin)
+        stop = len(records) if end is None else min(end, len(records))
+        return cls(session, first, records[first : min(stop, first + HISTORY_PAGE)])
 
 
 # -- the inbox -------------------------------------------------------------------------------
@@ -231,3 +269,15 @@ class SessionHandle:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);
         False when call `call` of that session waits for none."""
         return await self._ask(lambda r: Decide(call, decision, session, r))
+
+
+def close_inbox(inbox: trio.MemoryReceiveChannel[SessionMessage], why: str) -> None:
+    """Answer what waits unread, then close: with no checkpoint between the two, no asker is
+    left waiting for an answer that never comes (a later one finds the inbox closed)."""
+    while True:
+        try:
+            message = inbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+        reply_error(message.reply, SessionUnavailable(why))
+    inbox.close()
