@@ -345,3 +345,40 @@ async def test_the_chat_asks_and_y_n_a_answer(daemon: StartDaemon, tmp_path: Pat
         (3, "read_file", "session", "user"),
     ]
     assert results(d)[-2:] == ["buy milk", "buy milk"]
+
+
+async def test_a_call_id_an_earlier_answer_used_for_an_approved_call_is_not_taken_for_it(
+    tmp_path: Path,
+) -> None:
+    """Ids repeat across answers (a raw stream numbers them afresh each time): closing a turn
+    says a call of the last answer ran approved only if that answer's call was approved."""
+    from loopd.baseline import make_baseline  # noqa: PLC0415 - this test alone
+    from loopd.closing import close_turn  # noqa: PLC0415
+    from loopd.infer import ToolCall  # noqa: PLC0415
+    from loopd.records import (  # noqa: PLC0415
+        ApprovalRequestRecord,
+        AssistantRecord,
+        UserRecord,
+    )
+
+    call = ToolCall(id="call00001", name="call_tool", arguments="{}")
+    with await Store(tmp_path / "sessions").create(make_baseline()) as session:
+        await session.append(UserRecord(content="go"))
+        await session.append(AssistantRecord(content=None, tool_calls=(call,)))
+        number = session.next_call()
+        await session.append(
+            ApprovalRequestRecord(
+                call=number, tool_call_id=call.id, tool="run_command", arguments={}
+            )
+        )
+        await session.append(
+            ApprovalRecord(call=number, tool="run_command", decision="once", by="user")
+        )
+        await session.append(
+            ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content="ran")
+        )
+        await session.append(AssistantRecord(content=None, tool_calls=(call,)))
+        await close_turn(session, "cancelled")
+        last = [r for r in session.records if isinstance(r, ToolResultRecord)][-1]
+    assert last.content == "Not run: the turn ended first (cancelled)."
+    assert last.call != number

@@ -18,7 +18,8 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before try `attempt + 1`, after `attempt` (from 1) failed."""
-        ceiling = min(self.cap, self.base * 2.0 ** (attempt - 1))
+        # The exponent capped too: 2.0 ** 1024 overflows, and a long wait tries that often.
+        ceiling = min(self.cap, self.base * 2.0 ** min(attempt - 1, 64))
         return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
 
 

@@ -27,7 +27,7 @@ from loopd.records import (
     ApprovalRequestRecord,
     ToolResultRecord,
 )
-from loopd.store import ParentCall, Session
+from loopd.store import ParentCall, Session, StoreError
 from loopd.tools import (
     DELEGATE,
     WRITE_TOOLS,
@@ -202,8 +202,19 @@ class ToolCalls:
         return None
 
     async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
+        # A record the log could not take ends the turn (and the session): it is raised here,
+        # not read by the model as a failed call, whatever the call's boundary made of it.
+        unwritten: list[StoreError] = []
+
+        async def logged(record: ApprovalRequestRecord | ApprovalRecord) -> None:
+            try:
+                await self.session.append(record)
+            except StoreError as e:
+                unwritten.append(e)
+                raise
+
         async def on_asking(asking: Asking) -> None:
-            await self.session.append(
+            await logged(
                 ApprovalRequestRecord(
                     call=number,
                     tool_call_id=call.id,
@@ -222,9 +233,7 @@ class ToolCalls:
             # while the call runs keeps what the person said (and a `session` grant).
             tool, decision, by = approval.tool, approval.decision, approval.by
             with trio.CancelScope(shield=True):
-                await self.session.append(
-                    ApprovalRecord(call=number, tool=tool, decision=decision, by=by)
-                )
+                await logged(ApprovalRecord(call=number, tool=tool, decision=decision, by=by))
             self.on_event(ApprovalDecided(call=number, tool=tool, decision=decision, by=by))
 
         origin = CallOrigin(self.session.id, number, self.session.granted, self.session.cwd)
@@ -235,7 +244,7 @@ class ToolCalls:
         if self.hands is not None:
             for tool in WRITE_TOOLS:  # the change goes to the log before the file
                 own[tool] = partial(self.hands.write, self.session, number, call.id, tool)
-        return await answer_call(
+        answer = await answer_call(
             self.registry,
             self.port,
             call.name,
@@ -246,6 +255,9 @@ class ToolCalls:
             own=own,
             on_decided=on_decided,
         )
+        if unwritten:
+            raise unwritten[0]
+        return answer
 
     async def _delegate(
         self,

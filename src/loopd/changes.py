@@ -71,6 +71,9 @@ class Hands:
         self.threads = trio.CapacityLimiter(WRITE_THREADS)
         """File I/O's own threads: a slow disk under the roots never holds up the store's
         appends, nor they it."""
+        self._writing = trio.CapacityLimiter(WRITE_THREADS)
+        """The shielded part's own: plans abandoned on a hung disk keep their threads, and a
+        change already recorded must never wait behind them, where no cancel reaches."""
 
     async def write(  # noqa: PLR0913, PLR0917 - one call's whole context, as the port runs it
         self,
@@ -106,9 +109,11 @@ class Hands:
             before = None
             if planned.old is not None:
                 before = await trio.to_thread.run_sync(
-                    self.blobs.put, planned.old, limiter=self.threads
+                    self.blobs.put, planned.old, limiter=self._writing
                 )
-            after = await trio.to_thread.run_sync(self.blobs.put, planned.new, limiter=self.threads)
+            after = await trio.to_thread.run_sync(
+                self.blobs.put, planned.new, limiter=self._writing
+            )
             await session.append(
                 FileChangeRecord(
                     call=call,
@@ -118,7 +123,7 @@ class Hands:
                     after=after,
                 )
             )
-            await trio.to_thread.run_sync(commit, planned, limiter=self.threads)
+            await trio.to_thread.run_sync(commit, planned, limiter=self._writing)
         return ToolOutput(planned.summary())
 
 

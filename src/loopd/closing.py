@@ -33,11 +33,6 @@ async def close_turn(
     allowed = {r.call for r in session.records if isinstance(r, ApprovalRecord)} - {
         r.call for r in session.records if isinstance(r, ApprovalRecord) and r.decision == "deny"
     }
-    approved = {
-        r.tool_call_id: r.call
-        for r in session.records
-        if isinstance(r, ApprovalRequestRecord) and r.call in allowed
-    }
     for request in waiting.values():
         await session.append(
             ApprovalRecord(call=request.call, tool=request.tool, decision="deny", by="turn_end")
@@ -46,6 +41,12 @@ async def close_turn(
     for index in range(len(records) - 1, -1, -1):
         last = records[index]
         if isinstance(last, AssistantRecord):
+            # The calls of this answer that a person let run (ids repeat across answers).
+            approved = {
+                r.tool_call_id: r.call
+                for r in records[index:]
+                if isinstance(r, ApprovalRequestRecord) and r.call in allowed
+            }
             # Results go in call order; counted, since a model may give two calls one id.
             answered = Counter(
                 r.tool_call_id for r in records[index:] if isinstance(r, ToolResultRecord)

@@ -229,6 +229,15 @@ class Builtins:
             return self
         return Builtins([cwd], self.timeout, self.run, self._threads, self._private)
 
+    async def check_hidden(self) -> None:
+        """Refuse while a hidden path inside the roots has a second name (`Roots.tampered`):
+        a walk of the hidden folders inside the roots, in a thread of the tools'."""
+        why = await trio.to_thread.run_sync(
+            self.roots.tampered, abandon_on_cancel=True, limiter=self._threads
+        )
+        if why is not None:
+            raise ToolFailure(why)
+
     async def preview(self, entry: ToolEntry, request: ToolRequest) -> Preview | None:
         """A write's or an edit's diff (with its basis), a command with its folder and sandbox;
         or why the call will fail."""
@@ -251,8 +260,8 @@ class Builtins:
 
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
         tools = self.within(request.cwd)
-        if entry.name in _FILE_TOOLS and (why := tools.roots.tampered()):
-            raise ToolFailure(why)
+        if entry.name in _FILE_TOOLS:
+            await tools.check_hidden()
         if entry.name == "run_command":
             return await tools.run_command(request.arguments)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first

@@ -24,6 +24,8 @@ __all__ = [
 ]
 
 SNIFF_BYTES = 8192
+LOCK_PREFIX = ".#lk"
+"""GnuPG's lock files (`.#lk0x...`), which it makes as hard links of its own."""
 """Enough of a file to tell text from binary the way git does: a NUL byte."""
 
 
@@ -137,7 +139,10 @@ class Roots:
                     info = path.lstat()
                 except FileNotFoundError:
                     continue
-                if stat.S_ISLNK(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
+                linked = stat.S_ISREG(info.st_mode) and info.st_nlink > 1
+                if linked and path.name.startswith(LOCK_PREFIX):
+                    continue  # GnuPG's own lock files are hard links, by design
+                if stat.S_ISLNK(info.st_mode) or linked:
                     kind = "a link" if stat.S_ISLNK(info.st_mode) else "a file with another name"
                     return (
                         f"{path} is hidden from the tools, and is {kind}: a command may have "

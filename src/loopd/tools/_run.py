@@ -60,6 +60,22 @@ def sandbox_missing() -> str | None:
     return seccomp_unavailable()
 
 
+@functools.cache
+def _pdeathsig_supported(setpriv: str) -> bool:
+    """Whether this setpriv has --pdeathsig (util-linux 2.33 and later)."""
+    done = subprocess.run([setpriv, "--help"], capture_output=True, text=True, check=False)
+    return "--pdeathsig" in done.stdout
+
+
+def _with_pdeathsig(roots: Sequence[Path]) -> list[str]:
+    """What runs a program killed when loopd ends (empty where setpriv cannot: then only
+    bubblewrap asks for that, a moment later)."""
+    setpriv = _program("setpriv", roots)
+    if not _pdeathsig_supported(setpriv):
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--"]
+
+
 def _program(name: str, roots: Sequence[Path]) -> str:
     """`name`'s absolute path on loopd's own PATH (never the command's), refused when it lies
     inside a root: a command could put its own program there, one that sandboxes nothing."""
@@ -130,8 +146,7 @@ async def run_command(
                 raise ToolFailure(f"no cgroup could be made to bound the command: {e}") from e
             # Killed with loopd from its first instant: the shell that joins the cgroup runs
             # before bubblewrap can ask for that itself.
-            setpriv = _program("setpriv", sandbox.roots)
-            argv = [setpriv, "--pdeathsig", "KILL", "--", *cgroups.joined(group, argv)]
+            argv = [*_with_pdeathsig(sandbox.roots), *cgroups.joined(group, argv)]
         status, output = await _run(argv, folder, timeout, sandbox.env, (program,))
     finally:
         os.close(program)
@@ -165,31 +180,43 @@ async def _run(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # a group of its own, killed whole
     )
-    assert process.stdout is not None  # noqa: S101 - asked for above
-    stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
-    process.stdout.close()
-    exited = os.pidfd_open(process.pid)
     head, tail, total = bytearray(), bytearray(), 0
     try:
-        with trio.move_on_after(timeout) as deadline:
-            while chunk := await stdout.receive_some(READ_CHUNK):
-                total += len(chunk)
-                room = max(KEEP_BYTES - len(head), 0)
-                head += chunk[:room]
-                if len(chunk) > room:  # the middle goes: the last KEEP_BYTES are kept
-                    tail = (tail + chunk[room:])[-KEEP_BYTES:]
-            await trio.lowlevel.wait_readable(exited)
+        assert process.stdout is not None  # noqa: S101 - asked for above
+        with process.stdout:
+            stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
+        async with stdout:
+            with trio.move_on_after(timeout) as deadline:
+                while chunk := await stdout.receive_some(READ_CHUNK):
+                    total += len(chunk)
+                    room = max(KEEP_BYTES - len(head), 0)
+                    head += chunk[:room]
+                    if len(chunk) > room:  # the middle goes: the last KEEP_BYTES are kept
+                        tail = (tail + chunk[room:])[-KEEP_BYTES:]
+                await _exited(process)
     finally:
         _kill_group(process.pid)
         with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await trio.lowlevel.wait_readable(exited)
-        os.close(exited)
-        await stdout.aclose()
-        process.poll()  # reaped, if it is gone
+            await _exited(process)
     output = _output(bytes(head), bytes(tail), total)
     if deadline.cancelled_caught:
         return None, output
     return process.returncode, output
+
+
+async def _exited(process: subprocess.Popen[bytes]) -> None:
+    """Until `process` has ended, reaped. Through a pidfd where the kernel has them (5.3), in
+    a thread otherwise; never by trio's own child watching, which is for its processes."""
+    try:
+        exited = os.pidfd_open(process.pid)
+    except OSError:  # ENOSYS, or a sandbox that refuses it
+        await trio.to_thread.run_sync(process.wait, abandon_on_cancel=True)
+        return
+    try:
+        await trio.lowlevel.wait_readable(exited)
+    finally:
+        os.close(exited)
+    process.wait()  # it has ended: no wait
 
 
 def _kill_group(pid: int) -> None:

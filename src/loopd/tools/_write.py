@@ -90,6 +90,8 @@ class Planned:
 def plan(roots: Roots, tool: str, arguments: dict[str, Any]) -> Planned:
     """The change `write_file` or `edit_file` would make; a `ToolFailure` saying why not."""
     shown = arguments["path"]
+    if why := roots.tampered():  # an edit's diff would show what a second name reads
+        raise ToolFailure(why)
     path = roots.resolve(shown)
     if why := write_protected(path):
         raise ToolFailure(f"{shown}: not written: {why}")
