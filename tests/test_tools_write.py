@@ -209,8 +209,18 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10) -
     return False
 
 
+SLEEPER = f"sleep 300.{os.getpid()}"
+"""A command of this test run's own: another `sleep 300` on the machine is not ours."""
+
+
+async def sleepers() -> list[str]:
+    """Our sleepers still there, as `ps` shows them (with their parents, to say why)."""
+    done = await trio.run_process(["ps", "-eo", "pid,ppid,stat,args"], capture_stdout=True)
+    return [line for line in done.stdout.decode().splitlines() if SLEEPER in line]
+
+
 async def no_sleeper() -> bool:
-    return "sleep 300" not in await processes()
+    return not await sleepers()
 
 
 def alive(pid: int) -> bool:
@@ -225,7 +235,8 @@ def alive(pid: int) -> bool:
 async def test_a_command_past_its_timeout_is_killed_with_its_children(root: Path) -> None:
     for sandbox in (Sandbox([root], network=False), Sandbox([root], network=False, enabled=False)):
         started = time.monotonic()
-        status, _ = await run_command(sandbox, "sleep 300 & echo $! > child.pid; wait", root, 1)
+        command = f"{SLEEPER} & echo $! > child.pid; wait"
+        status, _ = await run_command(sandbox, command, root, 1)
         assert status is None
         assert time.monotonic() - started < 10
         if not sandbox.enabled:  # the child's pid is the machine's: it must be gone
@@ -235,15 +246,15 @@ async def test_a_command_past_its_timeout_is_killed_with_its_children(root: Path
                 return not alive(child)
 
             assert await eventually(child_gone)
-    assert await eventually(no_sleeper)
+    assert await eventually(no_sleeper), await sleepers()
 
 
 async def test_a_cancel_kills_the_command_at_once(root: Path) -> None:
     started = time.monotonic()
     with trio.move_on_after(0.5):
-        await run_command(Sandbox([root], network=False), "sleep 300", root, 60)
+        await run_command(Sandbox([root], network=False), SLEEPER, root, 60)
     assert time.monotonic() - started < 5
-    assert await eventually(no_sleeper)
+    assert await eventually(no_sleeper), await sleepers()
 
 
 async def test_output_past_what_loopd_keeps_loses_its_middle_with_a_marker(root: Path) -> None:
