@@ -28,7 +28,7 @@ from loopd.records import (
 )
 from loopd.server_proc import STOP_GRACE
 from loopd.store import Store
-from support.daemon import Daemon, LineClient
+from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 
 
@@ -289,10 +289,7 @@ async def test_kill_9_mid_turn_on_a_real_server_loses_no_cache(
 @pytest.mark.llama
 async def test_the_embedded_llama_server_is_started_and_restarted(tmp_path: Path) -> None:
     """No [server] url: loopd starts the bundled server, and starts it again when it dies."""
-    d = Daemon(tmp_path / "loopd", "", history="exact")
-    text = d.config.read_text().replace('url = ""\n', "")
-    d.config.write_text(text + "[loop]\nmax_tokens = 16\n")
-    await d.start()
+    d = await embedded(tmp_path / "loopd")
     try:
         client = await d.connect()
         assert (await client.turn("t1", "Say hi."))[-1]["type"] == "turn_done"

@@ -132,6 +132,16 @@ async def test_a_session_on_a_full_disk_fails_alone_and_opens_again_once_space_i
         await d.end()
 
 
+async def _stops_saying(d: Daemon, client: LineClient, why: str) -> None:
+    """loopd says `why` to its client, exits 1, and says it again in its log."""
+    bye = await _answer(client, "bye")
+    assert bye["reason"] == f"loopd stops: {why}"
+    assert d.process is not None
+    with trio.fail_after(30):
+        assert await d.process.wait() == 1
+    assert f"loopd: loopd stopped: {why}" in d.log.read_text()
+
+
 async def test_loopd_stops_saying_why_when_its_store_folder_is_removed(
     daemon: StartDaemon,
 ) -> None:
@@ -140,21 +150,11 @@ async def test_loopd_stops_saying_why_when_its_store_folder_is_removed(
     assert (await client.turn("t1", "hello"))[-1]["type"] == "turn_done"
     folder = d.home / "sessions"
     shutil.rmtree(folder)
-    bye = await _answer(client, "bye")
-    assert bye["reason"] == f"loopd stops: its store folder {folder} was removed"
-    assert d.process is not None
-    with trio.fail_after(30):
-        assert await d.process.wait() == 1
-    assert f"loopd: loopd stopped: its store folder {folder} was removed" in d.log.read_text()
+    await _stops_saying(d, client, f"its store folder {folder} was removed")
 
 
 async def test_loopd_stops_saying_why_when_its_socket_is_removed(daemon: StartDaemon) -> None:
     d = await daemon(FakeLlama([]))
     client, _ = await _hello(d, "new")
     d.socket.unlink()
-    bye = await _answer(client, "bye")
-    assert bye["reason"] == f"loopd stops: its socket {d.socket} was removed"
-    assert d.process is not None
-    with trio.fail_after(30):
-        assert await d.process.wait() == 1
-    assert f"loopd: loopd stopped: its socket {d.socket} was removed" in d.log.read_text()
+    await _stops_saying(d, client, f"its socket {d.socket} was removed")

@@ -23,7 +23,7 @@ from conftest import NO_SLOT_FILES
 from loopd.events import WaitingForServer
 from loopd.proto import Event
 from loopd.server_proc import LaunchSpec, start_server
-from support.daemon import Daemon, LineClient
+from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 
@@ -194,10 +194,7 @@ async def test_a_turn_sent_while_the_embedded_llama_server_is_killed_waits_for_i
 ) -> None:
     """With exact history, whose prompt the server's template renders first, so that request
     waits too."""
-    d = Daemon(tmp_path / "loopd", "", history="exact")
-    text = d.config.read_text().replace('url = ""\n', "")
-    d.config.write_text(text + "[loop]\nmax_tokens = 16\n")
-    await d.start()
+    d = await embedded(tmp_path / "loopd")
     try:
         client = await d.connect()
         assert (await client.turn("t1", "Say hi."))[-1]["type"] == "turn_done"

@@ -103,6 +103,16 @@ class Daemon:
         await self.close_clients()
 
 
+async def embedded(home: Path) -> Daemon:
+    """A started `loopd serve` with no `[server] url`: it runs the bundled llama-server
+    itself, with exact history and short answers."""
+    d = Daemon(home, "", history="exact")
+    text = d.config.read_text().replace('url = ""\n', "")
+    d.config.write_text(text + "[loop]\nmax_tokens = 16\n")
+    await d.start()
+    return d
+
+
 class LineClient:
     """A raw client: JSON lines in and out, nothing else."""
 
