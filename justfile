@@ -107,5 +107,5 @@ bench *NAMES: setup
 # Write the generated docs (config reference, protocol schemas) from the code
 docs: setup
     {{py}} -c 'from loopd.config import reference; print(reference(), end="")' > docs/config.md
-    {{py}} -c 'import json; from loopd.proto import json_schema; print(json.dumps(json_schema("client"), indent=1))' > docs/protocol-client.schema.json
-    {{py}} -c 'import json; from loopd.proto import json_schema; print(json.dumps(json_schema("daemon"), indent=1))' > docs/protocol-daemon.schema.json
+    {{py}} -c 'import json; from loopd.wire.proto import json_schema; print(json.dumps(json_schema("client"), indent=1))' > docs/protocol-client.schema.json
+    {{py}} -c 'import json; from loopd.wire.proto import json_schema; print(json.dumps(json_schema("daemon"), indent=1))' > docs/protocol-daemon.schema.json

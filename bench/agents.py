@@ -20,18 +20,17 @@ from typing import Any
 
 import trio
 
-from loopd.actors import Agents, PoolHandle, pool_actor
+from loopd.actors import Agents, PoolHandle, SlotFiles, pool_actor
 from loopd.actors._agents import AGENTS
-from loopd.baseline import SUB_AGENT_NOTE, make_baseline
-from loopd.calls import ToolCalls
 from loopd.config import AgentsConfig, LoopConfig, ToolsConfig
 from loopd.infer import Client, Slot, ToolCall
-from loopd.records import Record, UsageRecord
 from loopd.server_proc import LaunchSpec, managed_server
-from loopd.slots import SlotFiles
-from loopd.store import Store
+from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
+from loopd.session.records import Record, UsageRecord
+from loopd.session.store import Store
 from loopd.tools import PortHandle, delegate_entry, open_tool_port
 from loopd.turn import Runtime
+from loopd.turn.calls import ToolCalls
 
 TASKS = 4
 ROUNDS = 4

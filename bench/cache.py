@@ -21,11 +21,11 @@ from typing import Any
 import trio
 from conversation import MAX_TOKENS, RESTART_AFTER, SYSTEM, TURNS
 
-from loopd.baseline import messages
 from loopd.infer import Timings, slot_tokens
-from loopd.records import AssistantRecord, UsageRecord
 from loopd.server_proc import LaunchSpec, managed_server
-from loopd.store import Store
+from loopd.session.baseline import messages
+from loopd.session.records import AssistantRecord, UsageRecord
+from loopd.session.store import Store
 from support.daemon import Daemon
 
 HERE = Path(__file__).resolve().parent

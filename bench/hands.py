@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loopd.baseline import make_baseline
-from loopd.changes import Blobs, Hands
-from loopd.records import UserRecord
-from loopd.store import Store
+from loopd.session.baseline import make_baseline
+from loopd.session.records import UserRecord
+from loopd.session.store import Store
 from loopd.tools import Roots, Sandbox
 from loopd.tools._run import _run, run_command
+from loopd.turn.changes import Blobs, Hands
 
 RUNS = 30
 EDITS = 10

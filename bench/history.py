@@ -22,14 +22,14 @@ from typing import Any
 
 import httpx
 
-from loopd.baseline import make_baseline, messages
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
-from loopd.exact import ExactHistory
 from loopd.infer import Client, Generation, PromptRequest
-from loopd.records import UsageRecord, UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
-from loopd.store import Store
+from loopd.session.baseline import make_baseline, messages
+from loopd.session.records import UsageRecord, UserRecord
+from loopd.session.store import Store
+from loopd.turn.exact import ExactHistory
 from support.daemon import Daemon
 
 # llama-server caps a slot at the model's training context (8,192 for SmolLM2), so the

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopd.records import AssistantRecord, Record, UsageRecord
-from loopd.store import Store
+from loopd.session.records import AssistantRecord, Record, UsageRecord
+from loopd.session.store import Store
 from support.daemon import Daemon, LineClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loopd.baseline import make_baseline, messages
 from loopd.config import LoopConfig
 from loopd.infer import ChatRequest, Client, Content, Generation
-from loopd.records import UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
+from loopd.session.baseline import make_baseline, messages
+from loopd.session.records import UserRecord
 from support.daemon import Daemon
 
 PAIRS = 9

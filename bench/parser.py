@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from loopd.baseline import make_baseline
-from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, FormatError
 from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
 from loopd.server_proc import LaunchSpec, managed_server
+from loopd.session.baseline import make_baseline
+from loopd.turn.exact import ExactHistory
 from support.llama_cases import Case, load_cases, parse
 
 PIECE = 3

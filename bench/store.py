@@ -17,10 +17,17 @@ from typing import Any
 
 import trio
 
-from loopd.baseline import make_baseline
 from loopd.infer import Timings, ToolCall
-from loopd.records import AssistantRecord, Record, ToolResultRecord, UsageRecord, UserRecord, dump
-from loopd.store import Store
+from loopd.session.baseline import make_baseline
+from loopd.session.records import (
+    AssistantRecord,
+    Record,
+    ToolResultRecord,
+    UsageRecord,
+    UserRecord,
+    dump,
+)
+from loopd.session.store import Store
 
 RECORDS = 10_000
 OPENS = 7

@@ -32,11 +32,11 @@ import httpx
 import trio
 from cache import PEER
 
-from loopd.baseline import TOOLS, make_baseline, messages
-from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, FormatError, InferError, Timings, slot_tokens
-from loopd.records import AssistantRecord, Record, ToolResultRecord, UsageRecord, UserRecord
 from loopd.server_proc import LaunchSpec, managed_server
+from loopd.session.baseline import TOOLS, make_baseline, messages
+from loopd.session.records import AssistantRecord, Record, ToolResultRecord, UsageRecord, UserRecord
+from loopd.turn.exact import ExactHistory
 from support.conversation import SYSTEM, conversation
 from support.prefill import prefills
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import assets  # beside this script, so on sys.path when it runs
 
 from loopd.infer import slot_tokens
-from loopd.records import (
+from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     ToolResultRecord,
     UsageRecord,
     UserRecord,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 

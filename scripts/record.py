@@ -22,9 +22,9 @@ import assets  # beside this script, so on sys.path when it runs
 import httpx
 import trio
 
-from loopd import baseline
 from loopd.infer import BUDGET_MESSAGE
 from loopd.server_proc import LaunchSpec, free_port, managed_server, start_server, stop
+from loopd.session import baseline
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,8 +26,8 @@ from acp.schema import (
 from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from loopd.infer import slot_tokens
-from loopd.records import UsageRecord
-from loopd.store import Store
+from loopd.session.records import UsageRecord
+from loopd.session.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write

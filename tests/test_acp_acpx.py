@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from conftest import ROOT
-from loopd.records import UserRecord
-from loopd.store import Store
+from loopd.session.records import UserRecord
+from loopd.session.store import Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write

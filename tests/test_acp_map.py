@@ -9,10 +9,10 @@ import pytest
 from acp import schema
 
 from bxctl.acp_map import decision_of, kind_of, replayed, stop_reason, text_of, update_of, usage_of
-from loopd.events import AgentUpdate, ToolResult
 from loopd.infer import ToolCall
-from loopd.proto import TurnFailed, Usage
-from loopd.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
+from loopd.session.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
+from loopd.wire.events import AgentUpdate, ToolResult
+from loopd.wire.proto import TurnFailed, Usage
 
 PARENT = "20261202T000000000Z-aaaaaa"
 

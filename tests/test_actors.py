@@ -16,13 +16,13 @@ import pytest
 import trio
 
 from loopd.actors import (
-    HISTORY_PAGE,
     Busy,
     DuplicateTurn,
     PoolHandle,
     Published,
     SessionHandle,
     SessionRegistry,
+    SlotFiles,
     Subscription,
     TooManySessions,
     TurnDone,
@@ -31,12 +31,12 @@ from loopd.actors import (
     pool_actor,
 )
 from loopd.config import Config
-from loopd.events import ApprovalDecided, ApprovalNeeded
-from loopd.exact import next_request
 from loopd.infer import Client, Content, Queued, Slot
-from loopd.records import Record, UserRecord, conversation_problems
-from loopd.slots import SlotFiles
-from loopd.store import Store
+from loopd.session.records import Record, UserRecord, conversation_problems
+from loopd.session.store import Store
+from loopd.turn.exact import next_request
+from loopd.wire.events import ApprovalDecided, ApprovalNeeded
+from loopd.wire.proto import HISTORY_PAGE
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 
@@ -437,7 +437,7 @@ async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
             raise KeyError("a bug")
         return await next_request(*args, **kwargs)
 
-    monkeypatch.setattr("loopd.turn.next_request", broken_once)
+    monkeypatch.setattr("loopd.turn.loop.next_request", broken_once)
     async with core.running() as actor:
         subscription = await actor.subscribe(100)
         await actor.send("t1", "first")

@@ -18,12 +18,10 @@ from rich.console import Console
 
 from bxctl.view import TurnView, as_tree
 from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
-from loopd.baseline import SUB_AGENT_NOTE
 from loopd.config import AgentsConfig, Config, LoopConfig, Policy
-from loopd.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
 from loopd.infer import Client
-from loopd.proto import Event
-from loopd.records import (
+from loopd.session.baseline import SUB_AGENT_NOTE
+from loopd.session.records import (
     ApprovalRecord,
     CacheLossRecord,
     Record,
@@ -33,7 +31,9 @@ from loopd.records import (
     UserRecord,
     conversation_problems,
 )
-from loopd.store import Store
+from loopd.session.store import Store
+from loopd.wire.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
+from loopd.wire.proto import Event
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer

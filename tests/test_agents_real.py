@@ -14,13 +14,12 @@ import pytest
 import trio
 
 from conftest import QWEN_TEMPLATE, StartLlama
-from loopd.actors import Agents, pool_actor
+from loopd.actors import Agents, SlotFiles, pool_actor
 from loopd.actors._agents import AGENTS
-from loopd.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.config import AgentsConfig, LoopConfig, ToolsConfig
-from loopd.exact import ExactHistory
 from loopd.infer import CALL_ID, ChatFormat, Client, Slot, slot_tokens
-from loopd.records import (
+from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
+from loopd.session.records import (
     CacheLossRecord,
     Record,
     ToolResultRecord,
@@ -28,10 +27,10 @@ from loopd.records import (
     UserRecord,
     conversation_problems,
 )
-from loopd.slots import SlotFiles
-from loopd.store import Store
+from loopd.session.store import Store
 from loopd.tools import delegate_entry, open_tool_port
 from loopd.turn import Runtime, run_turn
+from loopd.turn.exact import ExactHistory
 from support.prefill import QUOTE_BRACE, gbnf
 
 pytestmark = pytest.mark.llama

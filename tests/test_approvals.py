@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from conftest import StartDaemon
-from loopd.records import ApprovalRecord, Record, ToolResultRecord, conversation_problems
-from loopd.store import Store
+from loopd.session.records import ApprovalRecord, Record, ToolResultRecord, conversation_problems
+from loopd.session.store import Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from test_bxctl import Tmux
@@ -352,10 +352,10 @@ async def test_a_call_id_an_earlier_answer_used_for_an_approved_call_is_not_take
 ) -> None:
     """Ids repeat across answers (a raw stream numbers them afresh each time): closing a turn
     says a call of the last answer ran approved only if that answer's call was approved."""
-    from loopd.baseline import make_baseline  # noqa: PLC0415 - this test alone
-    from loopd.closing import close_turn  # noqa: PLC0415
     from loopd.infer import ToolCall  # noqa: PLC0415
-    from loopd.records import (  # noqa: PLC0415
+    from loopd.session.baseline import make_baseline  # noqa: PLC0415 - this test alone
+    from loopd.session.closing import close_turn  # noqa: PLC0415
+    from loopd.session.records import (  # noqa: PLC0415
         ApprovalRequestRecord,
         AssistantRecord,
         UserRecord,

@@ -9,7 +9,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopd.baseline import (
+from loopd.canonical import canonical
+from loopd.infer import Timings, ToolCall
+from loopd.session.baseline import (
     TOOLS,
     UNTRUSTED_CLOSE,
     UNTRUSTED_OPEN,
@@ -17,9 +19,7 @@ from loopd.baseline import (
     messages,
     untrusted_envelope,
 )
-from loopd.canonical import canonical
-from loopd.infer import Timings, ToolCall
-from loopd.records import (
+from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     Record,
@@ -28,7 +28,7 @@ from loopd.records import (
     UsageRecord,
     UserRecord,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 from support.records import records
 
 BASELINE = make_baseline("Be brief.")

@@ -21,12 +21,12 @@ from rich.console import Console
 from bxctl.chat import _think
 from bxctl.view import TurnView
 from conftest import StartDaemon
-from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
-from loopd.proto import Event, SessionFailed, TurnDone, TurnFailed, Usage
-from loopd.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
-from loopd.store import Store
-from loopd.transcript import transcript
+from loopd.session.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
+from loopd.session.store import Store
+from loopd.session.transcript import transcript
+from loopd.wire.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
+from loopd.wire.proto import Event, SessionFailed, TurnDone, TurnFailed, Usage
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 

@@ -15,10 +15,10 @@ import pytest
 import trio
 
 from conftest import StartDaemon, StartLlama
-from loopd.baseline import make_baseline
-from loopd.compact import _cut, continued_baseline, earlier_summary, transcript
 from loopd.infer import HttpError, Timings, ToolCall
-from loopd.records import (
+from loopd.session.baseline import make_baseline
+from loopd.session.compact import _cut, continued_baseline, earlier_summary, transcript
+from loopd.session.records import (
     AssistantRecord,
     Record,
     SessionHeader,
@@ -28,7 +28,7 @@ from loopd.records import (
     UserRecord,
     conversation_problems,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from test_approvals import approve, asking, ended, event, read_file

@@ -17,17 +17,17 @@ import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
 from loopd.actors import SAVE_AT_STOP
-from loopd.baseline import make_baseline
 from loopd.infer import ToolCall, slot_tokens
-from loopd.records import (
+from loopd.server_proc import STOP_GRACE
+from loopd.session.baseline import make_baseline
+from loopd.session.records import (
     AssistantRecord,
     TurnEndRecord,
     UsageRecord,
     UserRecord,
     conversation_problems,
 )
-from loopd.server_proc import STOP_GRACE
-from loopd.store import Store
+from loopd.session.store import Store
 from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 

@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 
 from bxctl.view import context_line
-from loopd.baseline import make_baseline
-from loopd.exact import ExactHistory, NextPrompt, past_reasoning, transcript
 from loopd.infer import ChatFormat, FormatError, ToolCall, ToolCallFormat
-from loopd.records import (
+from loopd.session.baseline import make_baseline
+from loopd.session.records import (
     AssistantRecord,
     PromptRecord,
     Record,
@@ -18,6 +17,7 @@ from loopd.records import (
     UsageRecord,
     UserRecord,
 )
+from loopd.turn.exact import ExactHistory, NextPrompt, past_reasoning, transcript
 
 
 def answer(*tokens: int | str, ended: bool = True) -> AssistantRecord:
@@ -260,8 +260,8 @@ class _Refusing(ExactHistory):
 
 
 async def test_the_format_cache_keeps_the_newest_system_prompts_only() -> None:
-    from loopd.exact import FORMATS_KEPT  # noqa: PLC0415 - only this test needs the bound
     from loopd.infer import Client  # noqa: PLC0415
+    from loopd.turn.exact import FORMATS_KEPT  # noqa: PLC0415 - only this test needs the bound
 
     async with Client("http://127.0.0.1:9") as client:  # never asked: `_learn` answers
         history = _Refusing(client)

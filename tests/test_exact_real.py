@@ -18,11 +18,10 @@ import httpx
 import pytest
 
 from conftest import QWEN_TEMPLATE, QWQ_TEMPLATE, TEMPLATES, StartLlama
-from loopd.baseline import make_baseline
 from loopd.config import LoopConfig
-from loopd.exact import ExactHistory
 from loopd.infer import Client, Timings, slot_tokens
-from loopd.records import (
+from loopd.session.baseline import make_baseline
+from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     PromptRecord,
@@ -32,9 +31,10 @@ from loopd.records import (
     UsageRecord,
     conversation_problems,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 from loopd.tools import Registry
 from loopd.turn import InferFailed, Runtime, run_turn
+from loopd.turn.exact import ExactHistory
 from support.conversation import conversation
 from support.ports import NoTools
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from loopd.baseline import TOOLS
 from loopd.infer import PromptRequest
 from loopd.infer._format import ChatFormat, ToolCallFormat
 from loopd.infer._grammar import _Rules, call_grammar
+from loopd.session.baseline import TOOLS
 from support.formats import QWEN, QWEN_CODER
 
 

@@ -13,10 +13,10 @@ import json
 import pytest
 
 from conftest import TEMPLATES, StartLlama
-from loopd.baseline import TOOLS, make_baseline
-from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, Completion, Generation, PromptRequest
 from loopd.infer._grammar import call_grammar
+from loopd.session.baseline import TOOLS, make_baseline
+from loopd.turn.exact import ExactHistory
 
 pytestmark = pytest.mark.llama
 

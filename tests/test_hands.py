@@ -29,12 +29,10 @@ from loopd.actors import (
     TurnDone,
     open_core,
 )
-from loopd.changes import Blobs, Hands, NothingToUndo, UndoRefused, undo
-from loopd.closing import close_interrupted_turn
 from loopd.config import Config, Policy, ToolsConfig
-from loopd.events import ApprovalNeeded
 from loopd.infer import Client
-from loopd.records import (
+from loopd.session.closing import close_interrupted_turn
+from loopd.session.records import (
     ApprovalRequestRecord,
     AssistantRecord,
     FileChangeRecord,
@@ -44,7 +42,7 @@ from loopd.records import (
     UserRecord,
     conversation_problems,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 from loopd.tools import (
     NEW_FILE,
     Builtins,
@@ -56,6 +54,8 @@ from loopd.tools import (
     sandbox_missing,
 )
 from loopd.tools._builtin import PREVIEW_CHARS
+from loopd.turn.changes import Blobs, Hands, NothingToUndo, UndoRefused, undo
+from loopd.wire.events import ApprovalNeeded
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 from test_actors import collect, next_of
@@ -420,7 +420,7 @@ async def test_a_write_cut_short_by_a_crash_is_closed_saying_what_the_file_holds
     notes.mkdir()
     (notes / "a.md").write_text("old\n")
     store = Store(tmp_path / "sessions")
-    from loopd.baseline import make_baseline  # noqa: PLC0415 - one test's need
+    from loopd.session.baseline import make_baseline  # noqa: PLC0415 - one test's need
 
     with await store.create(make_baseline()) as session:
         await session.append(UserRecord(content="change a and b"))
@@ -479,7 +479,7 @@ async def _play(turns: list[list[tuple[str, str, str]]], tmp: Path, meddle: int 
     start = {p.name: p.read_bytes() for p in root.iterdir()}
     store = Store(tmp / "sessions")
     writer = Hands(Roots([root]), Blobs(tmp / "history"))
-    from loopd.baseline import make_baseline  # noqa: PLC0415 - one test's need
+    from loopd.session.baseline import make_baseline  # noqa: PLC0415 - one test's need
 
     states = [start]
     number = 0
@@ -527,7 +527,7 @@ async def test_undo_refuses_what_stands_where_the_file_was_and_never_hangs(
 ) -> None:
     """A FIFO would block a read forever in a thread nothing can cancel, and the session
     with it; a folder is no file to put back."""
-    from loopd.baseline import make_baseline  # noqa: PLC0415 - as _play
+    from loopd.session.baseline import make_baseline  # noqa: PLC0415 - as _play
 
     root = tmp_path / "root"
     root.mkdir()
@@ -549,7 +549,7 @@ async def test_undo_through_a_folder_swapped_for_a_link_puts_nothing_outside(
 ) -> None:
     """A model's command may swap the folder of a written file for a link to one outside that
     holds the same text; undo refuses rather than write there."""
-    from loopd.baseline import make_baseline  # noqa: PLC0415 - as _play
+    from loopd.session.baseline import make_baseline  # noqa: PLC0415 - as _play
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "sub").mkdir(parents=True)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, StartLlama
-from loopd.baseline import make_baseline
-from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, FormatError
+from loopd.session.baseline import make_baseline
+from loopd.turn.exact import ExactHistory
 from support.llama_cases import Case, load_cases, parse
 from support.llama_known import KNOWN
 

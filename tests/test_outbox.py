@@ -7,10 +7,10 @@ from typing import Any
 
 import trio
 
-from loopd import proto
 from loopd.channel._connection import Connection
 from loopd.channel._handlers import DaemonInfo
 from loopd.config import ChannelConfig
+from loopd.wire import proto
 
 
 def connection(buffer: int) -> Connection:

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from conftest import StartLlama
-from loopd.records import TurnEndRecord, UserRecord, conversation_problems
+from loopd.session.records import TurnEndRecord, UserRecord, conversation_problems
 from support.daemon import Daemon, LineClient
 from test_sessions import SHORT, assert_no_loss, embedded, log_says, losses, records, welcome
 

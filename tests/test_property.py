@@ -25,12 +25,11 @@ import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from loopd.baseline import make_baseline, messages
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
-from loopd.events import ApprovalNeeded, TurnEvent
 from loopd.infer import Client, RetryPolicy
-from loopd.records import (
+from loopd.session.baseline import make_baseline, messages
+from loopd.session.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
     Decision,
@@ -38,9 +37,10 @@ from loopd.records import (
     conversation_problems,
     open_approvals,
 )
-from loopd.store import Store
+from loopd.session.store import Store
 from loopd.tools import PortHandle
 from loopd.turn import Runtime, TurnError, run_turn
+from loopd.wire.events import ApprovalNeeded, TurnEvent
 from support.fake_llama import FakeLlama, Reply
 from support.ports import start_port
 from support.replay import ReplayServer

@@ -28,8 +28,8 @@ from loopd.actors import Published, SessionHandle, Subscription, TurnDone, TurnF
 from loopd.canonical import canonical
 from loopd.config import Config
 from loopd.infer import Client
-from loopd.records import UserRecord, conversation_problems
-from loopd.store import Store
+from loopd.session.records import UserRecord, conversation_problems
+from loopd.session.store import Store
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 

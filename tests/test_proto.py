@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import pytest
 
-from loopd.proto import CLIENT_MESSAGE, DAEMON_MESSAGE, json_schema
+from loopd.wire.proto import CLIENT_MESSAGE, DAEMON_MESSAGE, json_schema
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 _CLIENT_PART, _DAEMON_PART = (DOCS / "protocol.md").read_text().split("## Daemon to client")

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import NO_SLOT_FILES
-from loopd.records import ToolResultRecord, conversation_problems
-from loopd.store import Store
+from loopd.session.records import ToolResultRecord, conversation_problems
+from loopd.session.store import Store
 from loopd.tools import MAX_ARGUMENT_BYTES
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply

@@ -22,8 +22,8 @@ import pytest
 import trio
 
 from conftest import StartDaemon
-from loopd.records import ToolResultRecord
-from loopd.store import Store
+from loopd.session.records import ToolResultRecord
+from loopd.session.store import Store
 from loopd.tools import Sandbox, ToolFailure
 from loopd.tools._bounds import limited, seccomp_program
 from loopd.tools._run import _run, run_command

@@ -19,8 +19,8 @@ import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon, StartLlama, asset
 from loopd.infer import slot_tokens
-from loopd.records import CacheLossRecord, Record, UsageRecord, conversation_problems
-from loopd.store import Store
+from loopd.session.records import CacheLossRecord, Record, UsageRecord, conversation_problems
+from loopd.session.store import Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from test_bxctl import Tmux

@@ -18,9 +18,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopd.baseline import make_baseline
 from loopd.infer import Timings
-from loopd.records import (
+from loopd.session.baseline import make_baseline
+from loopd.session.records import (
     FORMAT,
     Record,
     ToolResultRecord,
@@ -28,7 +28,14 @@ from loopd.records import (
     UserRecord,
     dump,
 )
-from loopd.store import CorruptLog, SessionLocked, Store, StoreError, UnknownSession, new_session_id
+from loopd.session.store import (
+    CorruptLog,
+    SessionLocked,
+    Store,
+    StoreError,
+    UnknownSession,
+    new_session_id,
+)
 from support.records import records
 
 BASELINE = make_baseline("Be brief.")
@@ -143,6 +150,11 @@ def test_session_ids_sort_by_creation_time() -> None:
     ids = [new_session_id(t + timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)]
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_ids_made_in_one_millisecond_sort_in_the_order_they_were_made() -> None:
+    ids = [new_session_id() for _ in range(200)]
+    assert ids == sorted(ids)
 
 
 async def test_opening_an_unknown_session_says_so(tmp_path: Path) -> None:
@@ -284,7 +296,7 @@ async def test_a_log_torn_inside_its_header_is_refused(tmp_path: Path) -> None:
 HOLDER = textwrap.dedent("""
     import sys, trio
     from pathlib import Path
-    from loopd.store import Store
+    from loopd.session.store import Store
     async def main():
         with await Store(Path(sys.argv[1])).open(sys.argv[2]):
             print("holding", flush=True)
@@ -295,8 +307,8 @@ HOLDER = textwrap.dedent("""
 APPENDER = textwrap.dedent("""
     import sys, trio
     from pathlib import Path
-    from loopd.store import Store
-    from loopd.records import UserRecord
+    from loopd.session.store import Store
+    from loopd.session.records import UserRecord
     async def main():
         with await Store(Path(sys.argv[1])).open(sys.argv[2]) as session:
             print("appending", flush=True)

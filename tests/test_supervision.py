@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon
-from loopd.baseline import DEFAULT_SYSTEM_PROMPT, make_baseline
-from loopd.records import UserRecord, conversation_problems
-from loopd.store import Store, parse_log
+from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT, make_baseline
+from loopd.session.records import UserRecord, conversation_problems
+from loopd.session.store import Store, parse_log
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from loopd.config import Policy
-from loopd.records import Decision
+from loopd.session.records import Decision
 from loopd.tools import (
     Answered,
     Approval,

@@ -11,14 +11,12 @@ from typing import Any
 import pytest
 import trio
 
-from loopd.baseline import make_baseline, messages
-from loopd.calls import REPEAT_TEXT
 from loopd.canonical import canonical
 from loopd.config import LoopConfig, Policy
-from loopd.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import Client, Content, Repeating, RetryPolicy, ThinkingCapped, ToolCallDelta
-from loopd.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
-from loopd.store import Session, Store
+from loopd.session.baseline import make_baseline, messages
+from loopd.session.records import AssistantRecord, ToolResultRecord, TurnEndRecord, UsageRecord
+from loopd.session.store import Session, Store
 from loopd.tools import PortHandle, Registry, ToolEntry, ToolFailure, ToolOutput, ToolRequest
 from loopd.turn import (
     InferFailed,
@@ -28,6 +26,8 @@ from loopd.turn import (
     TurnOutcome,
     run_turn,
 )
+from loopd.turn.calls import REPEAT_TEXT
+from loopd.wire.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from support.fake_llama import FakeLlama, Reply
 from support.ports import start_port
 from support.replay import ReplayServer

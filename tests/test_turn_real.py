@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QWQ_TEMPLATE, StartLlama
-from loopd.baseline import make_baseline
 from loopd.config import LoopConfig
-from loopd.events import CacheLoss, TurnEvent
-from loopd.exact import ExactHistory
 from loopd.infer import (
     THINKING_CAP_GRACE,
     Client,
@@ -21,10 +18,13 @@ from loopd.infer import (
     ThinkingCapped,
     slot_tokens,
 )
-from loopd.records import AssistantRecord, CacheLossRecord, UsageRecord
-from loopd.store import Store
+from loopd.session.baseline import make_baseline
+from loopd.session.records import AssistantRecord, CacheLossRecord, UsageRecord
+from loopd.session.store import Store
 from loopd.tools import Registry
 from loopd.turn import Runtime, TurnLimit, run_turn
+from loopd.turn.exact import ExactHistory
+from loopd.wire.events import CacheLoss, TurnEvent
 from support.ports import NoTools
 
 pytestmark = pytest.mark.llama

@@ -20,9 +20,9 @@ from acp import schema
 from bxctl.acp_map import update_of
 from bxctl.view import TurnView
 from conftest import NO_SLOT_FILES
-from loopd.events import WaitingForServer
-from loopd.proto import Event
 from loopd.server_proc import LaunchSpec, start_server
+from loopd.wire.events import WaitingForServer
+from loopd.wire.proto import Event
 from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer

@@ -35,10 +35,18 @@ from bxctl.acp_map import (
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
 from loopd import __version__
-from loopd.actors import HISTORY_PAGE
-from loopd.events import ApprovalNeeded
-from loopd.proto import DaemonMessage, Error, Event, History, SessionFailed, TurnDone, TurnFailed
-from loopd.records import RECORD
+from loopd.session.records import RECORD
+from loopd.wire.events import ApprovalNeeded
+from loopd.wire.proto import (
+    HISTORY_PAGE,
+    DaemonMessage,
+    Error,
+    Event,
+    History,
+    SessionFailed,
+    TurnDone,
+    TurnFailed,
+)
 
 __all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
 

@@ -13,16 +13,16 @@ from typing import Any
 
 from acp import schema
 
-from loopd.events import (
+from loopd.infer import Content, Reasoning
+from loopd.session.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
+from loopd.wire.events import (
     AgentUpdate,
     ApprovalNeeded,
     ToolCallStarted,
     ToolResult,
     WaitingForServer,
 )
-from loopd.infer import Content, Reasoning
-from loopd.proto import TurnFailed, Usage
-from loopd.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
+from loopd.wire.proto import TurnFailed, Usage
 
 __all__ = [
     "Update",

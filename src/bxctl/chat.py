@@ -35,8 +35,10 @@ from bxctl.view import (
     session_line,
 )
 from loopd.backoff import RECONNECT
-from loopd.events import ApprovalNeeded
-from loopd.proto import (
+from loopd.session.records import RECORD
+from loopd.session.transcript import transcript
+from loopd.wire.events import ApprovalNeeded
+from loopd.wire.proto import (
     Error,
     History,
     SessionFailed,
@@ -46,8 +48,6 @@ from loopd.proto import (
     Undone,
     Welcome,
 )
-from loopd.records import RECORD
-from loopd.transcript import transcript
 
 __all__ = ["Settings", "interactive", "live_turn", "open_session"]
 

@@ -24,14 +24,15 @@ from bxctl.acp import serve as serve_acp
 from bxctl.chat import interactive
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.view import as_tree, context_line, session_line
-from loopd import __version__, proto
-from loopd._groups import innermost
+from loopd import __version__
 from loopd.config import ConfigError, load_config
-from loopd.events import ApprovalNeeded
-from loopd.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
-from loopd.records import Record, SessionHeader, ToolResultRecord
-from loopd.store import SessionInfo, Store, StoreError
-from loopd.transcript import transcript
+from loopd.groups import innermost
+from loopd.session.records import Record, SessionHeader, ToolResultRecord
+from loopd.session.store import SessionInfo, Store, StoreError
+from loopd.session.transcript import transcript
+from loopd.wire import proto
+from loopd.wire.events import ApprovalNeeded
+from loopd.wire.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
 
 EXIT_OK = 0
 EXIT_FAILED = 1

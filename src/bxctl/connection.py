@@ -11,9 +11,9 @@ import trio
 from pydantic import ValidationError
 
 from loopd import __version__
-from loopd.events import SessionContinued
-from loopd.lines import LineReader, TooLong
-from loopd.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
+from loopd.wire.events import SessionContinued
+from loopd.wire.lines import LineReader, TooLong
+from loopd.wire.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 from pydantic import BaseModel, ValidationError
 
-from loopd.lines import LineReader, TooLong
+from loopd.wire.lines import LineReader, TooLong
 
 __all__ = [
     "INTERNAL_ERROR",

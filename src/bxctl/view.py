@@ -22,17 +22,6 @@ from rich.spinner import Spinner
 from rich.syntax import Syntax
 from rich.text import Text
 
-from loopd.events import (
-    AgentUpdate,
-    ApprovalDecided,
-    ApprovalNeeded,
-    CacheLoss,
-    Compacting,
-    SessionContinued,
-    ToolCallStarted,
-    ToolResult,
-    WaitingForServer,
-)
 from loopd.infer import (
     Content,
     Progress,
@@ -43,8 +32,19 @@ from loopd.infer import (
     ThinkingCapped,
     Waiting,
 )
-from loopd.proto import DaemonMessage, Event, SessionFailed, TurnDone, TurnFailed, Usage
-from loopd.transcript import approval_line, flags
+from loopd.session.transcript import approval_line, flags
+from loopd.wire.events import (
+    AgentUpdate,
+    ApprovalDecided,
+    ApprovalNeeded,
+    CacheLoss,
+    Compacting,
+    SessionContinued,
+    ToolCallStarted,
+    ToolResult,
+    WaitingForServer,
+)
+from loopd.wire.proto import DaemonMessage, Event, SessionFailed, TurnDone, TurnFailed, Usage
 
 __all__ = [
     "APPROVAL_KEYS",

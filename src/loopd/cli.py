@@ -13,15 +13,16 @@ import trio
 from rich.console import Console
 
 from loopd import __version__
-from loopd._groups import innermost
-from loopd.actors._agents import AGENTS
-from loopd.baseline import messages
+from loopd.actors import AGENTS
 from loopd.canonical import canonical
 from loopd.channel import DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
 from loopd.daemon import StartupError, Unusable, serve
-from loopd.records import conversation_problems
-from loopd.store import Store, StoreError
+from loopd.groups import innermost
+from loopd.session.baseline import messages
+from loopd.session.records import conversation_problems
+from loopd.session.store import Store, StoreError
+from loopd.session.transcript import transcript
 from loopd.tools import (
     builtin_entries,
     delegate_entry,
@@ -29,7 +30,6 @@ from loopd.tools import (
     process_bound,
     sandbox_missing,
 )
-from loopd.transcript import transcript
 
 # Exit statuses a script can test.
 EXIT_OK = 0

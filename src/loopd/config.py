@@ -33,8 +33,8 @@ from pydantic import (
     ValidationError,
 )
 
-from loopd.baseline import DEFAULT_SYSTEM_PROMPT
-from loopd.records import DataClass
+from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT
+from loopd.session.records import DataClass
 
 __all__ = [
     "KEPT_ENV",

@@ -31,7 +31,7 @@ from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket
 from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
-from loopd.store import Store
+from loopd.session.store import Store
 
 __all__ = ["StartupError", "Unusable", "launch_spec", "serve"]
 

@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from loopd.baseline import make_baseline
 from loopd.config import LoopConfig, ToolsConfig
-from loopd.exact import ExactHistory
 from loopd.infer import ChatFormat, Client, FormatError
-from loopd.records import Record
-from loopd.store import Store
+from loopd.session.baseline import make_baseline
+from loopd.session.records import Record
+from loopd.session.store import Store
 from loopd.tools import open_tool_port
 from loopd.turn import Runtime, TurnError, TurnLimit, run_turn
+from loopd.turn.exact import ExactHistory
 from support.prefill import prefills
 
 SYSTEM = "You are a helpful assistant. Be brief."

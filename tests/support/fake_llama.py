@@ -51,7 +51,7 @@ class Reply:
     """`answer`, `context_full`, `server_error` (500), `stream_error` or `stall`."""
 
     def as_message(self) -> dict[str, Any]:
-        """The answer as loopd sends it back (`loopd.baseline.messages`)."""
+        """The answer as loopd sends it back (`loopd.session.baseline.messages`)."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
         if self.reasoning:
             message["reasoning_content"] = self.reasoning

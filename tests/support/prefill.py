@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 from loopd.infer import CALL_ID, GEMMA_QUOTE, ChatFormat, ToolCallFormat
-from loopd.records import Record, ToolResultRecord, UserRecord
+from loopd.session.records import Record, ToolResultRecord, UserRecord
 
 WORDS = '[a-z]{3,12} ( " " [a-z]{2,12} )?'
 QUOTE_BRACE = '"}'

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from loopd.infer import Timings, ToolCall
-from loopd.records import (
+from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     Record,

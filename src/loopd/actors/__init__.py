@@ -23,17 +23,16 @@ from pathlib import Path
 
 import trio
 
-from loopd.baseline import SUB_AGENT_NOTE, make_baseline
-from loopd.changes import Blobs, Hands
-from loopd.compact import Compactor
 from loopd.config import Config
-from loopd.exact import ExactHistory
 from loopd.infer import Client, Slot
-from loopd.records import Baseline
-from loopd.slots import SlotFiles
-from loopd.store import Session, Store
+from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
+from loopd.session.compact import Compactor
+from loopd.session.records import Baseline
+from loopd.session.store import Session, Store
 from loopd.tools import Roots, delegate_entry, open_tool_port, secrets
 from loopd.turn import Runtime
+from loopd.turn.changes import Blobs, Hands
+from loopd.turn.exact import ExactHistory
 
 from ._agents import AGENTS, Agents
 from ._errors import (
@@ -51,7 +50,6 @@ from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
 from ._registry import SessionRegistry
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import (
-    HISTORY_PAGE,
     HistoryPage,
     Published,
     SessionHandle,
@@ -61,9 +59,10 @@ from ._session_inbox import (
     TurnDone,
     TurnFailed,
 )
+from ._slots import SlotFiles
 
 __all__ = [
-    "HISTORY_PAGE",
+    "AGENTS",
     "SAVE_AT_STOP",
     "Agents",
     "Busy",
@@ -84,6 +83,7 @@ __all__ = [
     "SessionRegistry",
     "SessionStatus",
     "SessionUnavailable",
+    "SlotFiles",
     "SlotView",
     "Subscription",
     "SubscriptionItem",

@@ -18,9 +18,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from loopd.calls import OnEvent
 from loopd.config import AgentsConfig
-from loopd.events import (
+from loopd.session.records import Baseline, UsageRecord
+from loopd.session.store import ParentCall, Session, Store
+from loopd.tools import ToolFailure, ToolOutput
+from loopd.turn import Runtime, TurnError, run_turn
+from loopd.turn.calls import OnEvent
+from loopd.wire.events import (
     AgentState,
     AgentUpdate,
     ApprovalDecided,
@@ -28,13 +32,9 @@ from loopd.events import (
     ToolCallStarted,
     TurnEvent,
 )
-from loopd.records import Baseline, UsageRecord
-from loopd.slots import SlotFiles
-from loopd.store import ParentCall, Session, Store
-from loopd.tools import ToolFailure, ToolOutput
-from loopd.turn import Runtime, TurnError, run_turn
 
 from ._pool import Lease, PoolHandle
+from ._slots import SlotFiles
 
 __all__ = ["AGENTS", "Agents"]
 

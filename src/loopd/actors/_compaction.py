@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 import trio
 
-from loopd.compact import Compactor, SummaryFailed, continued_baseline
-from loopd.events import Compacting, SessionContinued, TurnEvent
 from loopd.infer import InferError
-from loopd.records import Baseline, UsageRecord
-from loopd.slots import SlotFiles
-from loopd.store import Session, Store
+from loopd.session.compact import Compactor, SummaryFailed, continued_baseline
+from loopd.session.records import Baseline, UsageRecord
+from loopd.session.store import Session, Store
 from loopd.turn import SessionFull, TurnOutcome
+from loopd.wire.events import Compacting, SessionContinued, TurnEvent
 
 from ._pool import Lease, PoolHandle
+from ._slots import SlotFiles
 
 __all__ = ["Compaction"]
 

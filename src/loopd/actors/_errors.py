@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopd.store import StoreError, WriteFault, fault_of
+from loopd.session.store import StoreError, WriteFault, fault_of
 
 __all__ = [
     "Busy",

@@ -11,19 +11,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
-from loopd.compact import SummaryFailed
-from loopd.events import TurnEvent
 from loopd.infer import InferError, Queued, slot_tokens
-from loopd.records import UsageRecord
-from loopd.slots import SlotFiles
-from loopd.store import Session, StoreError
+from loopd.session.compact import SummaryFailed
+from loopd.session.records import UsageRecord
+from loopd.session.store import Session, StoreError
 from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
+from loopd.wire.events import TurnEvent
 
 from ._agents import Agents
 from ._compaction import Compaction
 from ._errors import SessionFailed
 from ._pool import Lease, PoolHandle
 from ._session_inbox import TurnDone, TurnFailed
+from ._slots import SlotFiles
 
 __all__ = ["Message", "SlotTurns"]
 

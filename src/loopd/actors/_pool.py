@@ -33,8 +33,9 @@ import trio
 
 from loopd.inbox import Reply, ask, reply_value
 from loopd.infer import Slot
-from loopd.slots import SlotFiles
-from loopd.store import Session
+from loopd.session.store import Session
+
+from ._slots import SlotFiles
 
 __all__ = ["SAVE_AT_STOP", "Lease", "PoolHandle", "SlotView", "pool_actor"]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import trio
 
-from loopd.closing import close_interrupted_turn, turn_open
-from loopd.records import Baseline
-from loopd.store import Session, SessionInfo, Store, StoreError, UnknownSession
+from loopd.session.closing import close_interrupted_turn, turn_open
+from loopd.session.records import Baseline
+from loopd.session.store import Session, SessionInfo, Store, StoreError, UnknownSession
 from loopd.tools import FolderRefused, Roots
 
 from ._errors import (

@@ -18,18 +18,17 @@ from collections.abc import Callable
 
 import trio
 
-from loopd.calls import approval_needed
-from loopd.changes import UndoRefused, undo
-from loopd.compact import Compactor
-from loopd.events import TurnEvent
-from loopd.exact import past_reasoning
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
-from loopd.records import Baseline, UndoRecord
-from loopd.slots import SlotFiles
-from loopd.store import Session, Store, StoreError
+from loopd.session.compact import Compactor
+from loopd.session.records import Baseline, UndoRecord
+from loopd.session.store import Session, Store, StoreError
 from loopd.tools import PortHandle
 from loopd.turn import Runtime
+from loopd.turn.calls import approval_needed
+from loopd.turn.changes import UndoRefused, undo
+from loopd.turn.exact import past_reasoning
+from loopd.wire.events import TurnEvent
 
 from ._agents import Agents
 from ._compaction import Compaction
@@ -61,6 +60,7 @@ from ._session_inbox import (
     Unsubscribe,
     close_inbox,
 )
+from ._slots import SlotFiles
 
 __all__ = ["SessionActor"]
 

@@ -14,10 +14,11 @@ from typing import TypeVar
 
 import trio
 
-from loopd.events import TurnEvent
 from loopd.inbox import Reply, ask, reply_error
-from loopd.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
+from loopd.session.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
+from loopd.wire.events import TurnEvent
+from loopd.wire.proto import HISTORY_PAGE
 
 from ._errors import SessionFailed, SessionUnavailable
 
@@ -36,8 +37,6 @@ __all__ = [
     "close_inbox",
 ]
 
-HISTORY_PAGE = 500
-"""Records in one history answer at most."""
 
 T = TypeVar("T")
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import trio
 from pydantic import ValidationError
 
-from loopd import proto
 from loopd.actors import Core, Subscription
 from loopd.config import ChannelConfig
-from loopd.lines import LineReader, TooLong
+from loopd.wire import proto
+from loopd.wire.lines import LineReader, TooLong
 
 from ._handlers import Client, DaemonInfo, handle
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from loopd import __version__, proto
+from loopd import __version__
 from loopd.actors import (
     Busy,
     CannotUndo,
@@ -32,6 +32,7 @@ from loopd.actors import (
     TurnDone,
     TurnFailed,
 )
+from loopd.wire import proto
 
 __all__ = ["Client", "DaemonInfo", "handle"]
 

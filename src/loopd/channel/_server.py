@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import trio
 
-from loopd import proto
 from loopd.actors import Core
 from loopd.config import ChannelConfig
+from loopd.wire import proto
 
 from ._connection import GOODBYE_GRACE, Connection
 from ._handlers import DaemonInfo

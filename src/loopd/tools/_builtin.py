@@ -150,7 +150,8 @@ _FILE_TOOLS = (
     "run_command",
 )
 WRITE_TOOLS = frozenset({"write_file", "edit_file"})
-"""Run by the turn that calls them, which writes the change to the log first (`loopd.changes`)."""
+"""Run by the turn that calls them, which writes the change to the log first
+(`loopd.turn.changes`)."""
 PREVIEW_CHARS = 20_000
 """Characters of a diff shown for approval at most."""
 RUN_MARGIN = 5.0

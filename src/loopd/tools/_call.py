@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loopd.records import DataClass
+from loopd.session.records import DataClass
 
 from ._dispatch import Local, dispatch
 from ._port import (

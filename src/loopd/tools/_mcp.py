@@ -30,9 +30,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from loopd._groups import innermost
 from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
+from loopd.groups import innermost
 
 from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput, ToolRequest

@@ -32,7 +32,7 @@ import outcome
 import trio
 
 from loopd.inbox import Reply, answer, ask, reply_value, run_for
-from loopd.records import DataClass, Decision
+from loopd.session.records import DataClass, Decision
 
 from ._entry import ToolEntry
 from ._registry import Registry

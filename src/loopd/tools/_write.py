@@ -18,13 +18,14 @@ the write with an error, and never moves it outside the roots.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from loopd.canonical import digest
 
 from ._edits import Edit, apply_edits, diff, line_changes
 from ._port import ToolFailure
@@ -46,10 +47,6 @@ WRITE_BYTES = 4 * 1024 * 1024
 """Files larger than this are not written or edited (before or after)."""
 NEW_FILE = "new"
 """The basis of a change planned where no file was (any other basis is a SHA-256)."""
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

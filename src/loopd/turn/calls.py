@@ -17,17 +17,15 @@ from typing import Any, Protocol
 
 import trio
 
-from loopd.baseline import untrusted_envelope
-from loopd.changes import Hands
 from loopd.config import LoopConfig
-from loopd.events import ApprovalDecided, ApprovalNeeded, ToolCallStarted, ToolResult, TurnEvent
 from loopd.infer import ToolCall
-from loopd.records import (
+from loopd.session.baseline import untrusted_envelope
+from loopd.session.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
     ToolResultRecord,
 )
-from loopd.store import ParentCall, Session, StoreError
+from loopd.session.store import ParentCall, Session, StoreError
 from loopd.tools import (
     DELEGATE,
     WRITE_TOOLS,
@@ -41,6 +39,14 @@ from loopd.tools import (
     answer_call,
     call_key,
     requested_tool,
+)
+from loopd.turn.changes import Hands
+from loopd.wire.events import (
+    ApprovalDecided,
+    ApprovalNeeded,
+    ToolCallStarted,
+    ToolResult,
+    TurnEvent,
 )
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The channel's wire messages: JSON lines over a Unix socket, one object per line with a
-`type`. docs/protocol.md shows each with an example; `loopd.proto.json_schema()` is the schema.
+`type`. docs/protocol.md shows each with an example; `loopd.wire.proto.json_schema()` is the schema.
 
 The protocol version is `PROTOCOL`. A field added later gets a default, so older clients and
 daemons keep understanding each other; anything else raises `PROTOCOL`.
@@ -11,14 +11,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
-from loopd.events import TurnEvent
-from loopd.records import Decision, FailureKind, UsageRecord
-from loopd.store import SessionInfo as StoredSession
-from loopd.store import WriteFault
+from loopd.session.records import Decision, FailureKind, UsageRecord
+from loopd.session.store import SessionInfo as StoredSession
+from loopd.session.store import WriteFault
+from loopd.wire.events import TurnEvent
 
 __all__ = [
     "CLIENT_MESSAGE",
     "DAEMON_MESSAGE",
+    "HISTORY_PAGE",
     "PROTOCOL",
     "Accepted",
     "Approve",
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 PROTOCOL = 2
+
+HISTORY_PAGE = 500
+"""Records in one `history` answer at most."""
 
 
 class _Message(BaseModel):

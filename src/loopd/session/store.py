@@ -31,7 +31,7 @@ import trio
 from pydantic import TypeAdapter, ValidationError
 
 from loopd import __version__
-from loopd.records import (
+from loopd.session.records import (
     FORMAT,
     RECORD,
     ApprovalRequestRecord,
@@ -113,9 +113,22 @@ def fault_of(error: StoreError) -> tuple[WriteFault, str]:
     return fault, f"{what}: {error}"
 
 
+class _Millis:
+    """The last millisecond an id was made in: two sessions made in one millisecond still sort
+    in the order they were made (the second's moves on by one)."""
+
+    last = 0
+
+    @classmethod
+    def after_last(cls, t: datetime) -> datetime:
+        ms = max(int(t.timestamp() * 1000), cls.last + 1)
+        cls.last = ms
+        return datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+
+
 def new_session_id(at: datetime | None = None) -> str:
     """Ids sort by creation time: `20261130T120102345Z-9f2c1a` (UTC, milliseconds)."""
-    t = (at or now()).astimezone(UTC)
+    t = at.astimezone(UTC) if at else _Millis.after_last(now())
     return f"{t:%Y%m%dT%H%M%S}{t.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
 
 

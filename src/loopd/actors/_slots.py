@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loopd.infer import HttpError, InferError, Slot, SlotFile, slot_tokens
-from loopd.store import Session
+from loopd.session.store import Session
 
 __all__ = ["SlotFiles"]
 

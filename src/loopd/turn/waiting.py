@@ -13,8 +13,8 @@ from collections.abc import Callable
 import trio
 
 from loopd.backoff import Backoff
-from loopd.events import WaitingForServer, WaitReason
 from loopd.infer import ConnectError, ConnectionLost, HttpError, InferError
+from loopd.wire.events import WaitingForServer, WaitReason
 
 __all__ = ["ServerWait", "wait_reason"]
 

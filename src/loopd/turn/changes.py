@@ -23,8 +23,8 @@ from typing import Any
 
 import trio
 
-from loopd.records import FileChangeRecord, Record, UndoRecord, UserRecord
-from loopd.store import Session
+from loopd.session.records import FileChangeRecord, Record, UndoRecord, UserRecord
+from loopd.session.store import Session
 from loopd.tools import (
     Asking,
     Roots,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from loopd.records import (
+from loopd.session.records import (
     AssistantRecord,
     Baseline,
     Record,

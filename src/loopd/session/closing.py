@@ -6,7 +6,8 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from loopd.records import (
+from loopd.canonical import digest
+from loopd.session.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
     AssistantRecord,
@@ -17,8 +18,7 @@ from loopd.records import (
     UserRecord,
     open_approvals,
 )
-from loopd.store import Session
-from loopd.tools import digest
+from loopd.session.store import Session
 
 __all__ = ["INTERRUPTED", "close_interrupted_turn", "close_turn", "turn_open"]
 

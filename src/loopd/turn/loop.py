@@ -6,7 +6,7 @@
      └── InferFailed   llama-server could not answer (the InferError is `.error`)
 
 A server that cannot take a request yet (loading, restarting, unreachable) is waited for
-(`loopd.waiting`), up to the turn's deadline. A `StoreError` from the session passes through
+(`loopd.turn.waiting`), up to the turn's deadline. A `StoreError` from the session passes through
 as it is. Whatever ends a turn (an answer, a limit, an error, a cancellation), the log is left
 a valid conversation: every tool call of the last answer has a result (saying why it was not
 run, if it was not), and a `turn_end` record gives the reason. Each record is on disk before
@@ -23,12 +23,7 @@ from typing import Any, Literal, Protocol
 import trio
 
 from loopd.backoff import Backoff
-from loopd.calls import Delegate, RepeatedCall, ToolCalls
-from loopd.changes import Hands
-from loopd.closing import close_turn
 from loopd.config import LoopConfig
-from loopd.events import CacheLoss, TurnEvent
-from loopd.exact import ExactHistory, next_request
 from loopd.infer import (
     AnyRequest,
     ChatEvent,
@@ -42,7 +37,8 @@ from loopd.infer import (
     is_context_full,
     is_output,
 )
-from loopd.records import (
+from loopd.session.closing import close_turn
+from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     PromptRecord,
@@ -51,9 +47,13 @@ from loopd.records import (
     UsageRecord,
     UserRecord,
 )
-from loopd.store import Session
+from loopd.session.store import Session
 from loopd.tools import Registry, ToolPort
-from loopd.waiting import ServerWait, wait_reason
+from loopd.turn.calls import Delegate, RepeatedCall, ToolCalls
+from loopd.turn.changes import Hands
+from loopd.turn.exact import ExactHistory, next_request
+from loopd.turn.waiting import ServerWait, wait_reason
+from loopd.wire.events import CacheLoss, TurnEvent
 
 __all__ = [
     "InferFailed",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from loopd.records import (
+from loopd.session.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
     AssistantRecord,

@@ -33,7 +33,7 @@ from loopd.infer import (
     Waiting,
     is_context_full,
 )
-from loopd.records import (
+from loopd.session.records import (
     AssistantRecord,
     Baseline,
     Record,

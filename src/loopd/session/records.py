@@ -1,7 +1,7 @@
 """The records of a session log: one JSON object per line, each with a `kind` and a `time`.
 
 A log is the whole truth of a session. Records are only ever appended; the messages sent to
-the model are a pure function of the baseline and the records (`loopd.baseline.messages`).
+the model are a pure function of the baseline and the records (`loopd.session.baseline.messages`).
 `time` goes to the log only, never into a message, so a replay gives the same bytes.
 
 Versioning: the header carries `format`. A field added later gets a default, so older logs
@@ -147,7 +147,8 @@ class AssistantRecord(_Record):
 class PromptRecord(_Record):
     """Text a token-exact request added to the prompt: the rendering of the messages since the
     last answer and the generation prompt. Written with the answer, never for a failed request.
-    Produces no message: `loopd.exact` builds each prompt from these and the answers' tokens."""
+    Produces no message: `loopd.turn.exact` builds each prompt from these and the answers'
+    tokens."""
 
     kind: Literal["prompt"] = "prompt"
     text: str

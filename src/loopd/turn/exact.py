@@ -25,7 +25,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loopd.baseline import messages
 from loopd.infer import (
     OPENING,
     AnyRequest,
@@ -42,10 +41,11 @@ from loopd.infer import (
     delimiter_pattern,
     learn_format,
 )
-from loopd.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
+from loopd.session.baseline import messages
+from loopd.session.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
 
 if TYPE_CHECKING:
-    from loopd.store import Session
+    from loopd.session.store import Session
 
 __all__ = [
     "ExactHistory",

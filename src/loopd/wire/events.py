@@ -18,7 +18,7 @@ from loopd.infer import (
     ThinkingCapped,
     Waiting,
 )
-from loopd.records import DataClass, Decision
+from loopd.session.records import DataClass, Decision
 
 __all__ = [
     "AgentState",

@@ -1,0 +1,134 @@
+"""The import graph keeps the layers of docs/architecture.md ("Layers"): no module imports from
+a layer above its own, no module reaches into another package's private modules, and bxctl
+imports nothing of the daemon (its actors, tools, turns, channel)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).parent.parent / "src"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # Leaves: no import of loopd's own.
+    (
+        "loopd",
+        "loopd.groups",
+        "loopd.backoff",
+        "loopd.canonical",
+        "loopd.inbox",
+        "loopd.server_proc",
+        "loopd.wire.lines",
+    ),
+    ("loopd.infer",),
+    ("loopd.session",),
+    ("loopd.config",),
+    ("loopd.wire",),
+    ("loopd.tools",),
+    ("loopd.turn",),
+    ("loopd.actors",),
+    ("loopd.channel",),
+    ("loopd.daemon", "loopd.cli", "loopd.__main__"),
+    ("bxctl",),
+)
+CLIENT_REACH = "loopd.wire"
+"""The highest layer bxctl may import: the wire format, the records, the config."""
+DAEMON_ONLY = ("loopd.tools", "loopd.turn", "loopd.actors", "loopd.channel", "loopd.daemon")
+
+
+def _layer(module: str) -> int:
+    best, found = -1, -1
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, found = len(name), index
+    assert found >= 0, f"{module} is in no layer: add it to LAYERS"
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The modules `module` imports (by name, relative ones resolved)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] in {"loopd", "bxctl"}}
+
+
+def _known(name: str, modules: dict[str, Path]) -> str:
+    """`name` as a module: `from loopd.x import y` names y, a module or an attribute."""
+    return name if name in modules else name.rpartition(".")[0]
+
+
+MODULES = _modules()
+
+
+def _above(module: str, path: Path) -> list[str]:
+    mine = _layer(module)
+    named = {_known(n, MODULES) for n in _imports(module, path)}
+    return sorted(name for name in named if _layer(name) > mine)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_from_a_layer_above_its_own(module: str) -> None:
+    assert _above(module, MODULES[module]) == [], f"{module} imports from a layer above its own"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_reaches_into_another_packages_private_modules(module: str) -> None:
+    reached = sorted(
+        name
+        for name in {_known(n, MODULES) for n in _imports(module, MODULES[module])}
+        if (private := name.rpartition("._")[0]) and not module.startswith(private)
+    )
+    assert reached == [], f"{module} imports private modules of other packages: {reached}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("bxctl")))
+def test_bxctl_imports_no_layer_above_the_wire_format(module: str) -> None:
+    reach = _layer(CLIENT_REACH)
+    above = sorted(
+        name
+        for name in {_known(n, MODULES) for n in _imports(module, MODULES[module])}
+        if name.startswith("loopd") and _layer(name) > reach
+    )
+    assert above == [], f"{module} imports the daemon's {above}"
+
+
+def test_bxctl_loads_none_of_the_daemons_modules_even_indirectly() -> None:
+    code = (
+        "import sys, bxctl.cli, bxctl.acp, bxctl.chat\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({DAEMON_ONLY!r})))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_the_check_sees_imports_from_above_absolute_and_relative(tmp_path: Path) -> None:
+    leaf = tmp_path / "leaf.py"
+    leaf.write_text("from loopd.actors import open_core\nfrom ..turn import run_turn\n")
+    assert _above("loopd.session.leaf", leaf) == ["loopd.actors", "loopd.turn"]
