@@ -5,7 +5,9 @@ docs/architecture.md's supervision table names these tests."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,10 @@ import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon
 from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT, make_baseline
-from loopd.session.records import UserRecord, conversation_problems
+from loopd.session.records import ApprovalRequestRecord, UserRecord, conversation_problems
 from loopd.session.store import Store, parse_log
 from support.daemon import Daemon, LineClient
+from support.failing_writes import build as failing_writes_library
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 
@@ -132,6 +135,74 @@ async def test_a_session_on_a_full_disk_fails_alone_and_opens_again_once_space_i
         await d.end()
 
 
+@pytest.fixture(scope="module")
+def failing_writes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """loopd's environment with writes of a marked record failing (support.failing_writes)."""
+    library = failing_writes_library(tmp_path_factory.mktemp("preload"))
+    return {**os.environ, "LD_PRELOAD": str(library)}
+
+
+@pytest.mark.parametrize(
+    ("mark", "fault", "message"),
+    [
+        ("EIO", "io_error", "an I/O error on the session's log: "),
+        ("EROFS", "read_only", "the session's log folder is read-only: "),
+    ],
+)
+async def test_a_session_whose_log_write_fails_fails_alone_and_opens_again(
+    daemon: StartDaemon, failing_writes: dict[str, str], mark: str, fault: str, message: str
+) -> None:
+    """A record of one session fails to write (an I/O error, a folder gone read-only): that
+    session ends in `session_failed` while another's turn is answered and a third opens; the
+    same session opens again and goes on, its log whole."""
+    d = await daemon(FakeLlama([Reply(content="fine")]), env=failing_writes)
+    assert d.process is not None
+    a, failing = await _hello(d, "new")
+    assert (await a.turn("a1", "first"))[-1]["type"] == "turn_done"
+    b, _ = await _hello(d, "new")
+
+    await a.send({"type": "send", "id": "a2", "content": f"this one fails @@{mark}@@"})
+    failed = await _answer(a, "session_failed")
+    assert (failed["session"], failed["fault"]) == (failing, fault)
+    assert failed["message"].startswith(message)
+    assert (await _answer(a, "turn_failed"))["id"] == "a2"
+    assert (await b.turn("b1", "still there?"))[-1]["type"] == "turn_done"
+    _, third = await _hello(d, "new")
+    assert third != failing
+    assert d.process.poll() is None
+
+    await a.send({"type": "open_session", "id": failing})
+    assert (await _answer(a, "welcome"))["session"] == failing
+    assert (await a.turn("a3", "third"))[-1]["type"] == "turn_done"
+    _, records, torn = Store(d.home / "sessions").read(failing)
+    assert (torn, conversation_problems(list(records))) == (0, [])
+    assert [r.content for r in records if isinstance(r, UserRecord)] == ["first", "third"]
+    assert f"session {failing} failed: {message}" in d.log.read_text()
+
+
+async def test_a_call_whose_approval_request_cannot_be_written_does_not_run(
+    daemon: StartDaemon, failing_writes: dict[str, str], tmp_path: Path
+) -> None:
+    """The approval request of an edit (its preview shows the file's marked line) fails to
+    write: the edit is not made, and the session ends in `session_failed`."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.md").write_text("@@EIO@@\nbuy milk\n")
+    edit = {"path": "todo.md", "edits": [{"old_text": "milk", "new_text": "bread"}]}
+    arguments = json.dumps({"name": "edit_file", "arguments": edit})
+    call = Reply(tool_calls=(("c1", "call_tool", arguments),))
+    tools = f'roots = ["{notes}"]\n[tools.policies.edit_file]\naction = "ask"'
+    d = await daemon(FakeLlama([call, Reply(content="done")]), tools=tools, env=failing_writes)
+    a, failing = await _hello(d, "new")
+    await a.send({"type": "send", "id": "t1", "content": "buy bread instead"})
+    failed = await _answer(a, "session_failed")
+    assert (failed["session"], failed["fault"]) == (failing, "io_error")
+    assert (await _answer(a, "turn_failed"))["id"] == "t1"
+    assert (notes / "todo.md").read_text() == "@@EIO@@\nbuy milk\n"
+    _, records, _ = Store(d.home / "sessions").read(failing)
+    assert not any(isinstance(r, ApprovalRequestRecord) for r in records)
+
+
 async def _stops_saying(d: Daemon, client: LineClient, why: str) -> None:
     """loopd says `why` to its client, exits 1, and says it again in its log."""
     bye = await _answer(client, "bye")
@@ -158,3 +229,22 @@ async def test_loopd_stops_saying_why_when_its_socket_is_removed(daemon: StartDa
     client, _ = await _hello(d, "new")
     d.socket.unlink()
     await _stops_saying(d, client, f"its socket {d.socket} was removed")
+
+
+def test_every_row_of_the_supervision_table_names_tests_that_exist() -> None:
+    """docs/architecture.md's supervision table stays honest: each row names the tests that
+    inject its fault, and each of them is a test function of that file."""
+    docs = Path(__file__).parent.parent / "docs" / "architecture.md"
+    table = docs.read_text().split("## Supervision", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) > 5
+    for row in rows[1:]:
+        cell = row.rstrip(" |").rsplit("|", 1)[1]
+        named = re.findall(r"`(test_\w+\.py)::(\w+)`|`(test_\w+)`", cell)
+        assert named, f"a row of the supervision table names no test: {row[:80]}"
+        file = None
+        for path, name, same_file in named:
+            file = path or file
+            assert file, f"a test named without its file: {row[:80]}"
+            source = (Path(__file__).parent / file).read_text()
+            assert f"def {name or same_file}(" in source, f"{file} has no {name or same_file}"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["innermost"]
+from typing import TypeVar
+
+__all__ = ["innermost", "leaf"]
+
+E = TypeVar("E", bound=BaseException)
 
 
 def innermost(error: BaseException) -> BaseException:
@@ -10,3 +14,14 @@ def innermost(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+def leaf(error: BaseException, kind: type[E]) -> E | None:
+    """The first error of `kind` in `error` or anywhere in its groups; None if there is none."""
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            if (found := leaf(inner, kind)) is not None:
+                return found
+    return None

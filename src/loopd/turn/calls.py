@@ -10,7 +10,8 @@ the turn the third time (`[loop] repeat_detection`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import trio
 
 from loopd.config import LoopConfig
+from loopd.groups import leaf
 from loopd.infer import ToolCall
 from loopd.session.baseline import untrusted_envelope
 from loopd.session.records import (
@@ -124,7 +126,6 @@ class ToolCalls:
         before the first unanswered one are in the log, and no other."""
         answers: list[tuple[int, ModelAnswer] | None] = [None] * len(calls)
         written = 0
-        repeated: RepeatedCall | None = None
 
         async def answer(index: int, checked: tuple[ModelAnswer | None] | None = None) -> None:
             call = calls[index]
@@ -132,24 +133,28 @@ class ToolCalls:
             (repeat,) = checked or (self._repeat(call),)
             answers[index] = (number, repeat or await self._run(call, number))
 
-        # A nursery wraps what its body raises in a group: a repeat is raised after it.
-        async with trio.open_nursery() as nursery:
-            try:
-                together = [i for i, c in enumerate(calls) if self._delegates(c)]
-                for index in together:
-                    # Checked here, so a third repeat ends the round before anything runs.
-                    nursery.start_soon(answer, index, (self._repeat(calls[index]),))
-                for index in range(len(calls)):
-                    if index not in together:
-                        await answer(index)
-                    while written < len(calls) and (done := answers[written]) is not None:
-                        await self._write(calls[written], *done)
-                        written += 1
-            except RepeatedCall as e:
-                repeated = e
-                nursery.cancel_scope.cancel()
-        if repeated is not None:
-            raise repeated
+        # A nursery wraps what raises in it in a group: a repeat, or a record the log could not
+        # take (which ends the turn and the session, in a call run beside others too), is
+        # raised as itself.
+        stopped: RepeatedCall | StoreError | None = None
+        with _unwritten_as_itself():
+            async with trio.open_nursery() as nursery:
+                try:
+                    together = [i for i, c in enumerate(calls) if self._delegates(c)]
+                    for index in together:
+                        # Checked here, so a third repeat ends the round before anything runs.
+                        nursery.start_soon(answer, index, (self._repeat(calls[index]),))
+                    for index in range(len(calls)):
+                        if index not in together:
+                            await answer(index)
+                        while written < len(calls) and (done := answers[written]) is not None:
+                            await self._write(calls[written], *done)
+                            written += 1
+                except (RepeatedCall, StoreError) as e:
+                    stopped = e
+                    nursery.cancel_scope.cancel()
+        if stopped is not None:
+            raise stopped
         for index in range(written, len(calls)):
             done = answers[index]
             assert done is not None  # noqa: S101 - the nursery ended with every call answered
@@ -273,3 +278,14 @@ class ToolCalls:
         _approved: Asking | None,
     ) -> ToolOutput:
         return await delegate(parent, arguments["task"], self.on_event)
+
+
+@contextmanager
+def _unwritten_as_itself() -> Iterator[None]:
+    """A record the log could not take, out of a nursery's group as itself."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if (unwritten := leaf(group, StoreError)) is None:
+            raise
+        raise unwritten from None
