@@ -203,6 +203,28 @@ async def test_a_call_whose_approval_request_cannot_be_written_does_not_run(
     assert not any(isinstance(r, ApprovalRequestRecord) for r in records)
 
 
+async def test_a_new_session_whose_log_cannot_be_made_is_refused_and_loopd_serves_the_rest(
+    daemon: StartDaemon, failing_writes: dict[str, str], tmp_path: Path
+) -> None:
+    """Every new session's header fails to write (its system prompt carries the mark, as a full
+    disk would fail it): `new` is answered `session_unavailable` saying why, nothing half made
+    is left, and a session made before opens and answers."""
+    store = Store(tmp_path / "loopd-0" / "sessions")  # the first daemon's
+    with await store.create(make_baseline(DEFAULT_SYSTEM_PROMPT)) as made:
+        before = made.id
+    session = 'system_prompt = "You help. @@ENOSPC@@"\n'
+    d = await daemon(FakeLlama([Reply(content="fine")]), session=session, env=failing_writes)
+    assert d.home / "sessions" == store.directory
+    client = await d.connect()
+    await client.send({"type": "hello", "session": "new"})
+    refused = await _answer(client, "error")
+    assert refused["code"] == "session_unavailable"
+    assert refused["message"].startswith("a new session could not be created: the disk is full: ")
+    assert [p.name for p in store.directory.glob("*.jsonl*")] == [f"{before}.jsonl"]
+    old, _ = await _hello(d, before)
+    assert (await old.turn("t1", "hello"))[-1]["type"] == "turn_done"
+
+
 async def _stops_saying(d: Daemon, client: LineClient, why: str) -> None:
     """loopd says `why` to its client, exits 1, and says it again in its log."""
     bye = await _answer(client, "bye")

@@ -1,8 +1,9 @@
 """A fault injected into a real loopd: an `LD_PRELOAD` library whose `write` fails with the
 errno a marker in the data names (`@@EIO@@`, `@@EROFS@@`, `@@ENOSPC@@`), for writes to
-session logs (`*.jsonl`) only, before any byte is written. A chosen record then fails the way
-a dying disk, a folder turned read-only or a full disk fails it, in the process that wrote
-it, while every other write (other sessions, the socket, loopd's own log) goes through."""
+session logs only (`*.jsonl`, and a new one's `.jsonl.partial`), before any byte is written.
+A chosen record then fails the way a dying disk, a folder turned read-only or a full disk
+fails it, in the process that wrote it, while every other write (other sessions, the
+socket, loopd's own log) goes through."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ static int is_log(int fd) {
     char link[64], target[4096];
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(link, target, sizeof target - 1);
-    if (n < 6) return 0;
+    if (n < 0) return 0;
     target[n] = 0;
-    return strcmp(target + n - 6, ".jsonl") == 0;
+    return strstr(target, ".jsonl") != NULL;
 }
 
 ssize_t write(int fd, const void *data, size_t size) {

@@ -18,7 +18,14 @@ import trio
 
 from loopd.session.closing import close_interrupted_turn, turn_open
 from loopd.session.records import Baseline
-from loopd.session.store import Session, SessionInfo, Store, StoreError, UnknownSession
+from loopd.session.store import (
+    Session,
+    SessionInfo,
+    Store,
+    StoreError,
+    UnknownSession,
+    fault_of,
+)
 from loopd.tools import FolderRefused, Roots
 
 from ._errors import (
@@ -147,8 +154,9 @@ class SessionRegistry:
         try:
             return await self.store.create(self._baseline(), cwd=cwd)
         except StoreError as e:  # a full disk, a folder loopd may not write
-            log.warning("a new session could not be created: %s", e)
-            raise SessionUnavailable(str(e)) from None
+            why = f"a new session could not be created: {fault_of(e)[1]}"
+            log.warning("%s", why)
+            raise SessionUnavailable(why) from None
 
     async def _stored(self, which: str) -> Session:
         try:
@@ -162,8 +170,9 @@ class SessionRegistry:
             await close_interrupted(self.store, session)
         except StoreError as e:  # its closing records could not be written: not opened
             session.close()
-            log.warning("session %s cannot be opened: %s", which, e)
-            raise SessionUnavailable(str(e)) from None
+            why = f"session {which} cannot be opened: {fault_of(e)[1]}"
+            log.warning("%s", why)
+            raise SessionUnavailable(why) from None
         return session
 
     async def _serve(
