@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +27,7 @@ from loopd.wire.proto import Event
 from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
+from test_bxctl import Tmux
 
 LOADING = '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
@@ -140,6 +142,30 @@ async def test_a_turn_sent_while_the_server_loads_its_model_waits_and_answers(
     assert rest[-1]["type"] == "turn_done"
     assert rest[-1]["content"] == "back again"
     assert kinds(rest).count("waiting_for_server") == 0  # said once, not on every try
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_a_message_sent_in_a_5_s_load_is_answered_and_bxctl_chat_shows_the_wait(
+    scripted: Callable[..., Awaitable[Scripted]], tmp_path: Path
+) -> None:
+    """The server answers 503 "Loading model" for 5 s, longer than the request's own retries
+    last: the chat says what it waits for, then the answer comes."""
+    s = await scripted(Reply(content="loaded and here"))
+    tmux = Tmux(f"wait-{id(s):x}")
+    await tmux.chat(s.daemon, tmp_path / "state")
+    try:
+        await tmux.wait_for("/help for help")
+        await tmux.keys("are you there?", "Enter")
+        screen = await tmux.wait_for("waiting for llama-server")
+        assert "it is loading its model" in screen
+        await trio.sleep(5)
+        s.loading.loading = False
+        await tmux.wait_for("loaded and here")
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("BXCTL-EXIT-0")
+    finally:
+        await tmux.close()
+    assert s.loading.refused >= 4
 
 
 async def test_a_request_that_fails_after_its_output_began_is_not_tried_again(
