@@ -17,7 +17,12 @@ import trio
 
 from conftest import NO_SLOT_FILES, StartDaemon
 from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT, make_baseline
-from loopd.session.records import ApprovalRequestRecord, UserRecord, conversation_problems
+from loopd.session.records import (
+    ApprovalRequestRecord,
+    ToolResultRecord,
+    UserRecord,
+    conversation_problems,
+)
 from loopd.session.store import Store, parse_log
 from support.daemon import Daemon, LineClient
 from support.failing_writes import build as failing_writes_library
@@ -201,6 +206,30 @@ async def test_a_call_whose_approval_request_cannot_be_written_does_not_run(
     assert (notes / "todo.md").read_text() == "@@EIO@@\nbuy milk\n"
     _, records, _ = Store(d.home / "sessions").read(failing)
     assert not any(isinstance(r, ApprovalRequestRecord) for r in records)
+
+
+async def test_a_write_whose_file_change_record_cannot_be_written_changes_nothing(
+    daemon: StartDaemon, failing_writes: dict[str, str], tmp_path: Path
+) -> None:
+    """A write runs without asking; its `file_change` record (the file's absolute path, in a
+    folder whose name carries the mark) fails to write: the file is not made, and the session
+    ends in `session_failed` rather than the model reading of a failed tool."""
+    folder = tmp_path / "project-@@EIO@@"
+    folder.mkdir()
+    write = {"path": "todo.md", "content": "buy bread\n"}
+    call = Reply(
+        tool_calls=(("c1", "call_tool", json.dumps({"name": "write_file", "arguments": write})),)
+    )
+    tools = f'roots = ["{folder}"]\n[tools.policies.write_file]\naction = "allow"'
+    d = await daemon(FakeLlama([call, Reply(content="done")]), tools=tools, env=failing_writes)
+    a, failing = await _hello(d, "new")
+    await a.send({"type": "send", "id": "t1", "content": "note it"})
+    failed = await _answer(a, "session_failed")
+    assert (failed["session"], failed["fault"]) == (failing, "io_error")
+    assert (await _answer(a, "turn_failed"))["id"] == "t1"
+    assert not (folder / "todo.md").exists()
+    _, records, _ = Store(d.home / "sessions").read(failing)
+    assert not any(isinstance(r, ToolResultRecord) and "failed" in r.content for r in records)
 
 
 async def test_a_new_session_whose_log_cannot_be_made_is_refused_and_loopd_serves_the_rest(

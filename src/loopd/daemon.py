@@ -2,7 +2,7 @@
 
     serve ─┬─ signals            SIGINT/SIGTERM: say goodbye, stop; a second one: exit now
            ├─ own files          its socket or its store folder gone: say why, stop, exit 1
-           ├─ llama-server       the embedded default: started, watched, restarted with backoff
+           ├─ llama-server       the embedded default: started, watched, restarted at once
            └─ open_core ── channel server
 
 Start-up fails early and clearly: a live daemon on the socket, no llama-server or model to
@@ -107,7 +107,8 @@ async def _keep_running(
     *,
     task_status: trio.TaskStatus[None],
 ) -> None:
-    """Run the embedded llama-server; restart it with backoff whenever it dies, and say so on
+    """Run the embedded llama-server; start it again at once whenever it dies (with backoff
+    between starts that fail), and say so on
     `restarted` (its slots are empty then). Meanwhile `client.down` says why it is away, for
     the turns that wait for it."""
     failures = 0

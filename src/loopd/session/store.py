@@ -164,6 +164,9 @@ class Session:
         self._records = records
         self._size = os.fstat(fd).st_size
         self._write_lock = trio.Lock()
+        self._thread = trio.CapacityLimiter(1)
+        """The session's appends run in a thread of their own, never on trio's shared ones: a
+        tool's work or a command's wait there never delays a record."""
         self._last_call = max(
             (r.call for r in records if isinstance(r, ToolResultRecord | ApprovalRequestRecord)),
             default=0,
@@ -216,7 +219,7 @@ class Session:
         async with self._write_lock:
             # Not abandoned on cancel: a cancelled caller waits for the write to finish, so
             # the log and `records` never disagree.
-            await trio.to_thread.run_sync(self._write, line)
+            await trio.to_thread.run_sync(self._write, line, limiter=self._thread)
             self._records.append(record)
             self._granted |= granted_tools([record])
 

@@ -246,7 +246,12 @@ class Builtins:
         try:
             if entry.name in WRITE_TOOLS:
                 planned = await trio.to_thread.run_sync(
-                    plan, tools.roots, entry.name, request.arguments, abandon_on_cancel=True
+                    plan,
+                    tools.roots,
+                    entry.name,
+                    request.arguments,
+                    abandon_on_cancel=True,
+                    limiter=self._threads,
                 )
                 shown = planned.diff or "(no change)"
                 if len(shown) > PREVIEW_CHARS:  # the event and the log carry it

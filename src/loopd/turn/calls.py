@@ -10,11 +10,11 @@ the turn the third time (`[loop] repeat_detection`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -82,6 +82,7 @@ def cap_result(text: str, cap: int) -> tuple[str, bool]:
 
 
 OnEvent = Callable[[TurnEvent], None]
+T = TypeVar("T")
 
 
 class Delegate(Protocol):
@@ -213,40 +214,7 @@ class ToolCalls:
         return None
 
     async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
-        # A record the log could not take ends the turn (and the session): it is raised here,
-        # not read by the model as a failed call, whatever the call's boundary made of it.
-        unwritten: list[StoreError] = []
-
-        async def logged(record: ApprovalRequestRecord | ApprovalRecord) -> None:
-            try:
-                await self.session.append(record)
-            except StoreError as e:
-                unwritten.append(e)
-                raise
-
-        async def on_asking(asking: Asking) -> None:
-            await logged(
-                ApprovalRequestRecord(
-                    call=number,
-                    tool_call_id=call.id,
-                    tool=asking.tool,
-                    arguments=asking.arguments,
-                    data_class=asking.data_class,
-                    untrusted=asking.untrusted,
-                    preview=asking.preview,
-                    basis=asking.basis,
-                )
-            )
-            self.on_event(approval_needed(asking))
-
-        async def on_decided(approval: Approval) -> None:
-            # A record the moment it is given, before the call runs: a crash or a cancel
-            # while the call runs keeps what the person said (and a `session` grant).
-            tool, decision, by = approval.tool, approval.decision, approval.by
-            with trio.CancelScope(shield=True):
-                await logged(ApprovalRecord(call=number, tool=tool, decision=decision, by=by))
-            self.on_event(ApprovalDecided(call=number, tool=tool, decision=decision, by=by))
-
+        records = _CallRecords(self.session, call, number, self.on_event)
         origin = CallOrigin(self.session.id, number, self.session.granted, self.session.cwd)
         own: dict[str, Any] = {}
         if self.delegate is not None:
@@ -254,7 +222,9 @@ class ToolCalls:
             own[DELEGATE] = partial(self._delegate, self.delegate, parent)
         if self.hands is not None:
             for tool in WRITE_TOOLS:  # the change goes to the log before the file
-                own[tool] = partial(self.hands.write, self.session, number, call.id, tool)
+                own[tool] = records.noted(
+                    partial(self.hands.write, self.session, number, call.id, tool)
+                )
         answer = await answer_call(
             self.registry,
             self.port,
@@ -262,12 +232,12 @@ class ToolCalls:
             call.arguments,
             origin,
             find_limit=self.find_limit,
-            on_asking=on_asking,
+            on_asking=records.on_asking,
             own=own,
-            on_decided=on_decided,
+            on_decided=records.on_decided,
         )
-        if unwritten:
-            raise unwritten[0]
+        if records.unwritten:
+            raise records.unwritten[0]
         return answer
 
     async def _delegate(
@@ -278,6 +248,55 @@ class ToolCalls:
         _approved: Asking | None,
     ) -> ToolOutput:
         return await delegate(parent, arguments["task"], self.on_event)
+
+
+@dataclass
+class _CallRecords:
+    """What one call writes to the log besides its result: its approval's request and
+    decision, a write's `file_change`. A record the log could not take ends the turn (and the
+    session): it is raised by `_run` after the call, not read by the model as a failed call,
+    whatever the call's boundary made of it."""
+
+    session: Session
+    call: ToolCall
+    number: int
+    on_event: OnEvent
+    unwritten: list[StoreError] = field(default_factory=list)
+
+    def noted(self, run: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        """`run`, its StoreError noted before it passes on."""
+
+        async def noting(*args: Any) -> T:
+            try:
+                return await run(*args)
+            except StoreError as e:
+                self.unwritten.append(e)
+                raise
+
+        return noting
+
+    async def on_asking(self, asking: Asking) -> None:
+        record = ApprovalRequestRecord(
+            call=self.number,
+            tool_call_id=self.call.id,
+            tool=asking.tool,
+            arguments=asking.arguments,
+            data_class=asking.data_class,
+            untrusted=asking.untrusted,
+            preview=asking.preview,
+            basis=asking.basis,
+        )
+        await self.noted(self.session.append)(record)
+        self.on_event(approval_needed(asking))
+
+    async def on_decided(self, approval: Approval) -> None:
+        # A record the moment it is given, before the call runs: a crash or a cancel while
+        # the call runs keeps what the person said (and a `session` grant).
+        tool, decision, by = approval.tool, approval.decision, approval.by
+        record = ApprovalRecord(call=self.number, tool=tool, decision=decision, by=by)
+        with trio.CancelScope(shield=True):
+            await self.noted(self.session.append)(record)
+        self.on_event(ApprovalDecided(call=self.number, tool=tool, decision=decision, by=by))
 
 
 @contextmanager
