@@ -15,6 +15,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     concurrency  1, 2 and 4 sessions at once: tokens/s and time to first token, against direct
     agents    four sub-agents at once against the same four tasks one after another
     hands     a sandboxed command against a bare one; an edit against a plain write
+    startup   bxctl --help and bxctl status, whole processes, against python -c pass
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import overhead
 import parser
 import relay
 import slots
+import startup
 import store
 import trio
 
@@ -74,6 +76,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "concurrency": lambda: trio.run(concurrency.measure, *_assets()),
     "agents": lambda: trio.run(agents.measure, *_assets()),
     "hands": lambda: trio.run(hands.measure),
+    "startup": lambda: trio.run(startup.measure),
     "parser": lambda: trio.run(
         parser.measure,
         *_assets(),
@@ -190,6 +193,18 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             ),
             "",
             *agents.table(f),
+        ]
+    if name == "startup":
+        return [
+            "## 16. How fast bxctl starts",
+            "",
+            (
+                f"bench/startup.py: whole-process runs, medians of {f['runs']}, alternating with "
+                "`python -c pass` on the same interpreter; `status` against a running loopd on a "
+                "scripted llama-server."
+            ),
+            "",
+            *startup.table(f),
         ]
     if name == "hands":
         return [

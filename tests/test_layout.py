@@ -119,7 +119,7 @@ def test_bxctl_imports_no_layer_above_the_wire_format(module: str) -> None:
 
 def test_bxctl_loads_none_of_the_daemons_modules_even_indirectly() -> None:
     code = (
-        "import sys, bxctl.cli, bxctl.acp, bxctl.chat\n"
+        "import sys, bxctl.cli, bxctl.commands, bxctl.acp, bxctl.chat\n"
         f"print(sorted(m for m in sys.modules if m.startswith({DAEMON_ONLY!r})))"
     )
     loaded = subprocess.run(
@@ -132,3 +132,19 @@ def test_the_check_sees_imports_from_above_absolute_and_relative(tmp_path: Path)
     leaf = tmp_path / "leaf.py"
     leaf.write_text("from loopd.actors import open_core\nfrom ..turn import run_turn\n")
     assert _above("loopd.session.leaf", leaf) == ["loopd.actors", "loopd.turn"]
+
+
+def test_bxctl_help_loads_neither_trio_nor_pydantic_nor_rich() -> None:
+    """`bxctl --help` (and a usage error) is argparse alone: the commands' imports wait for a
+    command to run."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from bxctl.cli import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'trio', 'pydantic', 'rich'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -1,0 +1,305 @@
+"""What each `bxctl` command does (the parser is `bxctl.cli`'s, which imports this only once
+a command is to run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+from rich.console import Console
+from rich.text import Text
+
+from bxctl.cli import (
+    EXIT_APPROVAL,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    FAILURE_EXIT,
+)
+from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.view import as_tree, context_line, session_line
+from loopd.config import ConfigError, load_config
+from loopd.groups import innermost
+from loopd.session.records import Record, SessionHeader, ToolResultRecord
+from loopd.session.store import SessionInfo, Store, StoreError
+from loopd.session.transcript import transcript
+from loopd.wire import proto
+from loopd.wire.events import ApprovalNeeded
+from loopd.wire.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per command
+    """The command `args` names, and its exit status."""
+    try:
+        config, _ = load_config(args.config)
+    except ConfigError as e:
+        print(f"bxctl: invalid loopd config:\n{e}", file=sys.stderr)
+        return EXIT_USAGE
+    path: Path = args.socket or config.channel.socket
+    try:
+        if args.command == "chat":
+            return _chat(args, path)
+        if args.command == "status":
+            return trio.run(_status, path, args.where)
+        if args.command == "approve":
+            return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
+        if args.command == "undo":
+            return trio.run(_undo, path, args.call, args.where)
+        if args.command == "acp":
+            from bxctl.acp import serve  # noqa: PLC0415 - the ACP package, for this command only
+
+            trio.run(serve, path)
+            return EXIT_OK
+        if args.command == "sessions":
+            return trio.run(_sessions, path, Store(config.store.directory))
+        return _log(Store(config.store.directory), args.session)
+    except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
+        return _exit_for(innermost(e))
+
+
+def _exit_for(error: BaseException) -> int:
+    if isinstance(error, SessionRefused):
+        print(f"bxctl: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(error, Unreachable):
+        print(f"bxctl: {error}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if isinstance(error, BrokenPipeError):  # the reader of our output left: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_FAILED
+    raise error
+
+
+def _chat(args: argparse.Namespace, path: Path) -> int:
+    text = args.message
+    if text is None and not sys.stdin.isatty():
+        text = sys.stdin.read()
+    if text is not None:
+        if not text.strip():
+            print("bxctl: nothing to send", file=sys.stderr)
+            return EXIT_USAGE
+        return trio.run(_once, path, text, args)
+    for flag, given in (("--json", args.json), ("--yes", args.yes)):
+        if given:
+            print(f"bxctl: {flag} needs -m TEXT or text on stdin", file=sys.stderr)
+            return EXIT_USAGE
+    from bxctl.chat import interactive  # noqa: PLC0415 - prompt_toolkit, for this command only
+
+    if trio.run(interactive, path, Console(), args.show_reasoning, args.session or "new"):
+        return EXIT_OK
+    print("bxctl: loopd is not running", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
+    connection = await Connection.open(path)
+    await connection.hello(args.session or "new")
+    turn = f"bxctl-{id(connection):x}"
+    await connection.send({"type": "send", "id": turn, "content": text})
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_on_interrupt() -> None:
+                async for _ in interrupts:
+                    await connection.send({"type": "cancel", "id": turn})
+
+            nursery.start_soon(cancel_on_interrupt)
+            code = await _follow(connection, turn, args.json, args.yes)
+            nursery.cancel_scope.cancel()
+    await connection.aclose()
+    return code
+
+
+async def _follow(connection: Connection, turn: str, as_json: bool, approve: bool) -> int:
+    while (message := await connection.receive()) is not None:
+        if getattr(message, "id", None) != turn:
+            continue
+        if as_json:
+            print(message.model_dump_json(by_alias=True), flush=True)
+        elif isinstance(message, Event) and message.event.kind == "content":
+            print(message.event.text, end="", flush=True)
+        if isinstance(message, Event) and isinstance(message.event, ApprovalNeeded):
+            asking = message.event
+            if not approve:
+                print(
+                    f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
+                    f"it with `{_approve_command(asking, connection.session)}`, or run with "
+                    "--yes",
+                    file=sys.stderr,
+                )
+                return EXIT_APPROVAL
+            await connection.send(
+                {
+                    "type": "approve",
+                    "call": asking.call,
+                    "session": asking.session,
+                    "decision": "once",
+                }
+            )
+        if isinstance(message, TurnDone):
+            if not as_json:
+                print(flush=True)
+            return EXIT_OK
+        if isinstance(message, TurnFailed | Error):
+            what = message.kind if isinstance(message, TurnFailed) else message.code
+            print(f"\nbxctl: {what}: {message.message}", file=sys.stderr)
+            return FAILURE_EXIT.get(what, EXIT_FAILED)
+    print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def _approve_command(asking: ApprovalNeeded, session: str | None) -> str:
+    command = f"bxctl approve {asking.call} --once|--session|--deny --in {session}"
+    return f"{command} --sub-agent {asking.session}" if asking.session else command
+
+
+async def _status(path: Path, where: str) -> int:
+    connection = await Connection.open(path)
+    await connection.hello(where)
+    status = await connection.request({"type": "status"}, "status")
+    await connection.aclose()
+    if not isinstance(status, Status):
+        raise Unreachable(f"loopd answered {status.type}, not status")
+    console = Console()
+    console.print(f"session  {status.session} ({status.turns} turns)")
+    slot = "none" if status.slot is None else status.slot
+    console.print(f"server   {status.server}  model {status.model or '?'}  slot {slot}")
+    console.print(f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting")
+    for view in status.slots:
+        held = "free" if view.session is None else f"session {view.session}"
+        tokens = "" if view.tokens is None else f", {view.tokens} tokens"
+        server = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
+        state = "busy" if view.busy else "idle"
+        console.print(f"slot {server}{view.slot}   {state}, {held}{tokens}")
+    if status.last_usage:
+        u = status.last_usage
+        console.print(
+            f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
+            f"{u.predicted_n} generated"
+        )
+    if status.context is not None:
+        console.print(f"context  {context_line(status.context, status.past_reasoning)}")
+    for line in status.pending:
+        if isinstance(asking := line.event, ApprovalNeeded):
+            console.print(
+                f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
+                f"({_approve_command(asking, status.session)})",
+                markup=False,
+            )
+    return EXIT_OK
+
+
+async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:
+    connection = await Connection.open(path)
+    await connection.hello(where)
+    answer = await connection.request(
+        {"type": "approve", "call": call, "session": agent, "decision": decision}, "approved"
+    )
+    await connection.aclose()
+    if isinstance(answer, Error):
+        print(f"bxctl: {answer.message}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def _undo(path: Path, call: int | None, where: str) -> int:
+    connection = await Connection.open(path)
+    await connection.hello(where)
+    answer = await connection.request({"type": "undo", "call": call}, "undone")
+    await connection.aclose()
+    if isinstance(answer, Error):
+        print(f"bxctl: {answer.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(answer, Undone):
+        calls = ", ".join(map(str, answer.calls))
+        print(f"put back what call{'s' * (len(answer.calls) > 1)} {calls} changed:")
+        for changed in answer.paths:
+            print(f"  {changed}")
+    return EXIT_OK
+
+
+async def _sessions(path: Path, store: Store) -> int:
+    """The sessions, oldest first, each sub-agent's under the session that started it."""
+    try:
+        connection = await Connection.open(path)
+    except Unreachable:
+        listed = [proto.SessionInfo.of(s) for s in await store.sessions()]
+        current = None
+    else:
+        answer = await connection.request({"type": "sessions"}, "sessions")
+        await connection.aclose()
+        if not isinstance(answer, Sessions):
+            raise Unreachable(f"loopd answered {answer.type}, not sessions")
+        listed, current = answer.sessions, answer.current
+    for depth, s in as_tree(listed):
+        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
+    if not listed:
+        print(f"no sessions in {store.directory}")
+    return EXIT_OK
+
+
+def _log(store: Store, session_id: str | None) -> int:
+    """The session's transcript; one that continues another (a compaction) comes after the
+    sessions it continues, oldest first, so the whole conversation reads in one go."""
+    session_id = session_id or store.latest()
+    if session_id is None:
+        print(f"bxctl: no sessions in {store.directory}", file=sys.stderr)
+        return EXIT_FAILED
+    chain: list[tuple[SessionHeader, list[Record]]] = []
+    seen: set[str] = set()
+    try:
+        while session_id is not None and session_id not in seen:
+            seen.add(session_id)
+            header, records, _ = store.read(session_id)
+            chain.insert(0, (header, records))
+            session_id = header.continues
+    except StoreError as e:
+        if not chain:
+            print(f"bxctl: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"bxctl: the session it continues is not readable: {e}", file=sys.stderr)
+    console = Console()
+    infos = store.sessions_now()
+    for header, records in chain:
+        console.print(
+            f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold"
+        )
+        for line in _with_sub_agents(store, infos, header.id, records):
+            console.print(line)
+    return EXIT_OK
+
+
+def _with_sub_agents(
+    store: Store, infos: list[SessionInfo], session_id: str, records: list[Record]
+) -> list[Text]:
+    """The transcript of a session, each sub-agent's own under the result of the call that
+    started it."""
+    lines: list[Text] = []
+    children = {}
+    for info in infos:
+        if info.parent == session_id:
+            try:
+                header, child_records, _ = store.read(info.id)
+            except StoreError as e:
+                lines.append(Text(f"  (sub-agent {info.id} is not readable: {e})", style="red"))
+                continue
+            if header.call is not None:
+                children[header.call] = (info.id, child_records)
+    for record in records:
+        lines += transcript([record])
+        if isinstance(record, ToolResultRecord) and record.call in children:
+            child, child_records = children.pop(record.call)
+            lines.append(Text(f"    ┌ sub-agent {child}", style="bold cyan"))
+            for line in _with_sub_agents(store, infos, child, child_records):
+                lines.append(Text("    │ ", style="cyan") + line)
+    return lines
