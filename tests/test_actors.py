@@ -566,6 +566,32 @@ async def test_reset_forgets_what_idle_slots_held(nursery: trio.Nursery) -> None
         assert not lease.hot
 
 
+async def test_a_move_takes_an_idle_slot_of_another_server_and_counts_the_first_down(
+    nursery: trio.Nursery,
+) -> None:
+    one, two = (cast("Client", SimpleNamespace(base_url=url)) for url in ("http://1", "http://2"))
+    pool: PoolHandle = await nursery.start(pool_actor, [Slot(one, 0), Slot(two, 0)], NO_FILES)
+    async with pool.lease("a") as lease:
+        assert lease is not None
+        async with pool.lease("b") as busy:  # the other server's only slot
+            assert busy is not None
+            assert not await pool.move(lease)  # none idle elsewhere: it stays
+            assert (lease.slot.client, lease.index) == (one, 0)
+        assert await pool.move(lease)
+        assert (lease.slot.client, lease.index, lease.hot, lease.evicted) == (two, 1, False, "b")
+        pool.saved("b")
+        lease.evicted = None
+        views = await pool.views()
+        assert [(v.session, v.busy) for v in views] == [(None, False), ("a", True)]
+        async with pool.lease("c", wait=False) as other:
+            assert other is None  # the server it left counts as not answering
+        pool.health("http://1", up=True)
+        async with pool.lease("c", wait=False) as other:
+            assert other is not None
+            assert other.slot.client is one
+    assert [v.session for v in await pool.views()] == ["c", "a"]
+
+
 async def test_a_core_fixture_is_closed_cleanly(tmp_path: Path) -> None:
     """The store holds nothing open once the core stops: the session can be opened again."""
     core = Core(tmp_path, ReplayServer([]))

@@ -18,6 +18,7 @@ from loopd.session.records import AssistantRecord, Decision, Record, ToolResultR
 from loopd.wire.events import (
     AgentUpdate,
     ApprovalNeeded,
+    MovedToServer,
     ToolCallStarted,
     ToolResult,
     WaitingForServer,
@@ -104,9 +105,9 @@ def update_of(event: object, session: str) -> Update | None:
     editor shows it. A sub-agent's progress shows in the `delegate` call that started it."""
     if isinstance(event, AgentUpdate):
         return _agent_progress(event) if event.parent == session else None
-    if isinstance(event, Reasoning | WaitingForServer):
-        # A wait for the server is told as a thought, not as the answer: the editor shows it
-        # while the turn waits, and the message the model then writes stays its own.
+    if isinstance(event, Reasoning | WaitingForServer | MovedToServer):
+        # A wait for the server, or a move to another, is told as a thought, not as the
+        # answer: the editor shows it, and the message the model then writes stays its own.
         text = event.text if isinstance(event, Reasoning) else f"({event.said()})\n"
         return schema.AgentThoughtChunk(session_update="agent_thought_chunk", content=_text(text))
     if isinstance(event, Content):

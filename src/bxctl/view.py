@@ -39,6 +39,7 @@ from loopd.wire.events import (
     ApprovalNeeded,
     CacheLoss,
     Compacting,
+    MovedToServer,
     SessionContinued,
     ToolCallStarted,
     ToolResult,
@@ -100,6 +101,7 @@ _Note = (
     | Repeating
     | Retrying
     | WaitingForServer
+    | MovedToServer
     | CacheLoss
     | Compacting
     | SessionContinued
@@ -224,6 +226,9 @@ class TurnView:
         elif isinstance(event, WaitingForServer):
             self.notes.append(Text(event.said(), style="yellow"))
             self.state = "waiting for llama-server"
+        elif isinstance(event, MovedToServer):
+            self.notes.append(Text(event.said(), style="yellow"))
+            self.state = f"moved to llama-server at {event.server}"
         elif isinstance(event, Compacting):
             self.state = f"summarising session {event.session} to go on in a new one"
         elif isinstance(event, SessionContinued):

@@ -267,15 +267,17 @@ async def _forget_after_restarts(
 
 
 async def _watch_health(url: str, pool: PoolHandle) -> None:
-    """Tell the pool when an external llama-server stops answering `/health`, and when it
-    answers again: its slots are lent only while it does."""
+    """Tell the pool whether an external llama-server answers `/health`: its slots are lent
+    only while it does. Told at every look, not only when it changes: a turn whose request the
+    server could not take tells the pool too, and the next look that finds it answering
+    undoes that."""
     up = True
     async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
         while True:
             answers = await llama.healthy()
+            pool.health(url, up=answers)
             if answers != up:
                 up = answers
-                pool.health(url, up=up)
                 if up:
                     log.info("llama-server at %s answers again: its slots are lent again", url)
                 else:

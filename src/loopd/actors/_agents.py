@@ -91,6 +91,7 @@ class Agents:
             inference=lease.slot,
             slot=lease.slot.number,
             exact=exact.on(lease.slot.client) if exact else None,
+            elsewhere=None,  # the parent's move is its own: a sub-agent waits for its server
         )
         try:
             outcome = await run_turn(child, runtime, task, news)

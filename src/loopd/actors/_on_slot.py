@@ -1,7 +1,8 @@
 """A session's turns on the slots the pool lends, as one object its actor starts for each
 message: the lease (and the client told while every slot is busy), the session's cache
 restored from its slot file where another session had the slot, the turn (or a compaction),
-and the slot left holding the session's cache as far as the session knows it.
+and the slot left holding the session's cache as far as the session knows it. A turn whose
+server cannot take a request moves to a slot of another server that can, where there is one.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from loopd.infer import InferError, Queued, slot_tokens
 from loopd.session.compact import SummaryFailed
 from loopd.session.records import UsageRecord
 from loopd.session.store import Session, StoreError
 from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
-from loopd.wire.events import TurnEvent
+from loopd.wire.events import MovedToServer, TurnEvent, WaitReason
 
 from ._agents import Agents
 from ._compaction import Compaction
@@ -51,6 +52,9 @@ class SlotTurns:
     agents: Agents | None
     renamed: Callable[[str, str], None]
     """Told the old and the new session's id when one continues another."""
+    _restored: tuple[Session, int, int] | None = field(default=None, init=False)
+    """The session a restore was for, its records' count then, and the tokens restored: the
+    next request tells how many were reused."""
 
     async def ended(self, message: Message, on_event: OnEvent) -> TurnDone | TurnFailed:
         """The message's turn (or compaction) on a slot of the pool, and how it ended. A turn
@@ -97,32 +101,50 @@ class SlotTurns:
 
     async def _on(self, lease: Lease, message: Message, on_event: OnEvent) -> TurnOutcome:
         """The slot is left holding the session's cache, as far as the session knows it."""
-        session, start = self.session, len(self.session.records)
+        session = self.session
         try:
-            await self.pool.prepare(lease, self.files, session)
+            await self._prepare(lease, session)
             if message.content is None:
                 return await self.compaction.continued(session, lease, on_event, self._continued)
             return await self._answer(lease, message.content, message.thinking, on_event)
         finally:
-            if lease.tokens and not lease.hot:
-                _check_restore(session, start, lease.tokens)
+            self._check_last_restore()
             usage = self.session.last_usage()
             lease.owner = self.session.id
             lease.tokens = slot_tokens(usage.timings) if usage and usage.timings else None
 
+    async def _prepare(self, lease: Lease, session: Session) -> None:
+        """`lease`'s slot made ready for `session`; what a restore loaded is checked once the
+        next request tells what was reused."""
+        self._check_last_restore()  # of the slot the turn left, if it moved
+        await self.pool.prepare(lease, self.files, session)
+        if lease.tokens and not lease.hot:
+            self._restored = (session, len(session.records), lease.tokens)
+
+    def _check_last_restore(self) -> None:
+        if self._restored is not None:
+            _check_restore(*self._restored)
+            self._restored = None
+
     async def _answer(
         self, lease: Lease, content: str, thinking: bool | None, on_event: OnEvent
     ) -> TurnOutcome:
-        exact = self.runtime.exact
-        runtime = replace(
-            self.runtime,
-            inference=lease.slot,
-            slot=lease.slot.number,
-            exact=exact.on(lease.slot.client) if exact else None,  # the templates of its server
-        )
+        def here() -> Runtime:
+            """The turn's runtime on the slot `lease` lends now (a move changes it)."""
+            exact = self.runtime.exact
+            return replace(
+                self.runtime,
+                inference=lease.slot,
+                slot=lease.slot.number,
+                exact=exact.on(lease.slot.client) if exact else None,  # its server's templates
+                elsewhere=elsewhere if self.pool.servers > 1 else None,
+            )
+
+        async def elsewhere(reason: WaitReason, error: InferError) -> Runtime | None:
+            return here() if await self._move(lease, reason, error, on_event) else None
 
         async def answer(session: Session) -> TurnOutcome:
-            delegating = runtime  # its `delegate` calls start sub-agents of the session now
+            runtime = delegating = here()  # its `delegate` calls start sub-agents of it now
             if self.agents is not None:
                 delegating = replace(runtime, delegate=self.agents.for_turn(session, runtime))
             return await run_turn(session, delegating, content, on_event, thinking=thinking)
@@ -130,6 +152,27 @@ class SlotTurns:
         return await self.compaction.answered(
             self.session, lease, answer, on_event, self._continued
         )
+
+    async def _move(
+        self, lease: Lease, reason: WaitReason, error: InferError, on_event: OnEvent
+    ) -> bool:
+        """`lease` moved to a slot of another server that can take the turn's request, the
+        session's cache restored there where that server can read its file (else the prompt
+        is computed anew, a loss the turn records); False where no other server can."""
+        left = lease.slot.client.base_url
+        if not await self.pool.move(lease):
+            return False
+        server = lease.slot.client.base_url
+        log.warning(
+            "llama-server at %s could not take a request of session %s (%s): it goes on on %s",
+            left,
+            self.session.id,
+            error,
+            server,
+        )
+        on_event(MovedToServer(previous=left, server=server, reason=reason, detail=str(error)))
+        await self._prepare(lease, self.session)
+        return True
 
 
 def _check_restore(session: Session, start: int, restored: int) -> None:

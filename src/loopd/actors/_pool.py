@@ -16,7 +16,9 @@ With several servers, a session that needs a slot takes one on the server that s
 file (`prefer`) where it can: another server restores it only from a folder the two share. A
 server that stops answering (`health`) lends nothing until it answers again, and what its
 slots held is forgotten; while no server answers, the slots are lent anyway, and requests fail
-with the server's own error.
+with the server's own error. A turn whose server cannot take its request moves its lease to
+an idle slot of another server that answers (`PoolHandle.move`), and the pool then counts the
+server it left as not answering until `health` says it answers.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class _Acquire:
     wait: bool
     prefer: str | None
     reply: Reply[Lease | None]
+    avoid: str | None = None
+    """A server not to lend from, nor from any that does not answer (a move)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,27 @@ class PoolHandle:
                 if lease.evicted is not None:  # the holder left before it saved it
                     self.saved(lease.evicted)
                 self._inbox.send_nowait(_Release(lease.index, lease.owner, lease.tokens))
+
+    async def move(self, lease: Lease) -> bool:
+        """Move `lease`, whose server cannot take its holder's request, to an idle slot of
+        another server that answers; False, and `lease` as it was, where none is idle. The
+        slot it leaves is given back holding nothing the holder counts on, and its server is
+        counted as not answering; the block that holds `lease` gives back the new slot."""
+        server = lease.slot.client.base_url
+
+        def acquire(reply: Reply[Lease | None]) -> _Acquire:
+            return _Acquire(
+                lease.owner, hot_only=False, wait=False, prefer=None, reply=reply, avoid=server
+            )
+
+        new = await ask(self._inbox, acquire)
+        if new is None:
+            return False
+        self._inbox.send_nowait(_Release(lease.index, None, None))
+        self.health(server, up=False)
+        lease.slot, lease.index, lease.hot = new.slot, new.index, new.hot
+        lease.evicted, lease.tokens = new.evicted, new.tokens
+        return True
 
     async def prepare(self, lease: Lease, files: SlotFiles, session: Session | None) -> None:
         """Make the slot ready for its holder: the evicted session's cache saved to its file,
@@ -271,11 +296,18 @@ class _Pool:
         """Grant `request` if a slot can be had now; True when it is answered."""
         if request.owner is not None and request.owner in self.evicting:
             return False  # its cache is on its way to the file it would be restored from
-        mine = next((s for s in self.states if s.owner and s.owner == request.owner), None)
+        mine = next(
+            (
+                s
+                for s in self.states
+                if s.owner and s.owner == request.owner and s.slot.client.base_url != request.avoid
+            ),
+            None,
+        )
         if mine is None and request.hot_only:
             reply_value(request.reply, None)
             return True
-        state = mine or self._least_recently_used(request.prefer)
+        state = mine or self._least_recently_used(request.prefer, request.avoid)
         if state is None or state.leased:
             return False
         hot = state is mine
@@ -293,11 +325,12 @@ class _Pool:
             state.owner, state.tokens = request.owner, None
         return True
 
-    def _least_recently_used(self, prefer: str | None) -> _State | None:
-        """An idle slot of a server that answers (of any, while none does): on `prefer`
-        first, a free one first, then the one given back longest ago."""
-        idle = [s for s in self.states if not s.leased]
-        if any(s.slot.client.base_url not in self.down for s in self.states):
+    def _least_recently_used(self, prefer: str | None, avoid: str | None) -> _State | None:
+        """An idle slot of a server that answers (of any, while none does, unless one is to
+        be avoided): on `prefer` first, a free one first, then the one given back longest
+        ago."""
+        idle = [s for s in self.states if not s.leased and s.slot.client.base_url != avoid]
+        if avoid or any(s.slot.client.base_url not in self.down for s in self.states):
             idle = [s for s in idle if s.slot.client.base_url not in self.down]
         return min(
             idle,

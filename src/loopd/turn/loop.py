@@ -6,11 +6,12 @@
      └── InferFailed   llama-server could not answer (the InferError is `.error`)
 
 A server that cannot take a request yet (loading, restarting, unreachable) is waited for
-(`loopd.turn.waiting`), up to the turn's deadline. A `StoreError` from the session passes through
-as it is. Whatever ends a turn (an answer, a limit, an error, a cancellation), the log is left
-a valid conversation: every tool call of the last answer has a result (saying why it was not
-run, if it was not), and a `turn_end` record gives the reason. Each record is on disk before
-the event that reports it is sent.
+(`loopd.turn.waiting`), up to the turn's deadline, unless another can take it now: the turn goes
+on there (`Runtime.elsewhere`). A `StoreError` from the session passes through as it is.
+Whatever ends a turn (an answer, a limit, an error, a cancellation), the log is left a valid
+conversation: every tool call of the last answer has a result (saying why it was not run, if
+it was not), and a `turn_end` record gives the reason. Each record is on disk before the
+event that reports it is sent.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from loopd.tools import Registry, ToolPort
 from loopd.turn.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.turn.changes import Hands
 from loopd.turn.exact import ExactHistory, next_request
-from loopd.turn.waiting import ServerWait, wait_reason
+from loopd.turn.waiting import Elsewhere, ServerWait, wait_reason
 from loopd.wire.events import CacheLoss, TurnEvent
 
 __all__ = [
@@ -125,6 +126,9 @@ class Runtime:
     """For tests on a real server: the text an answer starts with and a GBNF grammar for the
     rest, given the log so far (so a model too small to call tools on its own is made to, and
     the tool path runs for real)."""
+    elsewhere: Elsewhere[Runtime] | None = None
+    """Moves the turn to another server that can take the request its own cannot: the
+    runtime there; None: there is none (one server, or a sub-agent's turn)."""
 
 
 @dataclass(frozen=True)
@@ -250,13 +254,14 @@ class _Turn:
         return completion, usage
 
     async def _send(self, generation: Generation) -> tuple[Completion, PromptRecord | None]:
-        """The completion, tried again while the server cannot take the request yet; and the
-        `prompt` record to append with it, if any."""
-        session, rt = self.session, self.rt
-        prefill, grammar = rt.prefill(list(session.records)) if rt.prefill else ("", "")
-        wait = self.wait = ServerWait(rt.inference.retry, self.on_event)
+        """The completion, tried again while the server cannot take the request yet (on
+        another server, where one can take it now); and the `prompt` record to append with
+        it, if any."""
+        session = self.session
+        prefill, grammar = self.rt.prefill(list(session.records)) if self.rt.prefill else ("", "")
+        wait = self.wait = ServerWait(self.rt.inference.retry, self.on_event)
         while True:
-            self.output = False
+            self.output, rt = False, self.rt
             try:
                 # Built anew each try: with exact history it asks the server too.
                 request, prompt = await next_request(
@@ -268,7 +273,8 @@ class _Turn:
                     raise SessionFull(str(e)) from e
                 if self.output or (why := wait_reason(e)) is None:
                     raise InferFailed(e) from e
-                await wait.after(why, e)
+                if moved := await wait.after(why, e, rt.elsewhere):
+                    self.rt = moved  # tried there at once, its slot pinned by its `inference`
             else:
                 self.wait = None
                 return completion, prompt

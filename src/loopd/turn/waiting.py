@@ -3,12 +3,14 @@ yet: it loads its model (503), it is being restarted, or no connection can be ma
 of tens of gigabytes loads for a minute or more, longer than any fixed count of retries would
 cover, so the bound is the turn's own deadline, and a cancel ends the wait at once (it is a
 `trio.sleep`). Only a try that passed no output on is tried again: after output, a second try
-would say it twice.
+would say it twice. Where loopd has several servers, a request its server cannot take goes to
+another that can take it now rather than wait (the turn's `Runtime.elsewhere`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import trio
 
@@ -16,7 +18,13 @@ from loopd.backoff import Backoff
 from loopd.infer import ConnectError, ConnectionLost, HttpError, InferError
 from loopd.wire.events import WaitingForServer, WaitReason
 
-__all__ = ["ServerWait", "wait_reason"]
+__all__ = ["Elsewhere", "ServerWait", "wait_reason"]
+
+T = TypeVar("T")
+
+Elsewhere = Callable[[WaitReason, InferError], Awaitable[T | None]]
+"""Moves the request to another server that can take it now (why its own could not, and the
+error): what the request goes on with there; None where no other server can take it."""
 
 
 def wait_reason(error: InferError) -> WaitReason | None:
@@ -40,15 +48,26 @@ class ServerWait:
         self.last: WaitingForServer | None = None
         """What the last wait was for; None before any."""
 
-    async def after(self, reason: WaitReason, error: InferError) -> None:
-        """`error` kept the server from taking the request: say so, then wait for the next
-        try."""
+    async def after(
+        self, reason: WaitReason, error: InferError, elsewhere: Elsewhere[T] | None = None
+    ) -> T | None:
+        """`error` kept the server from taking the request: where `elsewhere` moves it to
+        another server, what it goes on with there (to be tried at once); else say so, wait
+        for the next try, and None."""
+        # Not at a first lost connection: it may be a kept-alive one the server had closed,
+        # the server fine and holding the session's cache, as the next try tells.
+        if elsewhere and (self.tries or not isinstance(error, ConnectionLost)):
+            moved = await elsewhere(reason, error)
+            if moved is not None:
+                self.tries, self.last = 0, None  # the new server's waits are its own
+                return moved
         waiting = WaitingForServer(reason=reason, detail=str(error))
         if self.last is None or self.last.reason != reason:
             self.on_event(waiting)
         self.last = waiting
         self.tries += 1
         await trio.sleep(self.backoff.delay(self.tries))
+        return None
 
     def why(self) -> str:
         """What the request was waiting for, for a turn that ran out of time meanwhile."""

@@ -27,6 +27,7 @@ __all__ = [
     "ApprovalNeeded",
     "CacheLoss",
     "Compacting",
+    "MovedToServer",
     "SessionContinued",
     "ToolCallStarted",
     "ToolResult",
@@ -147,6 +148,30 @@ class WaitingForServer(_Event):
         return f"waiting for llama-server: {_WAITS[self.reason]} ({self.detail})"
 
 
+class MovedToServer(_Event):
+    """The turn's llama-server could not take its request (as in `waiting_for_server`), and
+    another of loopd's servers could: the turn goes on there at once, on a slot of that
+    server, the session's cache restored from its slot file where that server can read it
+    (else recomputed, and recorded as a `cache_loss`)."""
+
+    kind: Literal["moved_to_server"] = "moved_to_server"
+    previous: str
+    """The server that could not take the request."""
+    server: str
+    """The server the turn goes on on."""
+    reason: WaitReason
+    detail: str
+    """The error the request met on `previous`."""
+
+    def said(self) -> str:
+        """The move in one line, as clients show it."""
+        why = _WAITS[self.reason].removeprefix("it ")
+        return (
+            f"moved to llama-server at {self.server}: the one at {self.previous} {why} "
+            f"({self.detail})"
+        )
+
+
 _WAITS: dict[WaitReason, str] = {
     "loading": "it is loading its model",
     "restarting": "it is being restarted",
@@ -189,6 +214,7 @@ TurnEvent = Annotated[
     | Repeating
     | Retrying
     | WaitingForServer
+    | MovedToServer
     | ToolCallStarted
     | ApprovalNeeded
     | ApprovalDecided
