@@ -5,6 +5,7 @@ parent's, each child's) is answered from its own script, with its own slot figur
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from loopd.records import (
     conversation_problems,
 )
 from loopd.store import Store
-from support.daemon import Daemon
+from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 from test_actors import collect, config, next_of, read_file
@@ -626,3 +627,48 @@ def test_sessions_are_listed_as_a_tree() -> None:
         (0, "b"),
     ]
     assert [s.id for _, s in as_tree(listed, newest_first=True)][:2] == ["b", "a"]
+
+
+async def one_asks_and_one_talks(client: LineClient) -> None:
+    """Until one sub-agent waits for approval and another has begun its answer."""
+    asking: set[str] = set()
+    talking: set[str] = set()
+    with trio.fail_after(30):
+        while not (asking and talking - asking):
+            line = await client.receive()
+            assert line is not None
+            event = line.get("event", {})
+            if event.get("kind") == "approval_needed":
+                asking.add(event["session"])
+            elif event.get("kind") == "agent" and event["state"] == "running":
+                talking.add(event["session"])
+
+
+async def test_sigterm_with_sub_agents_running_logs_no_error_and_closes_every_log(
+    tmp_path: Path,
+) -> None:
+    """One sub-agent waits for approval, another generates slowly: loopd stops at once, exits 0,
+    its own log says no error, and every log is a closed conversation."""
+    scripts = {
+        "Two things.": [delegate("Read today.md.", "Write slowly.")],
+        "Read today.md.": [read_file("today.md")],
+        "Write slowly.": [Reply(content=" ".join(["word"] * 200), delay=0.2)],
+    }
+    async with daemon_on(tmp_path, scripts) as d:
+        client = await d.connect()
+        await client.send({"type": "hello", "session": "new"})
+        parent = (await client.until("welcome"))[-1]["session"]
+        await client.send({"type": "send", "id": "t1", "content": "Two things."})
+        await one_asks_and_one_talks(client)
+        assert await d.stop(signal.SIGTERM) == 0
+    text = d.log.read_text()
+    assert "ERROR" not in text, text
+    assert "Traceback" not in text, text
+    store = Store(d.home / "sessions")
+    sessions = store.sessions_now()
+    assert sorted(i.parent or "" for i in sessions) == ["", parent, parent]
+    for info in sessions:
+        _, records, torn = store.read(info.id)
+        assert torn == 0
+        assert conversation_problems(records) == [], info.id
+        assert [r.reason for r in records if isinstance(r, TurnEndRecord)] == ["cancelled"]
