@@ -483,9 +483,27 @@ async def test_a_tool_the_parent_approved_for_its_session_is_approved_in_its_chi
     assert "buy milk" in s.results()[-1]
 
 
+async def come_back(client: LineClient, first: str, children: list[str]) -> None:
+    """After a restart, open a sub-agent's session, or list the sessions."""
+    if first == "a sub-agent":
+        await client.send({"type": "hello", "session": children[0]})
+        await client.until("welcome")
+        return
+    # In a session of its own: a listing opens the client's session, `latest` where it named
+    # none, and that would be the parent.
+    await client.send({"type": "hello", "session": "new"})
+    await client.until("welcome")
+    await client.send({"type": "sessions"})
+    listed = (await client.until("sessions"))[-1]["sessions"]
+    assert set(children) < {s["id"] for s in listed}
+
+
+@pytest.mark.parametrize("first", ["the parent", "a sub-agent", "the list of sessions"])
 async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_nothing_again(
-    tmp_path: Path,
+    tmp_path: Path, first: str
 ) -> None:
+    """After the restart, a sub-agent's log is closed the first time loopd comes to it: when
+    its parent opens, when it opens itself, or when loopd lists the sessions."""
     scripts = {
         "Two things.": [delegate("First thing.", "Second thing.")],
         "First thing.": [Reply(kind="stall")],
@@ -509,6 +527,13 @@ async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_no
             assert len(children) == 2
             await d.start()
             client = await d.connect()
+            if first != "the parent":
+                await come_back(client, first, children)
+                closed = children[:1] if first == "a sub-agent" else children
+                for child in closed:
+                    assert isinstance(store.read(child)[1][-1], TurnEndRecord), child
+                assert not isinstance(store.read(parent)[1][-1], TurnEndRecord)  # not yet
+                client = await d.connect()  # the first one stays where it is
             await client.send({"type": "hello", "session": parent})
             await client.until("welcome")
         finally:
@@ -526,8 +551,11 @@ async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_no
         child_log = store.read(child)[1]
         assert conversation_problems(child_log) == []
         assert [r.reason for r in child_log if isinstance(r, TurnEndRecord)] == ["error"]
-    assert [i.id for i in await store.sessions() if i.parent is None] == [parent]
-    assert store.latest() == parent  # `latest` is never a sub-agent's
+    if first != "the list of sessions":
+        assert [i.id for i in await store.sessions() if i.parent is None] == [parent]
+        assert store.latest() == parent  # `latest` is never a sub-agent's
+    text = d.log.read_text()
+    assert "ERROR" not in text, text
 
 
 @pytest.mark.parametrize("bad", [{"depth": -1}, {"at_once": 0}, {"per_turn": 0}])

@@ -67,6 +67,7 @@ SUFFIX = ".jsonl"
 # Counted in a log's raw bytes to list sessions without parsing them: inside a string value
 # the quotes would be escaped, so this occurs only as a record's own kind.
 _USER_KIND = b'"kind":"user"'
+_TURN_END_KIND = b'"kind":"turn_end"'
 _LOG: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
 
 
@@ -130,6 +131,8 @@ class SessionInfo:
     """The session this one continues, if any."""
     parent: str | None = None
     """The session that delegated to this one, for a sub-agent."""
+    open_turn: bool = False
+    """Its last turn has not ended: it runs now, or loopd stopped in it without closing it."""
 
 
 @dataclass(frozen=True)
@@ -410,6 +413,7 @@ class Store:
                 continue
             if isinstance(header, SessionHeader):
                 turns = data.count(_USER_KIND)
+                whole = data[: data.rfind(b"\n") + 1]  # a torn last line is no record
                 infos.append(
                     SessionInfo(
                         session_id,
@@ -419,6 +423,7 @@ class Store:
                         path,
                         header.continues,
                         header.parent,
+                        whole.rfind(_USER_KIND) > whole.rfind(_TURN_END_KIND),
                     )
                 )
         return infos

@@ -18,7 +18,7 @@ import trio
 
 from loopd.closing import close_interrupted_turn, turn_open
 from loopd.records import Baseline
-from loopd.store import Session, SessionInfo, Store, StoreError, UnknownSession
+from loopd.store import Session, SessionInfo, SessionLocked, Store, StoreError, UnknownSession
 from loopd.tools import FolderRefused, Roots
 
 from ._errors import (
@@ -216,14 +216,41 @@ class SessionRegistry:
         self._by_id[new] = live
 
     async def sessions(self) -> list[SessionInfo]:
-        return await self.store.sessions()
+        """Every session, oldest first; the sub-agents a crash cut off closed first."""
+        infos = await self.store.sessions()
+        if await self._close_cut_off(infos):
+            infos = await self.store.sessions()
+        return infos
+
+    async def _close_cut_off(self, infos: list[SessionInfo]) -> bool:
+        """Close the logs of sub-agents whose turn was open when loopd stopped, as their
+        parent's opening would: a parent may never be opened again, and the listing read
+        every log already. True if one was closed."""
+        closed = False
+        for info in infos:
+            if not info.open_turn or info.parent is None or info.id in self._by_id:
+                continue
+            if info.id in self._pending:
+                continue
+            done = self._pending[info.id] = trio.Event()  # a client that asks for it waits
+            try:
+                with await self.store.open(info.id) as child:
+                    closed |= await close_interrupted(self.store, child)
+            except SessionLocked:
+                pass  # its parent's turn runs it now, or its parent's opening closes it
+            except StoreError as e:
+                log.warning("sub-agent session %s: its interrupted turn stays open: %s", info.id, e)
+            finally:
+                del self._pending[info.id]
+                done.set()
+        return closed
 
 
-async def close_interrupted(store: Store, session: Session) -> None:
+async def close_interrupted(store: Store, session: Session) -> bool:
     """Close the turn loopd stopped in, if the log shows one, and the logs of the sub-agents
-    it had started (each as interrupted; none runs again)."""
+    it had started (each as interrupted; none runs again). True if there was one."""
     if not turn_open(session):
-        return
+        return False
     infos = [i for i in await store.sessions() if i.parent == session.id]
     children: dict[str, tuple[int, str]] = {}
     for info in infos:
@@ -233,5 +260,11 @@ async def close_interrupted(store: Store, session: Session) -> None:
     await close_interrupted_turn(session, children)
     log.warning("the last turn of session %s was interrupted; its log is closed", session.id)
     for info in infos:
-        with await store.open(info.id) as child:
-            await close_interrupted(store, child)
+        if not info.open_turn:
+            continue  # closed already: opened itself, or listed since
+        try:
+            with await store.open(info.id) as child:
+                await close_interrupted(store, child)
+        except SessionLocked:
+            continue  # held in this loopd (a person went on in it, or a listing closes it)
+    return True
