@@ -700,3 +700,45 @@ async def test_sigterm_with_sub_agents_running_logs_no_error_and_closes_every_lo
         assert torn == 0
         assert conversation_problems(records) == [], info.id
         assert [r.reason for r in records if isinstance(r, TurnEndRecord)] == ["cancelled"]
+
+
+async def test_a_running_sub_agents_session_is_refused_naming_its_parent_then_opens_after(
+    tmp_path: Path,
+) -> None:
+    """Its log is its parent's turn's to write while it runs: opening it is refused with where
+    to follow it (not "open for writing by another process": it is this loopd), and once the
+    parent's call is over it opens."""
+    scripts = {
+        "What do I buy?": [delegate("Read today.md."), Reply(content="Milk.")],
+        "Read today.md.": [read_file("today.md"), Reply(content="buy milk")],
+    }
+    async with daemon_on(tmp_path, scripts) as d:
+        client = await d.connect()
+        await client.send({"type": "hello", "session": "new"})
+        parent = (await client.until("welcome"))[-1]["session"]
+        await client.send({"type": "send", "id": "t1", "content": "What do I buy?"})
+        asking = await client.until("event")
+        while asking[-1]["event"]["kind"] != "approval_needed":
+            asking = await client.until("event")
+        needed = asking[-1]["event"]
+        child = needed["session"]
+        other = await d.connect()
+        await other.send({"type": "hello", "session": child})
+        error = (await other.until("error"))[-1]
+        assert error["code"] == "session_unavailable"
+        assert error["message"] == (
+            f"session {child} is a sub-agent that runs now, in a turn of session {parent}; "
+            f"follow it from session {parent}, whose clients see its progress and answer its "
+            "approvals, and open it once its task is done"
+        )
+        code, _, err = await bxctl(d, "chat", "--session", child, "-m", "hello?")
+        assert code == 2
+        assert f"in a turn of session {parent}" in err
+        assert "another process" not in err
+        await client.send(
+            {"type": "approve", "call": needed["call"], "session": child, "decision": "once"}
+        )
+        await client.until("turn_done")
+        await other.send({"type": "open_session", "id": child})
+        assert (await other.until("welcome"))[-1]["session"] == child
+    assert "ERROR" not in d.log.read_text()

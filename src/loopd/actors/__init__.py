@@ -172,6 +172,7 @@ async def open_core(
                 actor,
                 max_live=config.session.max_live,
                 roots=Roots(config.tools.roots),
+                agents=agents,
             )
             yield Core(registry, pool, agents)
             sessions.cancel_scope.cancel()

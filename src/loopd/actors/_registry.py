@@ -21,6 +21,7 @@ from loopd.records import Baseline
 from loopd.store import Session, SessionInfo, SessionLocked, Store, StoreError, UnknownSession
 from loopd.tools import FolderRefused, Roots
 
+from ._agents import Agents
 from ._errors import (
     FolderNotAllowed,
     NoSuchSession,
@@ -77,11 +78,14 @@ class SessionRegistry:
         *,
         max_live: int,
         roots: Roots,
+        agents: Agents | None = None,
     ) -> None:
         self._nursery, self.store, self._baseline = nursery, store, baseline
         self._actor, self.max_live = actor, max_live
         self.roots = roots
         """`[tools] roots`: a new session's own folder must be inside one of them."""
+        self._agents = agents
+        """The sub-agents running now, whose sessions their parents' turns hold."""
         self._by_id: dict[str, _Live] = {}
         self._by_handle: dict[SessionHandle, _Live] = {}
         self._pending: dict[str, trio.Event] = {}
@@ -151,11 +155,14 @@ class SessionRegistry:
             raise SessionUnavailable(str(e)) from None
 
     async def _stored(self, which: str) -> Session:
+        self._refuse_running_sub_agent(which)
         try:
             session = await self.store.open(which)
         except UnknownSession as e:
             raise NoSuchSession(str(e)) from None
         except StoreError as e:  # locked by another process, or a log that does not read
+            if isinstance(e, SessionLocked):
+                self._refuse_running_sub_agent(which)  # one that started while it opened
             log.warning("session %s cannot be opened: %s", which, e)
             raise SessionUnavailable(str(e)) from None
         try:
@@ -165,6 +172,19 @@ class SessionRegistry:
             log.warning("session %s cannot be opened: %s", which, e)
             raise SessionUnavailable(str(e)) from None
         return session
+
+    def _refuse_running_sub_agent(self, which: str) -> None:
+        """A running sub-agent's log is its parent's turn's to write: it opens once that call
+        is over. Its news and approvals reach the clients of the session at the top."""
+        if self._agents is None or (parent := self._agents.running.get(which)) is None:
+            return
+        top = self._agents.root(which)
+        log.info("session %s: not opened, it is a sub-agent running under %s", which, parent)
+        raise SessionUnavailable(
+            f"session {which} is a sub-agent that runs now, in a turn of session {parent}; "
+            f"follow it from session {top}, whose clients see its progress and answer its "
+            "approvals, and open it once its task is done"
+        )
 
     async def _serve(
         self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]
