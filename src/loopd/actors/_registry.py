@@ -18,7 +18,15 @@ import trio
 
 from loopd.closing import close_interrupted_turn, turn_open
 from loopd.records import Baseline
-from loopd.store import Session, SessionInfo, SessionLocked, Store, StoreError, UnknownSession
+from loopd.store import (
+    Listing,
+    Session,
+    SessionInfo,
+    SessionLocked,
+    Store,
+    StoreError,
+    UnknownSession,
+)
 from loopd.tools import FolderRefused, Roots
 
 from ._agents import Agents
@@ -235,12 +243,15 @@ class SessionRegistry:
         live.ids.add(new)
         self._by_id[new] = live
 
-    async def sessions(self) -> list[SessionInfo]:
-        """Every session, oldest first; the sub-agents a crash cut off closed first."""
-        infos = await self.store.sessions()
-        if await self._close_cut_off(infos):
-            infos = await self.store.sessions()
-        return infos
+    async def sessions(self) -> Listing:
+        """Every session, oldest first, and the logs that do not read; the sub-agents a crash
+        cut off closed first."""
+        listing = await self.store.listing()
+        if await self._close_cut_off(listing.sessions):
+            listing = await self.store.listing()
+        for bad in listing.unreadable:  # the person who lists them hears it too
+            log.warning("%s is left out of the list of sessions: %s", bad.path, bad.reason)
+        return listing
 
     async def _close_cut_off(self, infos: list[SessionInfo]) -> bool:
         """Close the logs of sub-agents whose turn was open when loopd stopped, as their
