@@ -305,35 +305,52 @@ def write_file(path: str, content: str) -> Reply:
     return Reply(tool_calls=(("w1", "call_tool", arguments),))
 
 
-async def cancelled_while_a_sub_agent_waits(folder: Path, waits: str) -> list[Any]:
-    """The parent's events from its cancel to its end, cancelled while its sub-agent waits."""
-    child = write_file("a.md", "x") if waits == "for approval" else Reply(kind="stall")
-    async with scripted(folder, {"Go.": [delegate("Do it.")], "Do it.": [child]}) as s:
+SUB_AGENT_STATES = ["waits for approval", "waits for its answer", "generates", "parent's deadline"]
+
+
+async def cancelled_while_a_sub_agent(folder: Path, state: str) -> list[Any]:
+    """The parent's events from when its sub-agent is in `state` to the parent's end: cancelled
+    then, or, for the parent's deadline, ended by it."""
+    child = {
+        "waits for approval": write_file("a.md", "x"),
+        "generates": Reply(content=" ".join(["word"] * 400), delay=0.01),
+    }.get(state, Reply(kind="stall"))
+    deadline = state == "parent's deadline"
+    cfg = config(folder, turn_timeout=0.5) if deadline else None
+    scripts = {"Go.": [delegate("Do it.")], "Do it.": [child]}
+    async with scripted(folder, scripts, cfg=cfg) as s:
         await s.parent.send("t1", "Go.")
         with trio.fail_after(10):
-            if waits == "for approval":
+            if state == "waits for approval":
                 await next_of(s.events, ApprovalNeeded)
-            else:
+            elif state == "generates":
+                while (await next_of(s.events, AgentUpdate)).state != "running":
+                    pass  # its first words have streamed
+            elif not deadline:
                 await s.server.wait_until(lambda: len(s.server.requests) == 2)
-        assert await s.parent.cancel("t1")
+        if not deadline:
+            assert await s.parent.cancel("t1")
         with trio.fail_after(10):
             return [m.item for m in await collect(s.events, 1)]
 
 
-@pytest.mark.parametrize("waits", ["for approval", "for its answer"])
+@pytest.mark.parametrize("state", SUB_AGENT_STATES)
 async def test_a_cancelled_parent_is_over_only_after_its_sub_agent_is(
-    tmp_path: Path, waits: str
+    tmp_path: Path, state: str
 ) -> None:
     """The sub-agent runs in its parent turn's task: its `cancelled` reaches clients before the
-    parent's end, every time (it ran in the tool port's task, which the parent's cancel did not
-    wait for, and came after)."""
+    parent's end, every time, whatever it was doing and whether a client cancelled the parent or
+    its deadline did (it ran in the tool port's task, which the parent's cancel did not wait
+    for, and came after)."""
     for attempt in range(20):
         (tmp_path / str(attempt)).mkdir()
-        items = await cancelled_while_a_sub_agent_waits(tmp_path / str(attempt), waits)
+        items = await cancelled_while_a_sub_agent(tmp_path / str(attempt), state)
         ended = [i for i in items if isinstance(i, AgentUpdate) and i.state == "cancelled"]
         assert len(ended) == 1, attempt
         assert items.index(ended[0]) < len(items) - 1, attempt
         assert isinstance(items[-1], TurnFailed), attempt
+        kind = "turn_limit" if state == "parent's deadline" else "cancelled"
+        assert items[-1].kind == kind, attempt
 
 
 async def test_a_child_past_its_iteration_cap_gives_the_limit_as_the_result(
