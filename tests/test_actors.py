@@ -210,7 +210,7 @@ async def test_two_sessions_keep_their_own_logs(core: Core, served: Any) -> None
         await collect(subscriptions[0], 1)
         await second.send("t1", "two")  # the same turn id: another session's
         await collect(subscriptions[1], 1)
-        listed = await core.sessions.sessions()
+        listed = (await core.sessions.sessions()).sessions
         assert [s.id for s in listed] == [core.first, second_id]
         assert [s.turns for s in listed] == [1, 1]
         assert (await first.status()).session == core.first

@@ -5,6 +5,7 @@ parent's, each child's) is answered from its own script, with its own slot figur
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from loopd.session.records import (
 from loopd.session.store import Store
 from loopd.wire.events import AgentUpdate, ApprovalNeeded, ToolCallStarted
 from loopd.wire.proto import Event
-from support.daemon import Daemon
+from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 from test_actors import collect, config, next_of, read_file
@@ -304,35 +305,52 @@ def write_file(path: str, content: str) -> Reply:
     return Reply(tool_calls=(("w1", "call_tool", arguments),))
 
 
-async def cancelled_while_a_sub_agent_waits(folder: Path, waits: str) -> list[Any]:
-    """The parent's events from its cancel to its end, cancelled while its sub-agent waits."""
-    child = write_file("a.md", "x") if waits == "for approval" else Reply(kind="stall")
-    async with scripted(folder, {"Go.": [delegate("Do it.")], "Do it.": [child]}) as s:
+SUB_AGENT_STATES = ["waits for approval", "waits for its answer", "generates", "parent's deadline"]
+
+
+async def cancelled_while_a_sub_agent(folder: Path, state: str) -> list[Any]:
+    """The parent's events from when its sub-agent is in `state` to the parent's end: cancelled
+    then, or, for the parent's deadline, ended by it."""
+    child = {
+        "waits for approval": write_file("a.md", "x"),
+        "generates": Reply(content=" ".join(["word"] * 400), delay=0.01),
+    }.get(state, Reply(kind="stall"))
+    deadline = state == "parent's deadline"
+    cfg = config(folder, turn_timeout=0.5) if deadline else None
+    scripts = {"Go.": [delegate("Do it.")], "Do it.": [child]}
+    async with scripted(folder, scripts, cfg=cfg) as s:
         await s.parent.send("t1", "Go.")
         with trio.fail_after(10):
-            if waits == "for approval":
+            if state == "waits for approval":
                 await next_of(s.events, ApprovalNeeded)
-            else:
+            elif state == "generates":
+                while (await next_of(s.events, AgentUpdate)).state != "running":
+                    pass  # its first words have streamed
+            elif not deadline:
                 await s.server.wait_until(lambda: len(s.server.requests) == 2)
-        assert await s.parent.cancel("t1")
+        if not deadline:
+            assert await s.parent.cancel("t1")
         with trio.fail_after(10):
             return [m.item for m in await collect(s.events, 1)]
 
 
-@pytest.mark.parametrize("waits", ["for approval", "for its answer"])
+@pytest.mark.parametrize("state", SUB_AGENT_STATES)
 async def test_a_cancelled_parent_is_over_only_after_its_sub_agent_is(
-    tmp_path: Path, waits: str
+    tmp_path: Path, state: str
 ) -> None:
     """The sub-agent runs in its parent turn's task: its `cancelled` reaches clients before the
-    parent's end, every time (it ran in the tool port's task, which the parent's cancel did not
-    wait for, and came after)."""
+    parent's end, every time, whatever it was doing and whether a client cancelled the parent or
+    its deadline did (it ran in the tool port's task, which the parent's cancel did not wait
+    for, and came after)."""
     for attempt in range(20):
         (tmp_path / str(attempt)).mkdir()
-        items = await cancelled_while_a_sub_agent_waits(tmp_path / str(attempt), waits)
+        items = await cancelled_while_a_sub_agent(tmp_path / str(attempt), state)
         ended = [i for i in items if isinstance(i, AgentUpdate) and i.state == "cancelled"]
         assert len(ended) == 1, attempt
         assert items.index(ended[0]) < len(items) - 1, attempt
         assert isinstance(items[-1], TurnFailed), attempt
+        kind = "turn_limit" if state == "parent's deadline" else "cancelled"
+        assert items[-1].kind == kind, attempt
 
 
 async def test_a_child_past_its_iteration_cap_gives_the_limit_as_the_result(
@@ -482,9 +500,27 @@ async def test_a_tool_the_parent_approved_for_its_session_is_approved_in_its_chi
     assert "buy milk" in s.results()[-1]
 
 
+async def come_back(client: LineClient, first: str, children: list[str]) -> None:
+    """After a restart, open a sub-agent's session, or list the sessions."""
+    if first == "a sub-agent":
+        await client.send({"type": "hello", "session": children[0]})
+        await client.until("welcome")
+        return
+    # In a session of its own: a listing opens the client's session, `latest` where it named
+    # none, and that would be the parent.
+    await client.send({"type": "hello", "session": "new"})
+    await client.until("welcome")
+    await client.send({"type": "sessions"})
+    listed = (await client.until("sessions"))[-1]["sessions"]
+    assert set(children) < {s["id"] for s in listed}
+
+
+@pytest.mark.parametrize("first", ["the parent", "a sub-agent", "the list of sessions"])
 async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_nothing_again(
-    tmp_path: Path,
+    tmp_path: Path, first: str
 ) -> None:
+    """After the restart, a sub-agent's log is closed the first time loopd comes to it: when
+    its parent opens, when it opens itself, or when loopd lists the sessions."""
     scripts = {
         "Two things.": [delegate("First thing.", "Second thing.")],
         "First thing.": [Reply(kind="stall")],
@@ -508,6 +544,13 @@ async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_no
             assert len(children) == 2
             await d.start()
             client = await d.connect()
+            if first != "the parent":
+                await come_back(client, first, children)
+                closed = children[:1] if first == "a sub-agent" else children
+                for child in closed:
+                    assert isinstance(store.read(child)[1][-1], TurnEndRecord), child
+                assert not isinstance(store.read(parent)[1][-1], TurnEndRecord)  # not yet
+                client = await d.connect()  # the first one stays where it is
             await client.send({"type": "hello", "session": parent})
             await client.until("welcome")
         finally:
@@ -525,8 +568,11 @@ async def test_a_kill_9_with_children_running_leaves_every_log_valid_and_runs_no
         child_log = store.read(child)[1]
         assert conversation_problems(child_log) == []
         assert [r.reason for r in child_log if isinstance(r, TurnEndRecord)] == ["error"]
-    assert [i.id for i in await store.sessions() if i.parent is None] == [parent]
-    assert store.latest() == parent  # `latest` is never a sub-agent's
+    if first != "the list of sessions":
+        assert [i.id for i in await store.sessions() if i.parent is None] == [parent]
+        assert store.latest() == parent  # `latest` is never a sub-agent's
+    text = d.log.read_text()
+    assert "ERROR" not in text, text
 
 
 @pytest.mark.parametrize("bad", [{"depth": -1}, {"at_once": 0}, {"per_turn": 0}])
@@ -626,3 +672,90 @@ def test_sessions_are_listed_as_a_tree() -> None:
         (0, "b"),
     ]
     assert [s.id for _, s in as_tree(listed, newest_first=True)][:2] == ["b", "a"]
+
+
+async def one_asks_and_one_talks(client: LineClient) -> None:
+    """Until one sub-agent waits for approval and another has begun its answer."""
+    asking: set[str] = set()
+    talking: set[str] = set()
+    with trio.fail_after(30):
+        while not (asking and talking - asking):
+            line = await client.receive()
+            assert line is not None
+            event = line.get("event", {})
+            if event.get("kind") == "approval_needed":
+                asking.add(event["session"])
+            elif event.get("kind") == "agent" and event["state"] == "running":
+                talking.add(event["session"])
+
+
+async def test_sigterm_with_sub_agents_running_logs_no_error_and_closes_every_log(
+    tmp_path: Path,
+) -> None:
+    """One sub-agent waits for approval, another generates slowly: loopd stops at once, exits 0,
+    its own log says no error, and every log is a closed conversation."""
+    scripts = {
+        "Two things.": [delegate("Read today.md.", "Write slowly.")],
+        "Read today.md.": [read_file("today.md")],
+        "Write slowly.": [Reply(content=" ".join(["word"] * 200), delay=0.2)],
+    }
+    async with daemon_on(tmp_path, scripts) as d:
+        client = await d.connect()
+        await client.send({"type": "hello", "session": "new"})
+        parent = (await client.until("welcome"))[-1]["session"]
+        await client.send({"type": "send", "id": "t1", "content": "Two things."})
+        await one_asks_and_one_talks(client)
+        assert await d.stop(signal.SIGTERM) == 0
+    text = d.log.read_text()
+    assert "ERROR" not in text, text
+    assert "Traceback" not in text, text
+    store = Store(d.home / "sessions")
+    sessions = store.sessions_now()
+    assert sorted(i.parent or "" for i in sessions) == ["", parent, parent]
+    for info in sessions:
+        _, records, torn = store.read(info.id)
+        assert torn == 0
+        assert conversation_problems(records) == [], info.id
+        assert [r.reason for r in records if isinstance(r, TurnEndRecord)] == ["cancelled"]
+
+
+async def test_a_running_sub_agents_session_is_refused_naming_its_parent_then_opens_after(
+    tmp_path: Path,
+) -> None:
+    """Its log is its parent's turn's to write while it runs: opening it is refused with where
+    to follow it (not "open for writing by another process": it is this loopd), and once the
+    parent's call is over it opens."""
+    scripts = {
+        "What do I buy?": [delegate("Read today.md."), Reply(content="Milk.")],
+        "Read today.md.": [read_file("today.md"), Reply(content="buy milk")],
+    }
+    async with daemon_on(tmp_path, scripts) as d:
+        client = await d.connect()
+        await client.send({"type": "hello", "session": "new"})
+        parent = (await client.until("welcome"))[-1]["session"]
+        await client.send({"type": "send", "id": "t1", "content": "What do I buy?"})
+        asking = await client.until("event")
+        while asking[-1]["event"]["kind"] != "approval_needed":
+            asking = await client.until("event")
+        needed = asking[-1]["event"]
+        child = needed["session"]
+        other = await d.connect()
+        await other.send({"type": "hello", "session": child})
+        error = (await other.until("error"))[-1]
+        assert error["code"] == "session_unavailable"
+        assert error["message"] == (
+            f"session {child} is a sub-agent that runs now, in a turn of session {parent}; "
+            f"follow it from session {parent}, whose clients see its progress and answer its "
+            "approvals, and open it once its task is done"
+        )
+        code, _, err = await bxctl(d, "chat", "--session", child, "-m", "hello?")
+        assert code == 2
+        assert f"in a turn of session {parent}" in err
+        assert "another process" not in err
+        await client.send(
+            {"type": "approve", "call": needed["call"], "session": child, "decision": "once"}
+        )
+        await client.until("turn_done")
+        await other.send({"type": "open_session", "id": child})
+        assert (await other.until("welcome"))[-1]["session"] == child
+    assert "ERROR" not in d.log.read_text()

@@ -555,3 +555,17 @@ async def test_a_duplicate_id_and_a_log_that_does_not_read_are_answered_with_the
     error = (await client.until("error"))[-1]
     assert error["code"] == "session_unavailable"
     assert broken.stem in error["message"]
+    why = "line 1: not a record: Invalid JSON: expected ident at line 1 column 2"
+    # loopd's own log says which log, which line and why, when it is opened and when listed.
+    assert (
+        f"session {broken.stem} cannot be opened: {broken}:1: not a record: " in d.log.read_text()
+    )
+    await client.send({"type": "sessions"})
+    listed = (await client.until("sessions"))[-1]
+    assert broken.stem not in [s["id"] for s in listed["sessions"]]
+    assert listed["unreadable"] == [{"id": broken.stem, "reason": why}]
+    assert f"{broken} is left out of the list of sessions: {why}" in d.log.read_text()
+    by_loopd = await run(d.command("sessions"))
+    assert f"{broken.stem}  does not read: {why}" in by_loopd.stdout.splitlines()
+    by_bxctl = await run([sys.executable, "-m", "bxctl", "--config", str(d.config), "sessions"])
+    assert f"! {broken.stem}  does not read: {why}" in by_bxctl.stdout.splitlines()

@@ -24,6 +24,7 @@ from loopd.session.records import (
     FORMAT,
     Record,
     ToolResultRecord,
+    TurnEndRecord,
     UsageRecord,
     UserRecord,
     dump,
@@ -129,6 +130,59 @@ async def test_sessions_lists_turns_and_last_activity_oldest_first(tmp_path: Pat
     assert [(s.id, s.turns) for s in listed] == [(first.id, 2), (second.id, 0)]
     assert listed[0].last_activity >= listed[0].created
     assert store.latest() == second.id
+
+
+async def test_the_list_says_which_turn_is_open_and_keeps_a_log_with_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        await session.append(UserRecord(content="one"))
+        await session.append(TurnEndRecord(reason="answer"))
+        await session.append(UserRecord(content="two"))
+    (listed,) = await store.sessions()
+    assert (listed.turns, listed.open_turn) == (2, True)
+    with session.path.open("ab") as log:
+        log.write(b'{"kind":"turn_end","reason":"ans')  # torn: the crash came mid-write
+    (listed,) = await store.sessions()
+    assert (listed.turns, listed.open_turn) == (2, True)
+    assert listed.last_activity == session.records[-1].time
+
+
+async def test_the_list_says_which_logs_do_not_read_and_why_in_a_line(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as good:
+        await good.append(UserRecord(content="one"))
+    bad = {
+        "20260101T000000000Z-000001": b"not a log\n",
+        "20260101T000000000Z-000002": b"",
+        "20260101T000000000Z-000003": dump(UserRecord(content="hi")),
+        "20260101T000000000Z-000004": good.path.read_bytes(),
+        "20260101T000000000Z-000005": good.path.read_bytes().replace(
+            good.id.encode(), b"20260101T000000000Z-000005"
+        )
+        + b"{}\n",
+    }
+    for name, data in bad.items():
+        (tmp_path / f"{name}.jsonl").write_bytes(data)
+    listing = await store.listing()
+    assert [s.id for s in listing.sessions] == [good.id]
+    assert [(u.id, u.reason) for u in listing.unreadable] == [
+        (
+            "20260101T000000000Z-000001",
+            "line 1: not a record: Invalid JSON: expected ident at line 1 column 2",
+        ),
+        ("20260101T000000000Z-000002", "line 1: the log is empty: it has no session header"),
+        (
+            "20260101T000000000Z-000003",
+            "line 1: the first record is 'user', not the session header",
+        ),
+        ("20260101T000000000Z-000004", f"line 1: the header names another session, {good.id}"),
+        (
+            "20260101T000000000Z-000005",
+            "line 3: not a record: Unable to extract tag using discriminator 'kind'",
+        ),
+    ]
 
 
 async def test_a_session_that_continues_another_names_it_in_header_and_list(

@@ -33,6 +33,7 @@ from bxctl.view import (
     as_tree,
     context_line,
     session_line,
+    unreadable_line,
 )
 from loopd.backoff import RECONNECT
 from loopd.session.records import RECORD
@@ -261,6 +262,8 @@ async def _list_sessions(_: list[str], connection: Connection, console: Console)
             s.id, s.turns, s.last_activity, answer.current, s.continues, depth=depth
         )
         console.print(f"{number:3d}. {line}", markup=False)
+    for bad in answer.unreadable:
+        console.print(f"     {unreadable_line(bad.id, bad.reason)}", markup=False, style="red")
 
 
 async def _resume(words: list[str], connection: Connection, console: Console) -> None:

@@ -23,7 +23,7 @@ from bxctl.cli import (
     FAILURE_EXIT,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
-from bxctl.view import as_tree, context_line, session_line
+from bxctl.view import as_tree, context_line, session_line, unreadable_line
 from loopd.config import ConfigError, load_config
 from loopd.groups import innermost
 from loopd.session.records import Record, SessionHeader, ToolResultRecord
@@ -233,17 +233,21 @@ async def _sessions(path: Path, store: Store) -> int:
     try:
         connection = await Connection.open(path)
     except Unreachable:
-        listed = [proto.SessionInfo.of(s) for s in await store.sessions()]
+        listing = await store.listing()
+        listed = [proto.SessionInfo.of(s) for s in listing.sessions]
+        unreadable = [proto.Unreadable.of(u) for u in listing.unreadable]
         current = None
     else:
         answer = await connection.request({"type": "sessions"}, "sessions")
         await connection.aclose()
         if not isinstance(answer, Sessions):
             raise Unreachable(f"loopd answered {answer.type}, not sessions")
-        listed, current = answer.sessions, answer.current
+        listed, current, unreadable = answer.sessions, answer.current, answer.unreadable
     for depth, s in as_tree(listed):
         print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
-    if not listed:
+    for bad in unreadable:
+        print(unreadable_line(bad.id, bad.reason))
+    if not listed and not unreadable:
         print(f"no sessions in {store.directory}")
     return EXIT_OK
 

@@ -404,6 +404,11 @@ def session_line(  # noqa: PLR0913 - one line says all of these
     return f"{line}  continues {continues}" if continues else line
 
 
+def unreadable_line(session_id: str, reason: str) -> str:
+    """A log in the store that does not read, in a list of sessions, and why."""
+    return f"! {session_id}  does not read: {reason}"
+
+
 class _Listed(Protocol):
     @property
     def id(self) -> str: ...

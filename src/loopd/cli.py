@@ -213,16 +213,18 @@ def _serve(config: Config, args: argparse.Namespace, source: Path | None) -> int
 
 def _sessions(config: Config) -> int:
     store = Store(config.store.directory)
-    listed = trio.run(store.sessions)
-    if not listed:
+    listing = trio.run(store.listing)
+    if not listing.sessions and not listing.unreadable:
         print(f"no sessions in {store.directory}")
-    for s in listed:
+    for s in listing.sessions:
         line = f"{s.id}  {s.turns:4d} turns  last {s.last_activity:%Y-%m-%d %H:%M}"
         if s.continues:
             line += f"  continues {s.continues}"
         if s.parent:
             line += f"  sub-agent of {s.parent}"
         print(line)
+    for bad in listing.unreadable:
+        print(f"{bad.id}  does not read: {bad.reason}")
     return EXIT_OK
 
 

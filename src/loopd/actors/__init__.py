@@ -123,8 +123,7 @@ async def open_core(
     slots = [s for client in clients for s in await _slots_of(client, config.server.slots)]
     log.info("%d slots in the pool", len(slots))
     client = clients[0]
-    async with open_tool_port(config.tools, private) as port, trio.open_nursery() as nursery:
-        pool = await nursery.start(pool_actor, slots, files)
+    async with open_tool_port(config.tools, private) as port, _pool(slots, files) as pool:
         runtime = Runtime(  # each turn runs it on the slot it is lent
             loop=config.loop,
             inference=slots[0],
@@ -173,10 +172,30 @@ async def open_core(
                 actor,
                 max_live=config.session.max_live,
                 roots=Roots(config.tools.roots),
+                agents=agents,
             )
             yield Core(registry, pool, agents)
             sessions.cancel_scope.cancel()
-        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _pool(slots: Sequence[Slot], files: SlotFiles) -> AsyncIterator[PoolHandle]:
+    """The slot pool, which stops only once the block is over. Stopping loopd cancels both at
+    once; a pool that stopped first would have closed its inbox while the turns of the block
+    still held its slots and gave them back as they ended, and would save caches their slots
+    were still busy with."""
+    stop = trio.CancelScope(shield=True)
+
+    async def run(*, task_status: trio.TaskStatus[PoolHandle]) -> None:
+        with stop:
+            await pool_actor(slots, files, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        pool: PoolHandle = await nursery.start(run)
+        try:
+            yield pool
+        finally:
+            stop.cancel()
 
 
 async def _slots_of(client: Client, most: int) -> list[Slot]:

@@ -4,7 +4,8 @@ first message is the task; its answer is the call's result.
 A sub-agent runs in the task of the call that started it, under the port's cancel scope for
 that call: cancelling the delegating turn, or its deadline, ends the sub-agent with it (its own
 log closed as `cancelled`). Nothing runs it again after a crash: the registry closes its log
-as interrupted when the delegating session opens (`_registry.close_interrupted`).
+as interrupted when the delegating session opens (`_registry.close_interrupted`), when the
+sub-agent's own session opens, or when loopd lists the sessions, whichever comes first.
 
 Bounds: how deep delegation goes, how many sub-agents run at once in all of loopd, how many
 one turn may start, a slot idle for it, and each sub-agent's own limits (`[agents]`). A

@@ -19,8 +19,10 @@ import trio
 from loopd.session.closing import close_interrupted_turn, turn_open
 from loopd.session.records import Baseline
 from loopd.session.store import (
+    Listing,
     Session,
     SessionInfo,
+    SessionLocked,
     Store,
     StoreError,
     UnknownSession,
@@ -28,6 +30,7 @@ from loopd.session.store import (
 )
 from loopd.tools import FolderRefused, Roots
 
+from ._agents import Agents
 from ._errors import (
     FolderNotAllowed,
     NoSuchSession,
@@ -84,11 +87,14 @@ class SessionRegistry:
         *,
         max_live: int,
         roots: Roots,
+        agents: Agents | None = None,
     ) -> None:
         self._nursery, self.store, self._baseline = nursery, store, baseline
         self._actor, self.max_live = actor, max_live
         self.roots = roots
         """`[tools] roots`: a new session's own folder must be inside one of them."""
+        self._agents = agents
+        """The sub-agents running now, whose sessions their parents' turns hold."""
         self._by_id: dict[str, _Live] = {}
         self._by_handle: dict[SessionHandle, _Live] = {}
         self._pending: dict[str, trio.Event] = {}
@@ -159,11 +165,14 @@ class SessionRegistry:
             raise SessionUnavailable(why) from None
 
     async def _stored(self, which: str) -> Session:
+        self._refuse_running_sub_agent(which)
         try:
             session = await self.store.open(which)
         except UnknownSession as e:
             raise NoSuchSession(str(e)) from None
         except StoreError as e:  # locked by another process, or a log that does not read
+            if isinstance(e, SessionLocked):
+                self._refuse_running_sub_agent(which)  # one that started while it opened
             log.warning("session %s cannot be opened: %s", which, e)
             raise SessionUnavailable(str(e)) from None
         try:
@@ -174,6 +183,19 @@ class SessionRegistry:
             log.warning("%s", why)
             raise SessionUnavailable(why) from None
         return session
+
+    def _refuse_running_sub_agent(self, which: str) -> None:
+        """A running sub-agent's log is its parent's turn's to write: it opens once that call
+        is over. Its news and approvals reach the clients of the session at the top."""
+        if self._agents is None or (parent := self._agents.running.get(which)) is None:
+            return
+        top = self._agents.root(which)
+        log.info("session %s: not opened, it is a sub-agent running under %s", which, parent)
+        raise SessionUnavailable(
+            f"session {which} is a sub-agent that runs now, in a turn of session {parent}; "
+            f"follow it from session {top}, whose clients see its progress and answer its "
+            "approvals, and open it once its task is done"
+        )
 
     async def _serve(
         self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]
@@ -224,15 +246,45 @@ class SessionRegistry:
         live.ids.add(new)
         self._by_id[new] = live
 
-    async def sessions(self) -> list[SessionInfo]:
-        return await self.store.sessions()
+    async def sessions(self) -> Listing:
+        """Every session, oldest first, and the logs that do not read; the sub-agents a crash
+        cut off closed first."""
+        listing = await self.store.listing()
+        if await self._close_cut_off(listing.sessions):
+            listing = await self.store.listing()
+        for bad in listing.unreadable:  # the person who lists them hears it too
+            log.warning("%s is left out of the list of sessions: %s", bad.path, bad.reason)
+        return listing
+
+    async def _close_cut_off(self, infos: list[SessionInfo]) -> bool:
+        """Close the logs of sub-agents whose turn was open when loopd stopped, as their
+        parent's opening would: a parent may never be opened again, and the listing read
+        every log already. True if one was closed."""
+        closed = False
+        for info in infos:
+            if not info.open_turn or info.parent is None or info.id in self._by_id:
+                continue
+            if info.id in self._pending:
+                continue
+            done = self._pending[info.id] = trio.Event()  # a client that asks for it waits
+            try:
+                with await self.store.open(info.id) as child:
+                    closed |= await close_interrupted(self.store, child)
+            except SessionLocked:
+                pass  # its parent's turn runs it now, or its parent's opening closes it
+            except StoreError as e:
+                log.warning("sub-agent session %s: its interrupted turn stays open: %s", info.id, e)
+            finally:
+                del self._pending[info.id]
+                done.set()
+        return closed
 
 
-async def close_interrupted(store: Store, session: Session) -> None:
+async def close_interrupted(store: Store, session: Session) -> bool:
     """Close the turn loopd stopped in, if the log shows one, and the logs of the sub-agents
-    it had started (each as interrupted; none runs again)."""
+    it had started (each as interrupted; none runs again). True if there was one."""
     if not turn_open(session):
-        return
+        return False
     infos = [i for i in await store.sessions() if i.parent == session.id]
     children: dict[str, tuple[int, str]] = {}
     for info in infos:
@@ -242,5 +294,11 @@ async def close_interrupted(store: Store, session: Session) -> None:
     await close_interrupted_turn(session, children)
     log.warning("the last turn of session %s was interrupted; its log is closed", session.id)
     for info in infos:
-        with await store.open(info.id) as child:
-            await close_interrupted(store, child)
+        if not info.open_turn:
+            continue  # closed already: opened itself, or listed since
+        try:
+            with await store.open(info.id) as child:
+                await close_interrupted(store, child)
+        except SessionLocked:
+            continue  # held in this loopd (a person went on in it, or a listing closes it)
+    return True

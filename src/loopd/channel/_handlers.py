@@ -201,8 +201,9 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
     current = (await (await client.attached()).status()).session
     listed = await client.core.sessions.sessions()
-    infos = [proto.SessionInfo.of(s) for s in listed]
-    client.say(proto.Sessions(current=current, sessions=infos))
+    infos = [proto.SessionInfo.of(s) for s in listed.sessions]
+    unreadable = [proto.Unreadable.of(u) for u in listed.unreadable]
+    client.say(proto.Sessions(current=current, sessions=infos, unreadable=unreadable))
 
 
 async def _history(client: Client, message: proto.HistoryRequest) -> None:

@@ -4,7 +4,8 @@ Each append is one `write` of one line, then `fsync`, in a worker thread that a 
 caller waits for, so a record is either whole on disk or not there at all. A crash in the
 middle of a write leaves a torn last line: opening cuts it off and says so; every record
 before it is kept. Anything else that does not parse is an error naming the file and line,
-never skipped. One process writes a session at a time (an exclusive `flock` on the log).
+never skipped: a listing names such a log apart, with why (`Listing.unreadable`). One process
+writes a session at a time (an exclusive `flock` on the log).
 
     StoreError
      ├── SessionLocked      another process has the session open for writing
@@ -48,6 +49,7 @@ from loopd.session.records import (
 
 __all__ = [
     "CorruptLog",
+    "Listing",
     "ParentCall",
     "Session",
     "SessionInfo",
@@ -55,6 +57,7 @@ __all__ = [
     "Store",
     "StoreError",
     "UnknownSession",
+    "Unreadable",
     "WriteFault",
     "fault_of",
     "new_session_id",
@@ -67,6 +70,7 @@ SUFFIX = ".jsonl"
 # Counted in a log's raw bytes to list sessions without parsing them: inside a string value
 # the quotes would be escaped, so this occurs only as a record's own kind.
 _USER_KIND = b'"kind":"user"'
+_TURN_END_KIND = b'"kind":"turn_end"'
 _LOG: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
 
 
@@ -89,6 +93,7 @@ class CorruptLog(StoreError):
         super().__init__(f"{path}:{line}: {reason}")
         self.path = path
         self.line = line
+        self.reason = reason
 
 
 WriteFault = Literal["disk_full", "read_only", "io_error", "other"]
@@ -143,6 +148,26 @@ class SessionInfo:
     """The session this one continues, if any."""
     parent: str | None = None
     """The session that delegated to this one, for a sub-agent."""
+    open_turn: bool = False
+    """Its last turn has not ended: it runs now, or loopd stopped in it without closing it."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A log in the store that does not read as a session, and why: listed apart."""
+
+    id: str
+    path: Path
+    reason: str
+    """Where and what, in a line: `line 1: not a record: Invalid JSON: ...`."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    sessions: list[SessionInfo]
+    """Every session that reads, oldest first."""
+    unreadable: list[Unreadable]
+    """The logs that do not: a person should hear which, and why."""
 
 
 @dataclass(frozen=True)
@@ -312,12 +337,20 @@ class Store:
         return await trio.to_thread.run_sync(self._open, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
-        """Every session, oldest first."""
-        return await trio.to_thread.run_sync(self._sessions)
+        """Every session, oldest first (those whose log does not read left out)."""
+        return (await self.listing()).sessions
 
     def sessions_now(self) -> list[SessionInfo]:
         """`sessions`, read in this thread: for a command-line tool with no event loop."""
-        return self._sessions()
+        return self._listing().sessions
+
+    async def listing(self) -> Listing:
+        """Every session, oldest first, and the logs that do not read, each with why."""
+        return await trio.to_thread.run_sync(self._listing)
+
+    def listing_now(self) -> Listing:
+        """`listing`, read in this thread."""
+        return self._listing()
 
     def read(self, session_id: str) -> tuple[SessionHeader, list[Record], int]:
         """Read a log without taking it: for looking, while a daemon may be writing it. Gives
@@ -411,33 +444,41 @@ class Store:
             os.close(fd)
             raise
 
-    def _sessions(self) -> list[SessionInfo]:
-        infos = []
+    def _listing(self) -> Listing:
+        infos, unreadable = [], []
         for session_id in self._ids():
             path = self.path_of(session_id)
             try:
-                data = path.read_bytes()
-                first, _, _ = data.partition(b"\n")
-                header = RECORD.validate_json(first)
-                last = data.rstrip(b"\n").rpartition(b"\n")[2] or first
-                last_time = RECORD.validate_json(last).time if last != first else header.time
-            except (OSError, ValidationError) as e:
-                log.warning("skipping %s in the list: %s", path, e)
+                infos.append(_info(session_id, path, path.read_bytes()))
                 continue
-            if isinstance(header, SessionHeader):
-                turns = data.count(_USER_KIND)
-                infos.append(
-                    SessionInfo(
-                        session_id,
-                        header.created,
-                        turns,
-                        last_time,
-                        path,
-                        header.continues,
-                        header.parent,
-                    )
-                )
-        return infos
+            except CorruptLog as e:
+                why = f"line {e.line}: {e.reason}"
+            except OSError as e:
+                why = e.strerror or str(e)
+            unreadable.append(Unreadable(session_id, path, why))
+        return Listing(infos, unreadable)
+
+
+def _info(session_id: str, path: Path, data: bytes) -> SessionInfo:
+    """What the list says of a log, read from its header and its last whole line alone (a
+    torn last line is cut off when the log opens)."""
+    whole = data[: data.rfind(b"\n") + 1]
+    if not whole:
+        raise CorruptLog(path, 1, "the log is empty: it has no session header")
+    first, _, _ = whole.partition(b"\n")
+    header = _header(path, _record(path, 1, first), session_id)
+    lines = whole.count(b"\n")
+    last = whole.rstrip(b"\n").rpartition(b"\n")[2]
+    return SessionInfo(
+        session_id,
+        header.created,
+        whole.count(_USER_KIND),
+        _record(path, lines, last).time if lines > 1 else header.time,
+        path,
+        header.continues,
+        header.parent,
+        whole.rfind(_USER_KIND) > whole.rfind(_TURN_END_KIND),
+    )
 
 
 def _lock(fd: int, path: Path) -> None:
@@ -470,18 +511,31 @@ def parse_log(path: Path, data: bytes, session_id: str) -> tuple[SessionHeader, 
     if not lines:
         raise CorruptLog(path, 1, "the log is empty: it has no session header")
     records = _parse_lines(path, lines)
-    header = records.pop(0)
-    if not isinstance(header, SessionHeader):
-        raise CorruptLog(path, 1, f"the first record is {header.kind!r}, not the session header")
-    if header.id != session_id:
-        raise CorruptLog(path, 1, f"the header names another session, {header.id}")
-    if header.format > FORMAT:
-        raise CorruptLog(path, 1, f"log format {header.format} is newer than this loopd "
-                                  f"({__version__}) reads ({FORMAT}): upgrade loopd")  # fmt: skip
+    header = _header(path, records.pop(0), session_id)
     for number, record in enumerate(records, start=2):
         if isinstance(record, SessionHeader):
             raise CorruptLog(path, number, "a second session header")
     return header, records, len(torn)
+
+
+def _header(path: Path, first: Record, session_id: str) -> SessionHeader:
+    """The first record, if it is the header of this session in a format this loopd reads."""
+    if not isinstance(first, SessionHeader):
+        raise CorruptLog(path, 1, f"the first record is {first.kind!r}, not the session header")
+    if first.id != session_id:
+        raise CorruptLog(path, 1, f"the header names another session, {first.id}")
+    if first.format > FORMAT:
+        raise CorruptLog(path, 1, f"log format {first.format} is newer than this loopd "
+                                  f"({__version__}) reads ({FORMAT}): upgrade loopd")  # fmt: skip
+    return first
+
+
+def _record(path: Path, number: int, line: bytes) -> Record:
+    try:
+        return RECORD.validate_json(line)
+    except ValidationError as e:
+        reason = e.errors()[0]["msg"] if e.errors() else str(e)
+        raise CorruptLog(path, number, f"not a record: {reason}") from None
 
 
 def _parse_lines(path: Path, lines: list[bytes]) -> list[Record]:
@@ -494,11 +548,7 @@ def _parse_lines(path: Path, lines: list[bytes]) -> list[Record]:
     except ValidationError:
         pass
     for number, line in enumerate(lines, start=1):
-        try:
-            RECORD.validate_json(line)
-        except ValidationError as e:
-            reason = e.errors()[0]["msg"] if e.errors() else str(e)
-            raise CorruptLog(path, number, f"not a record: {reason}") from None
+        _record(path, number, line)
     raise CorruptLog(path, 1, "the log does not parse, though each line does")  # unreachable
 
 

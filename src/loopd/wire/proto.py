@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
 from loopd.session.records import Decision, FailureKind, UsageRecord
 from loopd.session.store import SessionInfo as StoredSession
+from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
 from loopd.wire.events import TurnEvent
 
@@ -49,6 +50,7 @@ __all__ = [
     "TurnFailed",
     "Undo",
     "Undone",
+    "Unreadable",
     "Usage",
     "Welcome",
     "dump",
@@ -345,6 +347,18 @@ class SessionInfo(_Message):
         )
 
 
+class Unreadable(_Message):
+    """A log in the store that does not read as a session: it is not in `sessions`."""
+
+    id: str
+    reason: str
+    """Which line, and what is wrong there: `line 1: not a record: Invalid JSON: ...`."""
+
+    @classmethod
+    def of(cls, log: StoredUnreadable) -> Unreadable:
+        return cls(id=log.id, reason=log.reason)
+
+
 class Undone(_Message):
     """An `undo` was done: these calls' changes are put back in these files."""
 
@@ -357,6 +371,8 @@ class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
     current: str
+    unreadable: list[Unreadable] = []
+    """The logs that do not read, each with why (none: every log reads)."""
 
 
 class History(_Message):
