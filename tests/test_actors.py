@@ -38,11 +38,13 @@ from loopd.infer import Client, Content, Queued, Slot
 from loopd.session.records import Record, UserRecord, conversation_problems
 from loopd.session.store import Store
 from loopd.supervise import ActorFailed, GaveUp
+from loopd.tools._port import _Decide
 from loopd.turn.exact import next_request
 from loopd.wire.events import ApprovalDecided, ApprovalNeeded
 from loopd.wire.proto import HISTORY_PAGE
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
+from test_tools_port import fail_on as port_fails_on
 
 T = TypeVar("T")
 
@@ -601,16 +603,19 @@ async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
         b, _ = await core.sessions.attach("new")
         a_events, b_events = await a.subscribe(100), await b.subscribe(100)
         await a.send("a1", "read my note")
-        needed = await next_of(a_events, ApprovalNeeded)
+        with trio.fail_after(5):
+            needed = await next_of(a_events, ApprovalNeeded)
         await b.send("b1", "waits for the slot")
-        await next_of(b_events, Queued)
+        with trio.fail_after(5):
+            await next_of(b_events, Queued)
         with pytest.raises(ActorFailed) as failed:
             await core.pool.views()
         assert str(failed.value) == lost
         with trio.fail_after(5):
             assert await next_of(b_events, TurnFailed) == TurnFailed("error", lost)
         await b.send("b2", "waits again")
-        await next_of(b_events, Queued)  # not lent twice
+        with trio.fail_after(5):
+            assert await next_of(b_events, object) == Queued()  # its first event: not lent twice
         assert [v.busy for v in await core.pool.views()] == [True]
         assert await a.decide(needed.call, "once")
         with trio.fail_after(5):
@@ -619,6 +624,25 @@ async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
     assert (a_done.outcome.content, b_done.outcome.content) == ("a is done", "b ran")
     assert "the slot pool failed, and starts again (1 of 5 restarts within 60 s)" in caplog.text
     assert "KeyError: 'a bug'" in caplog.text  # the traceback
+
+
+async def test_a_bug_in_the_tool_port_fails_that_decision_and_the_session_goes_on(
+    core: Core, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served[0].replies = [read_file("today.md"), Reply(content="milk")]
+    port_fails_on(monkeypatch, _Decide)
+    async with core.running() as actor:
+        subscription = await actor.subscribe(100)
+        await actor.send("t1", "what do I buy?")
+        with trio.fail_after(5):
+            needed = await next_of(subscription, ApprovalNeeded)
+        with pytest.raises(ActorFailed, match=r"^the tool port failed \(KeyError: 'a bug'\)"):
+            await actor.decide(needed.call, "once")
+        assert [p.item for p in (await actor.status()).pending] == [needed]  # it still waits
+        assert await actor.decide(needed.call, "once")
+        with trio.fail_after(5):
+            done = await next_of(subscription, TurnDone)
+    assert done.outcome.content == "milk"
 
 
 async def test_a_release_the_pool_fails_on_still_frees_the_slot(
