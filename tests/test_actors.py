@@ -5,7 +5,9 @@ stream, and a log left valid by every way a turn can stop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,15 +32,19 @@ from loopd.actors import (
     open_core,
     pool_actor,
 )
+from loopd.actors._pool import _Pool, _Release, _Views
 from loopd.config import Config
 from loopd.infer import Client, Content, Queued, Slot
 from loopd.session.records import Record, UserRecord, conversation_problems
 from loopd.session.store import Store
+from loopd.supervise import ActorFailed, GaveUp
+from loopd.tools._port import _Decide
 from loopd.turn.exact import next_request
 from loopd.wire.events import ApprovalDecided, ApprovalNeeded
 from loopd.wire.proto import HISTORY_PAGE
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
+from test_tools_port import fail_on as port_fails_on
 
 T = TypeVar("T")
 
@@ -78,6 +84,7 @@ class Core:
         self.store = Store(tmp_path / "sessions")
         self.first = ""
         self.sessions: SessionRegistry | None = None
+        self.pool: PoolHandle | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionHandle]:
@@ -87,7 +94,7 @@ class Core:
             Client(self.server.url) as client,
             open_core(cfg, self.store, [client]) as core,
         ):
-            self.sessions = core.sessions
+            self.sessions, self.pool = core.sessions, core.pool
             actor, self.first = await core.sessions.attach("new")
             yield actor
 
@@ -590,6 +597,108 @@ async def test_a_move_takes_an_idle_slot_of_another_server_and_counts_the_first_
             assert other is not None
             assert other.slot.client is one
     assert [v.session for v in await pool.views()] == ["c", "a"]
+
+
+def fail_on(monkeypatch: pytest.MonkeyPatch, kind: type[object], times: float = 1) -> None:
+    """A bug in the pool: taking a message of `kind` raises, the first `times` times."""
+    take = _Pool.take
+    failed = 0
+
+    def broken(pool: _Pool, message: object) -> None:
+        nonlocal failed
+        if isinstance(message, kind) and failed < times:
+            failed += 1
+            raise KeyError("a bug")
+        take(pool, message)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_Pool, "take", broken)
+
+
+async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
+    core: Core, served: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scripted server has one slot: a's turn holds it (waiting for an approval) and b's
+    waits for it when the pool fails. b's wait fails, a's turn goes on, and the restarted pool
+    still knows a's slot is lent: b's next turn waits for it, and runs once a gives it back."""
+    served[0].replies = [read_file("today.md"), Reply(content="a is done"), Reply(content="b ran")]
+    fail_on(monkeypatch, _Views)
+    lost = "the slot pool failed (KeyError: 'a bug') while it held this request: send it again"
+    async with core.running() as a:
+        assert core.sessions is not None
+        assert core.pool is not None
+        b, _ = await core.sessions.attach("new")
+        a_events, b_events = await a.subscribe(100), await b.subscribe(100)
+        await a.send("a1", "read my note")
+        with trio.fail_after(5):
+            needed = await next_of(a_events, ApprovalNeeded)
+        await b.send("b1", "waits for the slot")
+        with trio.fail_after(5):
+            await next_of(b_events, Queued)
+        with pytest.raises(ActorFailed) as failed:
+            await core.pool.views()
+        assert str(failed.value) == lost
+        with trio.fail_after(5):
+            assert await next_of(b_events, TurnFailed) == TurnFailed("error", lost)
+        await b.send("b2", "waits again")
+        with trio.fail_after(5):
+            assert await next_of(b_events, object) == Queued()  # its first event: not lent twice
+        assert [v.busy for v in await core.pool.views()] == [True]
+        assert await a.decide(needed.call, "once")
+        with trio.fail_after(5):
+            a_done = await next_of(a_events, TurnDone)
+            b_done = await next_of(b_events, TurnDone)
+    assert (a_done.outcome.content, b_done.outcome.content) == ("a is done", "b ran")
+    assert "the slot pool failed, and starts again (1 of 5 restarts within 60 s)" in caplog.text
+    assert "KeyError: 'a bug'" in caplog.text  # the traceback
+
+
+async def test_a_bug_in_the_tool_port_fails_that_decision_and_the_session_goes_on(
+    core: Core, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served[0].replies = [read_file("today.md"), Reply(content="milk")]
+    port_fails_on(monkeypatch, _Decide)
+    async with core.running() as actor:
+        subscription = await actor.subscribe(100)
+        await actor.send("t1", "what do I buy?")
+        with trio.fail_after(5):
+            needed = await next_of(subscription, ApprovalNeeded)
+        with pytest.raises(ActorFailed, match=r"^the tool port failed \(KeyError: 'a bug'\)"):
+            await actor.decide(needed.call, "once")
+        assert [p.item for p in (await actor.status()).pending] == [needed]  # it still waits
+        assert await actor.decide(needed.call, "once")
+        with trio.fail_after(5):
+            done = await next_of(subscription, TurnDone)
+    assert done.outcome.content == "milk"
+
+
+async def test_a_release_the_pool_fails_on_still_frees_the_slot(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool: PoolHandle = await nursery.start(pool_actor, slots(1), NO_FILES)
+    fail_on(monkeypatch, _Release)
+    async with pool.lease("a"):
+        pass
+    with trio.fail_after(5):
+        async with pool.lease("b") as lease:
+            assert lease is not None
+            assert not lease.hot  # what the slot held was forgotten
+    assert [(v.session, v.busy) for v in await pool.views()] == [("b", False)]
+
+
+async def test_a_pool_that_keeps_failing_stops_loopd_saying_why(
+    core: Core, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_on(monkeypatch, _Views, math.inf)
+    why = r"the slot pool failed 6 times within 60 s, the last time with KeyError: 'a bug'"
+    with pytest.RaisesGroup(pytest.RaisesExc(GaveUp, match=f"^{why}$"), flatten_subgroups=True):
+        async with core.running():
+            assert core.pool is not None
+            for _ in range(5):
+                with pytest.raises(ActorFailed):
+                    await core.pool.views()
+            with contextlib.suppress(ActorFailed):
+                await core.pool.views()
+            await trio.sleep_forever()  # the core stops
 
 
 async def test_a_core_fixture_is_closed_cleanly(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Supervision, attacked through real processes: a session whose log can no longer be written
 closes alone (`session_failed`) while loopd and every other session go on; only what leaves
-loopd unable to serve anyone (its store folder, its socket gone) stops it, saying why.
+loopd unable to serve anyone (its store folder, its socket gone, a slot pool that keeps
+failing) stops it, saying why.
 docs/architecture.md's supervision table names these tests."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from support.daemon import Daemon, LineClient
 from support.failing_writes import build as failing_writes_library
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
+
+POOL_BUG = Path(__file__).resolve().parent / "support" / "pool_bug.py"
 
 AS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -299,3 +303,36 @@ def test_every_row_of_the_supervision_table_names_tests_that_exist() -> None:
             assert file, f"a test named without its file: {row[:80]}"
             source = (Path(__file__).parent / file).read_text()
             assert f"def {name or same_file}(" in source, f"{file} has no {name or same_file}"
+
+
+async def test_a_slot_pool_that_fails_is_restarted_and_past_its_bound_stops_loopd_saying_why(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A bug in the slot pool trips on every `status`: each is answered `busy` while the pool
+    restarts, and another session's turn goes on; the sixth failure within a minute stops
+    loopd, naming the pool and the error."""
+    server = ReplayServer([FakeLlama([Reply(content="fine")])] * 10)
+    await nursery.start(server.run)
+    d = Daemon(
+        tmp_path / "loopd", server.url, slots=NO_SLOT_FILES, wrap=(sys.executable, str(POOL_BUG))
+    )
+    await d.start()
+    try:
+        a, _ = await _hello(d, "new")
+        for _ in range(5):
+            await a.send({"type": "status"})
+            refused = await _answer(a, "error")
+            assert refused["code"] == "busy"
+            assert refused["message"] == (
+                "the slot pool failed (KeyError: 'a bug') while it held this request: send it again"
+            )
+        b, _ = await _hello(d, "new")
+        assert (await b.turn("b1", "hello"))[-1]["type"] == "turn_done"
+        await a.send({"type": "status"})
+        why = "the slot pool failed 6 times within 60 s, the last time with KeyError: 'a bug'"
+        await _stops_saying(d, a, why)
+        assert "the slot pool failed, and starts again (5 of 5 restarts within 60 s)" in (
+            d.log.read_text()
+        )
+    finally:
+        await d.end()

@@ -25,6 +25,7 @@ from loopd.tools import (
     open_tool_port,
 )
 from loopd.tools._dispatch import Local
+from loopd.tools._mcp import Down, McpSource, State
 from support.ports import never_asked
 from test_tools_dispatch import schema_values
 
@@ -106,6 +107,72 @@ async def test_a_server_that_cannot_start_leaves_the_rest_working(
         assert not [n for n in port.registry.names() if n.startswith("broken.")]
         assert isinstance((await port.call(request("current_time"), never_asked)).answer, Result)
     assert "MCP server broken did not start" in caplog.text
+
+
+async def test_a_bug_in_an_mcp_sources_supervisor_restarts_it_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The supervisor fails as it marks the killed server down: it is started again at once."""
+    become = McpSource._become
+    failed = False
+
+    def broken(source: McpSource, state: State) -> None:
+        nonlocal failed
+        if isinstance(state, Down) and not failed:
+            failed = True
+            raise KeyError("a bug")
+        become(source, state)
+
+    monkeypatch.setattr(McpSource, "_become", broken)
+    pid_file = tmp_path / "pid"
+    async with open_tool_port(config(tmp_path, notes=notes(pid_file))) as port:
+        assert isinstance(
+            (await port.call(request("notes.list_notes"), never_asked)).answer, Result
+        )
+        first_pid = int(pid_file.read_text())
+        os.kill(first_pid, signal.SIGKILL)
+        answer = (await port.call(request("notes.list_notes"), never_asked)).answer
+        assert isinstance(answer, Failed)
+        assert "MCP server notes stopped" in answer.message
+        again = (await port.call(request("notes.list_notes"), never_asked)).answer
+        assert again == Result("groceries\ntodo", "public", False)
+        assert int(pid_file.read_text()) != first_pid
+    assert failed
+    assert (
+        "the supervisor of MCP server notes failed, and starts again (1 of 5 restarts within 60 s)"
+        in caplog.text
+    )
+
+
+async def test_an_mcp_source_that_keeps_failing_stops_alone_and_its_calls_say_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every start after the first trips a bug: past its bound the source stops, and loopd's
+    other tools go on."""
+    run_once = McpSource._run_once
+    lives = 0
+
+    async def broken(source: McpSource, failures: int) -> int:
+        nonlocal lives
+        lives += 1
+        if lives > 1:
+            raise KeyError("a bug")
+        return await run_once(source, failures)
+
+    monkeypatch.setattr(McpSource, "_run_once", broken)
+    pid_file = tmp_path / "pid"
+    async with open_tool_port(config(tmp_path, notes=notes(pid_file))) as port:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        assert isinstance(
+            (await port.call(request("notes.list_notes"), never_asked)).answer, Failed
+        )
+        answer = (await port.call(request("notes.list_notes"), never_asked)).answer
+        assert answer == Failed(
+            "MCP server notes is stopped: the supervisor of MCP server notes failed 6 times "
+            "within 60 s, the last time with KeyError: 'a bug'; loopd goes on without it"
+        )
+        assert isinstance((await port.call(request("current_time"), never_asked)).answer, Result)
+    assert lives == 7
 
 
 SCHEMA_SERVER = str(Path(__file__).resolve().parent / "support" / "schema_server.py")

@@ -3,6 +3,7 @@ under its deadline; every answer. Only its handle is used: calls, decisions, the
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import trio
 
 from loopd.config import Policy
 from loopd.session.records import Decision
+from loopd.supervise import ActorFailed, GaveUp, Restarts
 from loopd.tools import (
     Answered,
     Approval,
@@ -26,6 +28,7 @@ from loopd.tools import (
     ToolRequest,
     run_tool_port,
 )
+from loopd.tools._port import _Decide, _ListPending, _PortActor
 from support.ports import never_asked, start_port
 
 
@@ -227,3 +230,69 @@ async def test_a_call_to_a_port_that_has_stopped_says_so() -> None:
         pass  # the block ends: the port stops
     with pytest.raises(PortStopped, match="the tool port has stopped"):
         await handle.call(request("echo"), never_asked)
+
+
+def fail_on(monkeypatch: pytest.MonkeyPatch, kind: type[object], times: float = 1) -> None:
+    """A bug in the port: taking a message of `kind` raises, the first `times` times."""
+    take = _PortActor.take
+    failed = 0
+
+    def broken(actor: _PortActor, message: object, calls: trio.Nursery) -> None:
+        nonlocal failed
+        if isinstance(message, kind) and failed < times:
+            failed += 1
+            raise KeyError("a bug")
+        take(actor, message, calls)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_PortActor, "take", broken)
+
+
+async def test_a_bug_in_the_port_fails_the_message_it_held_and_the_calls_in_flight_go_on(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    p, executor = await port(nursery, buy=Policy(action="ask"))
+    fail_on(monkeypatch, _Decide)
+    asked, answered = trio.Event(), trio.Event()
+    answers: list[Answered] = []
+
+    async def on_asking(_: Asking) -> None:
+        asked.set()
+
+    async def buy() -> None:
+        answers.append(await p.call(request("buy"), on_asking))
+        answered.set()
+
+    nursery.start_soon(buy)
+    await asked.wait()
+    lost = "the tool port failed (KeyError: 'a bug') while it held this request: send it again"
+    with pytest.raises(ActorFailed) as failed:
+        await p.decide("s", 1, "once")
+    assert str(failed.value) == lost
+    assert await answer(p, "echo") == Result("ran echo with {'x': 1}", "public", False)
+    assert [a.call for a in await p.pending("s")] == [1]  # the waiting call still waits
+    assert await p.decide("s", 1, "once")
+    with trio.fail_after(5):
+        await answered.wait()
+    assert answers == [
+        Answered(Result("ran buy with {'x': 1}", "public", False), Approval("buy", "once", "user"))
+    ]
+    assert executor.ran == ["echo", "buy"]
+    assert "the tool port failed, and starts again (1 of 5 restarts within 60 s)" in caplog.text
+
+
+async def test_a_port_that_keeps_failing_gives_up_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fail_on(monkeypatch, _ListPending, math.inf)
+    registry = Registry([ToolEntry("echo", "echo", "echo", {"type": "object"}, "test", Policy())])
+    why = r"^the tool port failed 3 times within 60 s, the last time with KeyError: 'a bug'$"
+    with pytest.RaisesGroup(pytest.RaisesExc(GaveUp, match=why), flatten_subgroups=True):
+        async with run_tool_port(
+            registry, {"test": Scripted()}, timeout=1, restarts=Restarts(most=2)
+        ) as p:
+            for _ in range(2):
+                with pytest.raises(ActorFailed):
+                    await p.pending("s")
+            with contextlib.suppress(ActorFailed):
+                await p.pending("s")
+            await trio.sleep_forever()  # the port stops

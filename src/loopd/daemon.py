@@ -8,7 +8,9 @@
 Start-up fails early and clearly: a live daemon on the socket, no llama-server or model to
 start. Shutdown cancels the running turns (their logs stay valid), saves the caches the slots
 hold, says `bye` to every client, removes the socket, and exits 0. Only what leaves loopd unable
-to serve anyone stops it otherwise (`Unusable`); a session that fails closes alone (`actors`).
+to serve anyone stops it otherwise (`Unusable`): its own files gone, or the slot pool or the
+tool port failing past their restart bound (`loopd.supervise`); a session that fails closes
+alone (`actors`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shutil
 import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -32,6 +34,7 @@ from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.session.store import Store
+from loopd.supervise import RESTARTS
 
 __all__ = ["StartupError", "Unusable", "launch_spec", "serve"]
 
@@ -165,6 +168,11 @@ class _Stop:
             await self.channel.goodbye(why)
         (self.serving or self.starting).cancel()
 
+    async def unusable_now(self, why: str) -> None:
+        """loopd can serve nobody, because of `why`: say so, stop, exit 1."""
+        self.unusable = why
+        await self.stop(f"loopd stops: {why}")
+
 
 async def serve(config: Config, socket_path: Path, config_file: Path | None = None) -> None:
     """Serve until SIGINT or SIGTERM, heard from the first moment: a signal while the embedded
@@ -232,8 +240,11 @@ async def _serve(
             for client in clients:
                 await stack.enter_async_context(client)
             with trio.CancelScope() as stop.serving:
+                restarts = replace(RESTARTS, gave_up=stop.unusable_now)
                 async with (
-                    open_core(config, store, clients, slot_directory, private) as core,
+                    open_core(
+                        config, store, clients, slot_directory, private, restarts=restarts
+                    ) as core,
                     trio.open_nursery() as watch,
                 ):
                     if config.server.urls:
@@ -298,8 +309,7 @@ async def _watch_own_files(store: Store, unix: UnixSocket, stop: _Stop) -> None:
     while (why := unix.gone() or store.gone()) is None:  # noqa: ASYNC110
         await trio.sleep(OWN_FILES_EVERY)
     log.error("%s: loopd cannot serve anyone and stops", why)
-    stop.unusable = why
-    await stop.stop(f"loopd stops: {why}")
+    await stop.unusable_now(why)
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], stop: _Stop) -> None:

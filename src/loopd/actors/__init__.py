@@ -9,9 +9,10 @@
 
 Each actor has one inbox: a memory channel of typed messages, with a reply channel where an
 answer is needed, reached through its handle. They start in that order, each before the next
-needs it, and stop in the reverse order when the block ends or any of them fails. Turns that
-are running then are cancelled, and still leave valid logs; the caches the slots hold are
-saved to the sessions' slot files.
+needs it, and stop in the reverse order when the block ends. A bug in the pool or the port
+restarts that actor alone on the same inbox (`loopd.supervise`), up to `restarts`; past it
+they all stop. Turns that are running then are cancelled, and still leave valid logs; the
+caches the slots hold are saved to the sessions' slot files.
 """
 
 import logging
@@ -29,6 +30,7 @@ from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.session.compact import Compactor
 from loopd.session.records import Baseline
 from loopd.session.store import Session, Store
+from loopd.supervise import RESTARTS, Restarts
 from loopd.tools import Roots, delegate_entry, open_tool_port, secrets
 from loopd.turn import Runtime
 from loopd.turn.changes import Blobs, Hands
@@ -108,22 +110,29 @@ class Core:
 
 
 @asynccontextmanager
-async def open_core(
+async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
     config: Config,
     store: Store,
     clients: Sequence[Client],
     slot_directory: Path | None = None,
     private: Sequence[Path] = (),
+    *,
+    restarts: Restarts = RESTARTS,
 ) -> AsyncIterator[Core]:
     """The actors of a loopd on the servers of `clients` (the first one renders templates).
     `slot_directory`: where llama-server keeps slot files, when loopd can see it; `private`:
-    loopd's own files, out of the tools' reach (`config.private_paths`)."""
+    loopd's own files, out of the tools' reach (`config.private_paths`); `restarts`: how often
+    the pool, the port and each MCP source may fail and start again, and who stops loopd when
+    the pool or the port fails more often."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
     files = slot_files(config, slot_directory)
     slots = [s for client in clients for s in await _slots_of(client, config.server.slots)]
     log.info("%d slots in the pool", len(slots))
     client = clients[0]
-    async with open_tool_port(config.tools, private) as port, _pool(slots, files) as pool:
+    async with (
+        open_tool_port(config.tools, private, restarts) as port,
+        _pool(slots, files, restarts) as pool,
+    ):
         runtime = Runtime(  # each turn runs it on the slot it is lent
             loop=config.loop,
             inference=slots[0],
@@ -179,7 +188,9 @@ async def open_core(
 
 
 @asynccontextmanager
-async def _pool(slots: Sequence[Slot], files: SlotFiles) -> AsyncIterator[PoolHandle]:
+async def _pool(
+    slots: Sequence[Slot], files: SlotFiles, restarts: Restarts
+) -> AsyncIterator[PoolHandle]:
     """The slot pool, which stops only once the block is over. Stopping loopd cancels both at
     once; a pool that stopped first would have closed its inbox while the turns of the block
     still held its slots and gave them back as they ended, and would save caches their slots
@@ -188,7 +199,7 @@ async def _pool(slots: Sequence[Slot], files: SlotFiles) -> AsyncIterator[PoolHa
 
     async def run(*, task_status: trio.TaskStatus[PoolHandle]) -> None:
         with stop:
-            await pool_actor(slots, files, task_status=task_status)
+            await pool_actor(slots, files, restarts, task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         pool: PoolHandle = await nursery.start(run)

@@ -16,6 +16,7 @@ from loopd.infer import InferError, Queued, slot_tokens
 from loopd.session.compact import SummaryFailed
 from loopd.session.records import UsageRecord
 from loopd.session.store import Session, StoreError
+from loopd.supervise import ActorFailed
 from loopd.turn import InferFailed, Runtime, TurnError, TurnOutcome, run_turn
 from loopd.wire.events import MovedToServer, TurnEvent, WaitReason
 
@@ -71,15 +72,20 @@ class SlotTurns:
             return TurnFailed("error", str(e))
         except StoreError as e:
             raise SessionFailed.of(self.session.id, e) from e
+        except ActorFailed as e:  # the pool failed on its lease; the pool's log has the bug
+            return TurnFailed("error", str(e))
         except Exception as e:
             log.exception("turn %s failed", message.turn)
             return TurnFailed("error", f"loopd failed: {type(e).__name__}: {e}")
 
     async def save(self) -> None:
         """The session's cache in its slot file, if a slot still holds it."""
-        async with self.pool.lease(self.session.id, hot_only=True) as lease:
-            if lease is not None:
-                await self.files.save(lease.slot, self.session.id)
+        try:
+            async with self.pool.lease(self.session.id, hot_only=True) as lease:
+                if lease is not None:
+                    await self.files.save(lease.slot, self.session.id)
+        except ActorFailed as e:  # a cache not saved is only recomputed
+            log.warning("session %s: its cache was not saved: %s", self.session.id, e)
 
     def _continued(self, new: Session) -> None:
         old, self.session = self.session, new

@@ -19,10 +19,17 @@ slots held is forgotten; while no server answers, the slots are lent anyway, and
 with the server's own error. A turn whose server cannot take its request moves its lease to
 an idle slot of another server that answers (`PoolHandle.move`), and the pool then counts the
 server it left as not answering until `health` says it answers.
+
+A bug in the pool (an error in `_Pool.take`) restarts it on the same inbox (`supervised`): the
+request it held and those waiting for a slot are answered `ActorFailed`; the new pool keeps
+which slots are lent (a running turn's slot is not lent twice, and its release still frees
+it), whose caches are being saved, and which servers do not answer, and forgets which caches
+the slots hold: a lost cache only costs its recomputation.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import deque
@@ -33,9 +40,10 @@ from dataclasses import dataclass
 import outcome
 import trio
 
-from loopd.inbox import Reply, ask, reply_value
+from loopd.inbox import Reply, ask, reply_error, reply_value
 from loopd.infer import Slot
 from loopd.session.store import Session
+from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
 
 from ._slots import SlotFiles
 
@@ -61,6 +69,8 @@ class Lease:
     session goes on under a new id)."""
     tokens: int | None = None
     """Tokens it then holds, as far as the holder knows (for `status`)."""
+    grant: int = 0
+    """Which lending of the slot this is: a release frees only the lending it names."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +90,14 @@ class _State:
     index: int
     owner: str | None = None
     tokens: int | None = None
-    leased: bool = False
+    grant: int | None = None
+    """The lending it is lent under (`Lease.grant`); None while it is idle."""
     used: float = -math.inf
     """When it was last given back: the least recently used idle slot is taken first."""
+
+    @property
+    def leased(self) -> bool:
+        return self.grant is not None
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,7 @@ class _Acquire:
 @dataclass(frozen=True)
 class _Release:
     index: int
+    grant: int
     owner: str | None
     tokens: int | None
 
@@ -158,7 +174,8 @@ class PoolHandle:
             if lease is not None:
                 if lease.evicted is not None:  # the holder left before it saved it
                     self.saved(lease.evicted)
-                self._inbox.send_nowait(_Release(lease.index, lease.owner, lease.tokens))
+                release = _Release(lease.index, lease.grant, lease.owner, lease.tokens)
+                self._inbox.send_nowait(release)
 
     async def move(self, lease: Lease) -> bool:
         """Move `lease`, whose server cannot take its holder's request, to an idle slot of
@@ -175,9 +192,9 @@ class PoolHandle:
         new = await ask(self._inbox, acquire)
         if new is None:
             return False
-        self._inbox.send_nowait(_Release(lease.index, None, None))
+        self._inbox.send_nowait(_Release(lease.index, lease.grant, None, None))
         self.health(server, up=False)
-        lease.slot, lease.index, lease.hot = new.slot, new.index, new.hot
+        lease.slot, lease.index, lease.hot, lease.grant = new.slot, new.index, new.hot, new.grant
         lease.evicted, lease.tokens = new.evicted, new.tokens
         return True
 
@@ -217,23 +234,37 @@ class PoolHandle:
         return await ask(self._inbox, _Views)
 
 
+POOL = "the slot pool"
+
+
 async def pool_actor(
     slots: Sequence[Slot],
     files: SlotFiles,
+    restarts: Restarts = RESTARTS,
     *,
     task_status: trio.TaskStatus[PoolHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Lend `slots` until cancelled; then save the cache of every session a slot holds."""
+    """Lend `slots` until cancelled, restarted on a bug within `restarts`; then save the
+    cache of every session a slot holds."""
     # Unbounded on purpose: releases, saves and health news are sent with `send_nowait` from
     # `finally` blocks and cancelled tasks, and must never block or be lost; each lease sends
     # at most two, and acquires wait for their answer.
     send, receive = trio.open_memory_channel[_Message](math.inf)
     pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
     task_status.started(PoolHandle(send, len({s.client.base_url for s in slots})))
+
+    async def life() -> None:
+        nonlocal pool
+        async for message in receive:
+            try:
+                pool.take(message)
+            except Exception as e:
+                pool = pool.restarted(message, ActorFailed.of(POOL, e))
+                raise
+
     try:
         async with receive:
-            async for message in receive:
-                pool.take(message)
+            await supervised(POOL, life, restarts)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(SAVE_AT_STOP):
             for state in pool.states:
@@ -249,6 +280,7 @@ class _Pool:
         self.waiting: deque[_Acquire] = deque()
         self.evicting: set[str] = set()
         """Sessions whose cache is being saved by whoever took their slot."""
+        self.grants = itertools.count(1)
 
     def take(self, message: _Message) -> None:
         if isinstance(message, _Acquire):
@@ -260,7 +292,9 @@ class _Pool:
             return
         if isinstance(message, _Release):
             state = self.states[message.index]
-            state.leased, state.used = False, trio.current_time()
+            if state.grant != message.grant:
+                return  # of a lending that ended already, before a restart: nothing to free
+            state.grant, state.used = None, trio.current_time()
             state.owner, state.tokens = message.owner, message.tokens
         elif isinstance(message, _Saved):
             self.evicting.discard(message.session)
@@ -280,6 +314,27 @@ class _Pool:
             reply_value(message.reply, views)
             return
         self._grant_waiting()
+
+    def restarted(self, failed: _Message, error: ActorFailed) -> _Pool:
+        """The pool a restart after a failure in `failed` starts with; what was asked of
+        this one and not answered is answered `error`."""
+        new = _Pool([_State(s.slot, s.index, grant=s.grant) for s in self.states])
+        new.down, new.evicting, new.grants = set(self.down), set(self.evicting), self.grants
+        # News the failure caught still counts: their senders have gone and never repeat it.
+        if isinstance(failed, _Release):
+            if new.states[failed.index].grant == failed.grant:
+                new.states[failed.index].grant = None
+        elif isinstance(failed, _Saved):
+            new.evicting.discard(failed.session)
+        elif isinstance(failed, _Health) and failed.up:
+            new.down.discard(failed.server)
+        elif isinstance(failed, _Health):
+            new.down.add(failed.server)
+        elif isinstance(failed, _Acquire | _Views):
+            reply_error(failed.reply, error)  # no-op for a lease granted before the failure
+        for request in self.waiting:
+            reply_error(request.reply, error)
+        return new
 
     def _forget(self, server: str) -> None:
         for state in self.states:
@@ -318,6 +373,7 @@ class _Pool:
             evicted=None if hot else state.owner,
             owner=request.owner,
             tokens=state.tokens if hot else None,
+            grant=next(self.grants),
         )
         if self._give(request, state, lease) and not hot:
             if lease.evicted is not None:
@@ -344,5 +400,5 @@ class _Pool:
             request.reply.send_nowait(outcome.Value(lease))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
-        state.leased = True
+        state.grant = lease.grant
         return True

@@ -23,6 +23,7 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.records import Baseline, UndoRecord
 from loopd.session.store import Session, Store, StoreError
+from loopd.supervise import ActorFailed
 from loopd.tools import PortHandle
 from loopd.turn import Runtime
 from loopd.turn.calls import approval_needed
@@ -138,6 +139,8 @@ class SessionActor:
                 reply_error(message.reply, CannotUndo(str(e)))
             except StoreError as e:  # the log could not be written: that request fails
                 reply_error(message.reply, SessionUnavailable(str(e)))
+            except ActorFailed as e:  # the port failed on it, and restarts: the asker hears it
+                reply_error(message.reply, e)
             except trio.Cancelled:
                 # The actor stops with this message in hand: its asker must not wait forever.
                 # (One answered already keeps that answer: its reply channel holds one.)

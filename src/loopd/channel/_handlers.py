@@ -32,6 +32,7 @@ from loopd.actors import (
     TurnDone,
     TurnFailed,
 )
+from loopd.supervise import ActorFailed
 from loopd.wire import proto
 
 __all__ = ["Client", "DaemonInfo", "handle"]
@@ -274,3 +275,5 @@ async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | 
         return await HANDLERS[type(message)](client, message)
     except SessionError as e:
         return proto.Error(code=CODES[type(e)], message=str(e))
+    except ActorFailed as e:  # the pool or the port failed on it, and restarts: try again
+        return proto.Error(code="busy", message=str(e))

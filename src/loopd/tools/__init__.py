@@ -9,6 +9,7 @@ from pathlib import Path
 import trio
 
 from loopd.config import ToolsConfig
+from loopd.supervise import RESTARTS, Restarts
 
 from ._builtin import (
     DELEGATE,
@@ -134,10 +135,11 @@ __all__ = [
 
 @asynccontextmanager
 async def open_tool_port(
-    config: ToolsConfig, private: Sequence[Path] = ()
+    config: ToolsConfig, private: Sequence[Path] = (), restarts: Restarts = RESTARTS
 ) -> AsyncIterator[PortHandle]:
     """The tool-port actor with its built-in tools and MCP servers, supervised until the block
-    ends; `private`: loopd's own files, out of the built-in tools' and commands' reach.
+    ends; `private`: loopd's own files, out of the built-in tools' and commands' reach;
+    `restarts`: how often the port and each MCP source may fail and start again.
 
     The MCP servers start side by side, and each has had its first start (or failed it)
     before the port is handed out, so their tools are in the registry from the first turn on.
@@ -152,7 +154,9 @@ async def open_tool_port(
             level = logging.WARNING if bound.startswith("NO") else logging.INFO
             log.log(level, "run_command: sandboxed by bubblewrap; %s", bound)
     executors: dict[str, Executor] = {BUILTIN: builtins}
-    sources = [McpSource(name, server, registry, config) for name, server in config.mcp.items()]
+    sources = [
+        McpSource(name, server, registry, config, restarts) for name, server in config.mcp.items()
+    ]
     async with trio.open_nursery() as nursery:
         for source in sources:
             executors[source.name] = source
@@ -164,6 +168,7 @@ async def open_tool_port(
             executors,
             timeout=config.timeout,
             approval_timeout=config.approval_timeout,
+            restarts=restarts,
         ) as port:
             yield port
         nursery.cancel_scope.cancel()

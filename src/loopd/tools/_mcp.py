@@ -6,14 +6,16 @@ nursery beside the port actor:
 
     starting ──▶ up(client) ──(its connection closed)──▶ down(why) ──(a call wants it)──▶ starting
         └──(failed, timed out)──▶ down(why, not before T: backoff) ─┘
-    any ──(loopd stops)──▶ stopped
+    any ──(a bug in the supervisor)──▶ starting         (within `Restarts`, a new server)
+    any ──(loopd stops, or the supervisor failed past its bound)──▶ stopped(why)
 
 Its tools join the registry as `<server>.<tool>` while it is up. The SDK notices a dead
 server only when a call fails (its connection closed: `CONNECTION_CLOSED`), so that call
 answers `Failed`, the tools are marked unavailable, and the next call starts the server again;
 starts that keep failing back off, up to a minute apart. Callers only read the state and wait
 for it to change; only the supervisor changes it. Nothing a server does can take the daemon
-down.
+down, nor can a bug in its supervisor: it is started again (`supervised`), and past its bound
+the source stops alone, its tools answering why.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mcp.types
@@ -32,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 
 from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
-from loopd.groups import innermost
+from loopd.supervise import RESTARTS, GaveUp, Restarts, short, supervised
 
 from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput, ToolRequest
@@ -68,7 +70,7 @@ class Down:
 
 @dataclass(frozen=True)
 class Stopped:
-    pass
+    why: str = "loopd is shutting down"
 
 
 State = Starting | Up | Down | Stopped
@@ -78,10 +80,17 @@ class McpSource:
     """One MCP server: its supervisor task (`supervise`), and the executor of its tools."""
 
     def __init__(
-        self, name: str, server: McpServer, registry: Registry, config: ToolsConfig
+        self,
+        name: str,
+        server: McpServer,
+        registry: Registry,
+        config: ToolsConfig,
+        restarts: Restarts = RESTARTS,
     ) -> None:
         self.name, self.server = name, server
         self.registry, self.config = registry, config
+        # An MCP server's tools are not worth loopd: past its bound, the source stops alone.
+        self.restarts = replace(restarts, gave_up=None)
         self.state: State = Starting()
         self._watchers = trio.lowlevel.ParkingLot()
         """Callers waiting for the state to change."""
@@ -98,18 +107,26 @@ class McpSource:
 
     async def supervise(self) -> None:
         """Start the server at once, and again whenever a call wants it and it is down, until
-        cancelled."""
-        failures = 0
+        cancelled; restarted on a bug within its `Restarts`."""
+        stopped = Stopped()
         try:
-            while True:
-                # Made anew before the server can be down, so no caller's wish comes too early.
-                self._wanted = trio.Event()
-                self._become(Starting())
-                failures = await self._run_once(failures)
-                await self._wanted.wait()
+            await supervised(
+                f"the supervisor of MCP server {self.name}", self._lives, self.restarts
+            )
+        except GaveUp as e:
+            stopped = Stopped(f"{e}; loopd goes on without it")
         finally:
             self.registry.set_available(self.name, available=False)
-            self._become(Stopped())
+            self._become(stopped)
+
+    async def _lives(self) -> None:
+        failures = 0
+        while True:
+            # Made anew before the server can be down, so no caller's wish comes too early.
+            self._wanted = trio.Event()
+            self._become(Starting())
+            failures = await self._run_once(failures)
+            await self._wanted.wait()
 
     async def _run_once(self, failures: int) -> int:
         """One life of the server, up to its end; the start failures in a row after it."""
@@ -133,8 +150,8 @@ class McpSource:
                 return self._failed(failures, f"it did not answer within {START_TIMEOUT:g} s")
         except Exception as e:  # noqa: BLE001 - whatever a server does, report it and go on
             if up is None:
-                return self._failed(failures, _short(e))
-            log.warning("MCP server %s stopped: %s", self.name, _short(e))
+                return self._failed(failures, short(e))
+            log.warning("MCP server %s stopped: %s", self.name, short(e))
         finally:
             self.registry.set_available(self.name, available=False)
         self._become(Down("it stopped; it is started again on the next call"))
@@ -177,7 +194,7 @@ class McpSource:
             if isinstance(state, Up) and not state.closed.is_set():
                 return state
             if isinstance(state, Stopped):
-                raise ToolFailure(f"MCP server {self.name} is stopped: loopd is shutting down")
+                raise ToolFailure(f"MCP server {self.name} is stopped: {state.why}")
             if isinstance(state, Down):
                 wait = state.not_before - trio.current_time()
                 if asked and state.failures:
@@ -215,8 +232,3 @@ def _text_of(block: Any) -> str:
         return block.text
     kind = getattr(block, "type", "content")
     return f"[{kind} content, not shown]"
-
-
-def _short(error: BaseException) -> str:
-    error = innermost(error)
-    return f"{type(error).__name__}: {error}"[:300]

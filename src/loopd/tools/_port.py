@@ -15,6 +15,10 @@ message; the daemon never goes down with a tool.
 
 A call its caller runs itself (a `Runner`) is handed the `Asking` it waited on: what the
 person approved, so that a write applies only the change they were shown.
+
+A bug in the inbox loop (an error in `_PortActor.take`) restarts the loop on the same inbox
+(`supervised`); the message it held is answered `ActorFailed`. The calls in flight go on: each
+waits in a task of the port's nursery, which outlives the loop, and owns its pending approval.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import outcome
 import trio
 
-from loopd.inbox import Reply, answer, ask, reply_value, run_for
+from loopd.inbox import Reply, answer, ask, reply_error, reply_value, run_for
 from loopd.session.records import DataClass, Decision
+from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
 
 from ._entry import ToolEntry
 from ._registry import Registry
@@ -352,34 +357,62 @@ class PortHandle:
         return await ask(self._inbox, partial(_ListPending, session))
 
 
+PORT = "the tool port"
+
+
 class _PortActor:
     def __init__(
-        self, registry: Registry, executors: dict[str, Executor], approval_timeout: float
+        self,
+        registry: Registry,
+        executors: dict[str, Executor],
+        approval_timeout: float,
+        restarts: Restarts,
     ) -> None:
         self.registry, self.executors = registry, executors
         """The executors: here for their previews only."""
-        self.approval_timeout = approval_timeout
+        self.approval_timeout, self.restarts = approval_timeout, restarts
         self._pending: dict[tuple[str, int], _Pending] = {}
 
     async def run(self, inbox: trio.MemoryReceiveChannel[_PortMessage]) -> None:
-        async with inbox, trio.open_nursery() as nursery:
-            async for message in inbox:
-                if isinstance(message, _Call):
-                    nursery.start_soon(self._serve, message)
-                elif isinstance(message, _Decide):
-                    pending = self._pending.get((message.session, message.call))
-                    found = pending is not None and pending.waiting
-                    if pending is not None and found:
-                        pending.decision = message.decision
-                        pending.decided.set()
-                    reply_value(message.reply, found)
-                else:
-                    mine = [
-                        p.asking
-                        for (s, _), p in self._pending.items()
-                        if s == message.session and p.waiting
-                    ]
-                    reply_value(message.reply, mine)
+        async with inbox, trio.open_nursery() as calls:
+
+            async def life() -> None:
+                async for message in inbox:
+                    try:
+                        self.take(message, calls)
+                    except Exception as e:
+                        self.lost(message, ActorFailed.of(PORT, e))
+                        raise
+
+            await supervised(PORT, life, self.restarts)
+
+    @staticmethod
+    def lost(message: _PortMessage, error: ActorFailed) -> None:
+        """Answer `error` to a message whose handling failed (nothing, if it was answered)."""
+        if isinstance(message, _Call):
+            answer(message.reply, outcome.Error(error))
+        elif isinstance(message, _Decide):
+            reply_error(message.reply, error)
+        else:
+            reply_error(message.reply, error)
+
+    def take(self, message: _PortMessage, calls: trio.Nursery) -> None:
+        if isinstance(message, _Call):
+            calls.start_soon(self._serve, message)
+        elif isinstance(message, _Decide):
+            pending = self._pending.get((message.session, message.call))
+            found = pending is not None and pending.waiting
+            if pending is not None and found:
+                pending.decision = message.decision
+                pending.decided.set()
+            reply_value(message.reply, found)
+        else:
+            mine = [
+                p.asking
+                for (s, _), p in self._pending.items()
+                if s == message.session and p.waiting
+            ]
+            reply_value(message.reply, mine)
 
     async def _serve(self, job: _Call) -> None:
         async with job.reply:
@@ -446,12 +479,14 @@ async def run_tool_port(
     *,
     timeout: float,
     approval_timeout: float = math.inf,
+    restarts: Restarts = RESTARTS,
 ) -> AsyncIterator[PortHandle]:
-    """The tool-port actor, running until the block ends."""
+    """The tool-port actor, running until the block ends, restarted on a bug within
+    `restarts`."""
     # Unbounded, and safe so: every message is a call or a question whose sender waits for the
     # answer, so at most one per turn, sub-agent or client task waits in it.
     send, receive = trio.open_memory_channel[_PortMessage](math.inf)
-    actor = _PortActor(registry, executors, approval_timeout)
+    actor = _PortActor(registry, executors, approval_timeout, restarts)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run, receive)
         async with send:
