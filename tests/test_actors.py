@@ -32,7 +32,10 @@ from loopd.actors import (
     open_core,
     pool_actor,
 )
+from loopd.actors._errors import SessionFailed
 from loopd.actors._pool import _Pool, _Release, _Views
+from loopd.actors._registry import _Hooks
+from loopd.actors._session import SessionActor
 from loopd.config import Config
 from loopd.infer import Client, Content, Queued, Slot
 from loopd.session.records import Record, UserRecord, conversation_problems
@@ -711,3 +714,68 @@ async def test_a_core_fixture_is_closed_cleanly(tmp_path: Path) -> None:
         nursery.cancel_scope.cancel()
     with await core.store.open(core.first):
         pass
+
+
+async def test_a_bug_answering_a_message_fails_that_request_and_the_session_goes_on(
+    core: Core, served: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    served[0].replies = [Reply(content="still here")]
+    status = SessionActor._status
+    tripped = False
+
+    async def broken(actor: SessionActor) -> Any:
+        nonlocal tripped
+        if not tripped:
+            tripped = True
+            raise KeyError("a bug")
+        return await status(actor)
+
+    monkeypatch.setattr(SessionActor, "_status", broken)
+    async with core.running() as actor:
+        with pytest.raises(ActorFailed, match=r"^session \S+ failed \(KeyError: 'a bug'\)"):
+            await actor.status()
+        assert (await actor.status()).session == core.first
+        subscription = await actor.subscribe(100)
+        await actor.send("t1", "are you there?")
+        with trio.fail_after(5):
+            done = await next_of(subscription, TurnDone)
+    assert done.outcome.content == "still here"
+    assert "KeyError: 'a bug'" in caplog.text  # with its traceback
+
+
+async def test_a_bug_in_a_session_actor_fails_that_session_alone_and_it_opens_again(
+    core: Core, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor's own work between turns (here: telling the registry it is idle, after its
+    first turn) raises: that session fails (`error`), another session answers, and the failed
+    one opens again."""
+    served[0].replies = [Reply(content="one"), Reply(content="two"), Reply(content="three")]
+    idle = _Hooks.idle
+    calls = 0
+
+    def broken(hooks: _Hooks) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # patched once it runs: the first call is after its first turn
+            raise KeyError("a bug")
+        idle(hooks)
+
+    async with core.running() as actor:
+        assert core.sessions is not None
+        subscription = await actor.subscribe(100)
+        monkeypatch.setattr(_Hooks, "idle", broken)
+        await actor.send("t1", "first")
+        with trio.fail_after(5):
+            failed = [m async for m in subscription.receive if isinstance(m, SessionFailed)]
+        assert [(f.session, f.fault) for f in failed] == [(core.first, "error")]
+        failed_one = failed[0]
+        assert failed_one.message == "loopd failed: KeyError: 'a bug'"
+        other, _ = await core.sessions.attach("new")
+        others = await other.subscribe(100)
+        await other.send("o1", "hello")
+        with trio.fail_after(5):
+            assert (await next_of(others, TurnDone)).outcome.content == "two"
+        again, opened = await core.sessions.attach(core.first)
+        assert opened == core.first
+        kinds = [r.kind for r in (await again.history()).records]
+        assert kinds[-3:] == ["assistant", "usage", "turn_end"]

@@ -20,7 +20,7 @@ import trio
 
 from loopd.groups import innermost
 
-__all__ = ["RESTARTS", "ActorFailed", "GaveUp", "Restarts", "supervised"]
+__all__ = ["RESTARTS", "ActorFailed", "GaveUp", "Restarts", "short", "supervised"]
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopd.session.store import StoreError, WriteFault, fault_of
+from loopd.session.store import StoreError, fault_of
+from loopd.wire.proto import SessionFault
 
 __all__ = [
     "Busy",
@@ -61,11 +62,11 @@ class CannotUndo(SessionError):
 
 @dataclass(eq=False)
 class SessionFailed(Exception):
-    """A session actor stopped because its log could not be written; what happened, as its
-    clients are told (`session_failed`)."""
+    """A session actor stopped because its log could not be written (or, `error`, a bug in
+    it); what happened, as its clients are told (`session_failed`)."""
 
     session: str
-    fault: WriteFault
+    fault: SessionFault
     message: str
     """What happened, first in words (`the disk is full: ...`), then the system's error."""
 

@@ -23,7 +23,7 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.records import Baseline, UndoRecord
 from loopd.session.store import Session, Store, StoreError
-from loopd.supervise import ActorFailed
+from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
 from loopd.turn import Runtime
 from loopd.turn.calls import approval_needed
@@ -141,6 +141,9 @@ class SessionActor:
                 reply_error(message.reply, SessionUnavailable(str(e)))
             except ActorFailed as e:  # the port failed on it, and restarts: the asker hears it
                 reply_error(message.reply, e)
+            except Exception as e:  # a bug answering it: that request fails, the session goes on
+                log.exception("session %s: answering %s failed", self.session.id, message)
+                reply_error(message.reply, ActorFailed.of(f"session {self.session.id}", e))
             except trio.Cancelled:
                 # The actor stops with this message in hand: its asker must not wait forever.
                 # (One answered already keeps that answer: its reply channel holds one.)
@@ -277,11 +280,12 @@ class SessionActor:
             return "the session was closed"
         return f"{self._failure}; open it again (open_session) once that is fixed"
 
-    def _fail(self, turn: str, failure: SessionFailed) -> None:
+    def _fail(self, turn: str | None, failure: SessionFailed) -> None:
         """End the session: its clients hear why, then each of its turns ends, the running
-        one and those that wait, none of which will run."""
+        one (`turn`, if one ran) and those that wait, none of which will run."""
         self._fanout.publish(failure)
-        self._fanout.publish(Published(turn, TurnFailed("error", failure.message)))
+        if turn is not None:
+            self._fanout.publish(Published(turn, TurnFailed("error", failure.message)))
         for waiting in self._queue:
             not_run = TurnFailed("error", f"not run, the session failed: {failure.message}")
             self._fanout.publish(Published(waiting.turn, not_run))
@@ -302,10 +306,16 @@ class SessionActor:
         handle = SessionHandle(send)
         try:
             with self._stop:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self.run_turns)
-                    nursery.start_soon(self.serve, receive)
-                    task_status.started(handle)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.run_turns)
+                        nursery.start_soon(self.serve, receive)
+                        task_status.started(handle)
+                except Exception as e:  # a bug past the guards of a turn and of a message
+                    log.exception("session %s: its actor failed", self.session.id)
+                    self._fail(
+                        None, SessionFailed(self.session.id, "error", f"loopd failed: {short(e)}")
+                    )
         finally:
             handle.closed_because = self._closed_because()
             close_inbox(receive, handle.closed_because)

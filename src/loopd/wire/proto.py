@@ -39,6 +39,7 @@ __all__ = [
     "OpenSession",
     "Send",
     "SessionFailed",
+    "SessionFault",
     "SessionInfo",
     "Sessions",
     "SessionsRequest",
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 PROTOCOL = 2
+
+SessionFault = WriteFault | Literal["error"]
+"""Why a session failed: its log could not be written, or `error`, a bug in loopd."""
 
 HISTORY_PAGE = 500
 """Records in one `history` answer at most."""
@@ -264,15 +268,17 @@ class TurnFailed(_Message):
 
 
 class SessionFailed(_Message):
-    """The session's log could not be written, so loopd closed the session; every other
+    """The session's log could not be written (or a bug ended its actor), so loopd closed the
+    session; every other
     session goes on. Each of its turns, running or waiting, then ends with `turn_failed`. The
     client stays in it, and what it sends is answered `session_unavailable`, until it opens it
     again (`open_session` with its id, or `hello`), which works once the cause is gone."""
 
     type: Literal["session_failed"] = "session_failed"
     session: str
-    fault: WriteFault
-    """`disk_full`, `read_only` (loopd may no longer write there), `io_error`, or `other`."""
+    fault: SessionFault
+    """`disk_full`, `read_only` (loopd may no longer write there), `io_error`, `other`; or
+    `error`: a bug in loopd ended the session's actor (its traceback is in loopd's log)."""
     message: str
     """What happened: `the disk is full: ...`, with the system's error."""
 
