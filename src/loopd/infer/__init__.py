@@ -1,8 +1,13 @@
-"""The llama-server client: streamed chat completions pinned to a slot, with typed events."""
+"""The llama-server client: streamed chat completions pinned to a slot, with typed events.
+
+The client itself (`Client`, `Slot` and their kin: httpx, trio) is imported when first named,
+so what only needs the types (the records, the wire format, bxctl) starts without it."""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 from ._assemble import THINKING_CAP_GRACE
 from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
-from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts, is_output
 from ._errors import (
     BadAnswer,
     ConnectError,
@@ -25,7 +30,6 @@ from ._format import (
 )
 from ._learn import learn_format
 from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
-from ._slot import Slot
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -46,6 +50,27 @@ from ._types import (
     ToolCallDelta,
     Waiting,
 )
+
+if TYPE_CHECKING:
+    from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts, is_output
+    from ._slot import Slot
+
+_LAZY = {
+    **dict.fromkeys(
+        ("AnyRequest", "Client", "EventSink", "RetryPolicy", "SlotFile", "Timeouts", "is_output"),
+        "._client",
+    ),
+    "Slot": "._slot",
+}
+
+
+def __getattr__(name: str) -> object:
+    if (module := _LAZY.get(name)) is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups find it without this
+    return value
+
 
 __all__ = [
     "BUDGET_MESSAGE",
