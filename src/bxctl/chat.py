@@ -32,6 +32,7 @@ from bxctl.view import (
     approval_panel,
     as_tree,
     context_line,
+    instructions_line,
     session_line,
     unreadable_line,
 )
@@ -103,6 +104,8 @@ async def interactive(
     console.print(
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
+    if connection.instructions:
+        console.print(instructions_line(connection.instructions))
     await _recent(connection, console)
     await _joined(connection, console)
     prompt = _prompt_session()
@@ -247,8 +250,12 @@ def _think(text: str, console: Console, current: bool | None) -> bool | None:
 
 
 def _new(answer: object) -> Text:
-    session = answer.session if isinstance(answer, Welcome) else "?"
-    return Text(f"new session {session}", style="green")
+    if not isinstance(answer, Welcome):
+        return Text("new session ?", style="green")
+    text = Text(f"new session {answer.session}", style="green")
+    if answer.instructions:
+        text.append("\n").append(instructions_line(answer.instructions))
+    return text
 
 
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:

@@ -26,7 +26,7 @@ from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.view import as_tree, context_line, session_line, unreadable_line
 from loopd.config import ConfigError, load_config
 from loopd.groups import innermost
-from loopd.session.records import Record, SessionHeader, ToolResultRecord
+from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
@@ -278,9 +278,19 @@ def _log(store: Store, session_id: str | None) -> int:
         console.print(
             f"session {header.id}, created {header.created:%Y-%m-%d %H:%M} UTC", style="bold"
         )
+        for file in header.instructions.files if header.instructions else ():
+            console.print(_instruction_line(file), style="dim", markup=False)
         for line in _with_sub_agents(store, infos, header.id, records):
             console.print(line)
     return EXIT_OK
+
+
+def _instruction_line(file: InstructionFile) -> str:
+    """One `AGENTS.md` its system prompt carries, as `bxctl log` names it."""
+    cut = ""
+    if file.kept < file.size:
+        cut = f", {file.kept} of {file.size} bytes" if file.kept else ", left out (too long)"
+    return f"instructions from {file.path} (sha256 {file.sha256[:12]}{cut})"
 
 
 def _with_sub_agents(

@@ -42,6 +42,8 @@ class Connection:
         """The daemon closed the connection (or it broke)."""
         self.session = "new"
         """The session it is in, as far as loopd said (`welcome`, `session_continued`)."""
+        self.instructions: list[str] = []
+        """The `AGENTS.md` files its session's baseline carries (the last `welcome`)."""
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
@@ -95,6 +97,7 @@ class Connection:
             raise Unreachable(f"loopd sent a line bxctl cannot read: {e}") from e
         if isinstance(message, Welcome):
             self.session = message.session
+            self.instructions = message.instructions
         elif isinstance(message, Event) and isinstance(message.event, SessionContinued):
             self.session = message.event.session
         return message

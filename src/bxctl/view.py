@@ -57,6 +57,7 @@ __all__ = [
     "approval_panel",
     "as_tree",
     "context_line",
+    "instructions_line",
     "session_failed",
     "session_line",
     "usage_line",
@@ -374,6 +375,11 @@ def approval_panel(asking: ApprovalNeeded) -> Panel:
     )
     of = f" of sub-agent {asking.session}" if asking.session else ""
     return Panel(body, title=f"approve call {asking.call}{of}?", border_style="yellow")
+
+
+def instructions_line(paths: Sequence[str]) -> Text:
+    """The `AGENTS.md` files a session's system prompt carries."""
+    return Text(f"instructions from {', '.join(paths)}", style="dim")
 
 
 def usage_line(usage: Usage) -> Text:

@@ -59,6 +59,7 @@ __all__ = [
     "dump_toml",
     "load_config",
     "private_paths",
+    "user_instructions",
 ]
 
 APP = "loopd"
@@ -165,6 +166,12 @@ class SessionConfig(_Table):
     opens one more is refused with `too_many_sessions`."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """Written into each new session's baseline; existing sessions keep theirs."""
+    instructions_bytes: NonNegativeInt = 32 * 1024
+    """Bytes of `AGENTS.md` files a new session's system prompt carries in all: the user's own
+    (`AGENTS.md` in loopd's config folder) and the project's, from the session's folder up to
+    its root in `[tools] roots` (docs/tools.md). Given out nearest file first; a file past it
+    is cut, and the prompt says where. Read once, when the session is made: a change to a file
+    applies to new sessions only. 0: none is read."""
     history: Literal["exact", "template"] = "exact"
     """`exact`: each request is the previous one token for token, plus what is new, so the
     server recomputes nothing it holds (docs/cache.md). `template`: history goes as messages
@@ -410,6 +417,12 @@ def private_paths(config: Config, socket: Path, config_file: Path | None) -> lis
         platformdirs.user_state_path(APP),
         *([config_file] if config_file is not None else []),
     ]
+
+
+def user_instructions() -> Path:
+    """The user's own `AGENTS.md`, which every new session's baseline carries where it exists
+    (`$XDG_CONFIG_HOME/loopd/AGENTS.md`)."""
+    return platformdirs.user_config_path(APP) / "AGENTS.md"
 
 
 def config_path(explicit: Path | None = None) -> tuple[Path | None, bool]:

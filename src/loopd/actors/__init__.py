@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from loopd.config import Config
+from loopd.config import Config, user_instructions
 from loopd.infer import Client, Slot
 from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.session.compact import Compactor
@@ -48,6 +48,7 @@ from ._errors import (
     SessionUnavailable,
     TooManySessions,
 )
+from ._instructions import InstructionReader
 from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
 from ._registry import SessionRegistry
 from ._session import SessionActor, SessionHooks
@@ -182,6 +183,12 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
                 max_live=config.session.max_live,
                 roots=Roots(config.tools.roots),
                 agents=agents,
+                instructions=InstructionReader(
+                    roots=Roots(config.tools.roots, [*private, *secrets(config.tools.run)]),
+                    user=user_instructions(),
+                    keys=Roots([], secrets(config.tools.run)),
+                    limit=config.session.instructions_bytes,
+                ),
             )
             yield Core(registry, pool, agents)
             sessions.cancel_scope.cancel()

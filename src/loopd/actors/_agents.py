@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from loopd.config import AgentsConfig
+from loopd.session.instructions import carried
 from loopd.session.records import Baseline, UsageRecord
 from loopd.session.store import ParentCall, Session, Store
 from loopd.tools import ToolFailure, ToolOutput
@@ -144,8 +145,14 @@ class _Delegation:
         self, lease: Lease, call: ParentCall, task: str, on_event: OnEvent
     ) -> ToolOutput:
         agents = self.agents
+        parent = self.session.header  # its AGENTS.md files, as they were when it was made
+        baseline, instructions = carried(parent.baseline, parent.instructions, agents.baseline())
         child = await agents.store.create(
-            agents.baseline(), grants=self.session.granted, parent=call, cwd=self.session.cwd
+            baseline,
+            grants=self.session.granted,
+            parent=call,
+            cwd=self.session.cwd,
+            instructions=instructions,
         )
         log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
         agents.running[child.id] = self.session.id

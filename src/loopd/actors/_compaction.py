@@ -18,6 +18,7 @@ import trio
 
 from loopd.infer import InferError
 from loopd.session.compact import Compactor, SummaryFailed, continued_baseline
+from loopd.session.instructions import carried
 from loopd.session.records import Baseline, UsageRecord
 from loopd.session.store import Session, Store
 from loopd.turn import SessionFull, TurnOutcome
@@ -62,11 +63,14 @@ class Compaction:
             on_event(Compacting(session=old.id, slot=slot.number))
             summary = await self.compactor.summarize(old.records, slot, on_event)
         with trio.CancelScope(shield=True):  # the new session whole, or not at all
+            # The AGENTS.md files of the session it continues, as they were when that was made.
+            baseline, instructions = carried(old.baseline, old.header.instructions, self.baseline())
             new = await self.store.create(
-                continued_baseline(self.baseline(), summary.text),
+                continued_baseline(baseline, summary.text),
                 continues=old.id,
                 grants=old.granted,
                 cwd=old.cwd,
+                instructions=instructions,
             )
             on_continued(new)
             old.close()

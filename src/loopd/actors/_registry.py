@@ -17,6 +17,7 @@ from pathlib import Path
 import trio
 
 from loopd.session.closing import close_interrupted_turn, turn_open
+from loopd.session.instructions import with_instructions
 from loopd.session.records import Baseline
 from loopd.session.store import (
     Listing,
@@ -38,6 +39,7 @@ from ._errors import (
     SessionUnavailable,
     TooManySessions,
 )
+from ._instructions import InstructionReader
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import SessionHandle
 
@@ -52,6 +54,8 @@ LATEST = "latest"
 @dataclass(eq=False)
 class _Live:
     ids: set[str]
+    instructions: tuple[str, ...] = ()
+    """The paths of the `AGENTS.md` files its baseline carries."""
     clients: int = 1
     idle: bool = True
     handle: SessionHandle | None = None
@@ -88,6 +92,7 @@ class SessionRegistry:
         max_live: int,
         roots: Roots,
         agents: Agents | None = None,
+        instructions: InstructionReader | None = None,
     ) -> None:
         self._nursery, self.store, self._baseline = nursery, store, baseline
         self._actor, self.max_live = actor, max_live
@@ -95,6 +100,8 @@ class SessionRegistry:
         """`[tools] roots`: a new session's own folder must be inside one of them."""
         self._agents = agents
         """The sub-agents running now, whose sessions their parents' turns hold."""
+        self._instructions = instructions
+        """Reads a new session's `AGENTS.md` files; None: none are read."""
         self._by_id: dict[str, _Live] = {}
         self._by_handle: dict[SessionHandle, _Live] = {}
         self._pending: dict[str, trio.Event] = {}
@@ -132,6 +139,11 @@ class SessionRegistry:
             )
         return await self._open(which, key, folder)
 
+    def instructions(self, session: str) -> tuple[str, ...]:
+        """The paths of the `AGENTS.md` files the baseline of live session `session` carries."""
+        live = self._by_id.get(session)
+        return live.instructions if live is not None else ()
+
     async def _open(self, which: str, key: str, cwd: Path | None) -> tuple[SessionHandle, str]:
         """Open `which` (an id, or `new` in folder `cwd`); others asking for `key` meanwhile
         wait for it."""
@@ -147,7 +159,8 @@ class SessionRegistry:
                 log.info(
                     "session %s: %d records, %d turns", which, len(session.records), session.turns
                 )
-            live = _Live({session.id})
+            files = session.header.instructions.files if session.header.instructions else ()
+            live = _Live({session.id}, tuple(f.path for f in files))
             live.handle = await self._nursery.start(self._serve, session, live)
         finally:
             self._pending.pop(key, None)
@@ -157,8 +170,14 @@ class SessionRegistry:
         return live.handle, session.id
 
     async def _new(self, cwd: Path | None) -> Session:
+        """A new session in folder `cwd`, its baseline with the `AGENTS.md` files as they are
+        now: the session keeps them as its header says, whatever happens to the files."""
+        baseline, instructions = self._baseline(), None
+        if self._instructions is not None:
+            read = await trio.to_thread.run_sync(self._instructions.read, cwd)
+            baseline, instructions = with_instructions(baseline, read)
         try:
-            return await self.store.create(self._baseline(), cwd=cwd)
+            return await self.store.create(baseline, cwd=cwd, instructions=instructions)
         except StoreError as e:  # a full disk, a folder loopd may not write
             why = f"a new session could not be created: {fault_of(e)[1]}"
             log.warning("%s", why)

@@ -130,7 +130,8 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
 
 async def _move(client: Client, which: str, cwd: str | None = None) -> None:
     session = await client.move(which, cwd)
-    client.say(proto.Welcome(daemon=__version__, session=session))
+    instructions = list(client.core.sessions.instructions(session))
+    client.say(proto.Welcome(daemon=__version__, session=session, instructions=instructions))
 
 
 async def _send(client: Client, message: proto.Send) -> proto.Error | None:

@@ -33,6 +33,8 @@ __all__ = [
     "Decision",
     "FailureKind",
     "FileChangeRecord",
+    "InstructionFile",
+    "Instructions",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -88,6 +90,37 @@ class Baseline(BaseModel):
     """The tool definitions the model sees: `find_tool` and `call_tool`, forever."""
 
 
+class InstructionFile(BaseModel):
+    """One `AGENTS.md` a session's baseline carries, as it was when the session was made."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    path: str
+    """Its absolute path."""
+    sha256: str
+    """SHA-256 of the whole file as read."""
+    size: int
+    """Its length in bytes."""
+    kept: int
+    """Bytes of it in the prompt: less than `size` where `[session] instructions_bytes` cut
+    it (0: left out whole), the prompt saying so where it is cut."""
+
+
+class Instructions(BaseModel):
+    """The `AGENTS.md` files of a session's baseline (`SessionHeader.instructions`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    files: tuple[InstructionFile, ...]
+    start: int
+    """Where their text starts in the baseline's system prompt (characters)."""
+    end: int
+    """Where it ends."""
+
+    def text(self, baseline: Baseline) -> str:
+        return baseline.system[self.start : self.end]
+
+
 class SessionHeader(_Record):
     """The first line of every log."""
 
@@ -113,6 +146,10 @@ class SessionHeader(_Record):
     """The folder the session's file tools work in (an editor's project), under one of
     `[tools] roots`; None: all of `[tools] roots`. Kept by the sessions that continue it and
     by its sub-agents."""
+    instructions: Instructions | None = None
+    """The `AGENTS.md` files its system prompt carries (`loopd.session.instructions`): each
+    one's path and SHA-256, read when the session was made and carried unchanged by the
+    sessions that continue it and by its sub-agents. None: none (and in logs older than it)."""
 
 
 class UserRecord(_Record):

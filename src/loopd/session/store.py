@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -37,6 +38,7 @@ from loopd.session.records import (
     RECORD,
     ApprovalRequestRecord,
     Baseline,
+    Instructions,
     Record,
     SessionHeader,
     ToolResultRecord,
@@ -320,18 +322,28 @@ class Store:
             raise UnknownSession(f"{session_id!r} is not a session id")
         return self.directory / f"{session_id}{SUFFIX}"
 
-    async def create(
+    async def create(  # noqa: PLR0913 - what a header says of a new session
         self,
         baseline: Baseline,
         continues: str | None = None,
         grants: frozenset[str] = frozenset(),
         parent: ParentCall | None = None,
         cwd: Path | None = None,
+        *,
+        instructions: Instructions | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
         the tools approved for the rest of that session (`grants`); `parent`: for a
-        sub-agent, the call that starts it; `cwd`: the one folder its file tools work in."""
-        return await trio.to_thread.run_sync(self._create, baseline, continues, grants, parent, cwd)
+        sub-agent, the call that starts it; `cwd`: the one folder its file tools work in;
+        `instructions`: the `AGENTS.md` files `baseline`'s system prompt carries."""
+        return await trio.to_thread.run_sync(
+            partial(self._create, instructions=instructions),
+            baseline,
+            continues,
+            grants,
+            parent,
+            cwd,
+        )
 
     async def open(self, session_id: str) -> Session:
         return await trio.to_thread.run_sync(self._open, session_id)
@@ -383,13 +395,15 @@ class Store:
             if p.name.endswith(SUFFIX) and not p.name.startswith(".")
         )
 
-    def _create(
+    def _create(  # noqa: PLR0913 - as `create`
         self,
         baseline: Baseline,
         continues: str | None,
         grants: frozenset[str],
         parent: ParentCall | None,
         cwd: Path | None,
+        *,
+        instructions: Instructions | None = None,
     ) -> Session:
         created = now()
         header = SessionHeader(
@@ -404,6 +418,7 @@ class Store:
             call=parent.call if parent else None,
             call_id=parent.call_id if parent else None,
             cwd=str(cwd) if cwd else None,
+            instructions=instructions,
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"

@@ -209,6 +209,8 @@ class Welcome(_Message):
     """loopd's version."""
     session: str
     """The session turns go to."""
+    instructions: list[str] = []
+    """The paths of the `AGENTS.md` files its system prompt carries, read when it was made."""
 
 
 class Accepted(_Message):
