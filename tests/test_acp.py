@@ -113,7 +113,13 @@ async def test_a_turn_with_a_write_asks_the_editor_and_the_answer_streams_back(
     (asked,) = editor.asked
     assert (asked.title, asked.kind, asked.status) == ("write_file", "edit", "pending")
     assert asked.content is not None
-    assert "-buy milk\n+buy tea\n" in asked.content[0].content.text
+    (diff,) = asked.content  # ACP's own diff, which the editor shows as a reviewable one
+    assert diff.type == "diff"
+    assert (diff.path, diff.old_text, diff.new_text) == (
+        str(notes / "today.md"),
+        "buy milk\n",
+        "buy tea\n",
+    )
     assert editor.kinds() == [
         "tool_call",
         "tool_call_update",

@@ -8,10 +8,19 @@ import json
 import pytest
 from acp import schema
 
-from bxctl.acp_map import decision_of, kind_of, replayed, stop_reason, text_of, update_of, usage_of
+from bxctl.acp_map import (
+    decision_of,
+    kind_of,
+    permission_request,
+    replayed,
+    stop_reason,
+    text_of,
+    update_of,
+    usage_of,
+)
 from loopd.infer import ToolCall
 from loopd.session.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
-from loopd.wire.events import AgentUpdate, ToolResult
+from loopd.wire.events import AgentUpdate, ApprovalNeeded, FileChange, ToolResult
 from loopd.wire.proto import TurnFailed, Usage
 
 PARENT = "20261202T000000000Z-aaaaaa"
@@ -138,3 +147,27 @@ def test_the_kinds_of_tools() -> None:
     ]
     assert kind_of("calendar.list_events") == "other"
     assert kind_of(None) == "other"
+
+
+def test_a_permission_request_shows_a_writes_texts_as_a_diff_and_the_unified_diff_otherwise() -> (
+    None
+):
+    change = FileChange(path="/w/today.md", old_text=None, new_text="buy tea\n")
+    asking = ApprovalNeeded(
+        call=1,
+        tool="write_file",
+        arguments={"path": "today.md", "content": "buy tea\n"},
+        data_class="public",
+        untrusted=False,
+        timeout=60,
+        preview="+buy tea",
+        change=change,
+    )
+    (diff,) = permission_request("s1", asking).tool_call.content or []
+    assert isinstance(diff, schema.FileEditToolCallContent)
+    assert (diff.path, diff.old_text, diff.new_text) == ("/w/today.md", None, "buy tea\n")
+    binary = asking.model_copy(update={"change": None})  # a binary or too long file
+    (text,) = permission_request("s1", binary).tool_call.content or []
+    assert isinstance(text, schema.ContentToolCallContent)
+    assert isinstance(text.content, schema.TextContentBlock)
+    assert text.content.text == "+buy tea"

@@ -103,6 +103,7 @@ async def test_approve_once_runs_the_call_and_the_log_says_so(
         "untrusted": False,
         "timeout": 60.0,
         "preview": None,  # reading a file: its arguments say all it will do
+        "change": None,  # no file changes
     }
     approved = {"type": "approved", "call": 1, "session": None, "decision": "once"}
     assert await approve(client, 1, "once") == approved

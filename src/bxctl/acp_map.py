@@ -18,6 +18,7 @@ from loopd.session.records import AssistantRecord, Decision, Record, ToolResultR
 from loopd.wire.events import (
     AgentUpdate,
     ApprovalNeeded,
+    FileChange,
     MovedToServer,
     ToolCallStarted,
     ToolResult,
@@ -88,6 +89,14 @@ ToolContent = list[
 
 def _content(text: str) -> ToolContent:
     return [schema.ContentToolCallContent(type="content", content=_text(text))]
+
+
+def _diff(change: FileChange) -> ToolContent:
+    """A write's change as ACP's `diff`, which an editor shows as its own reviewable diff."""
+    diff = schema.FileEditToolCallContent(
+        type="diff", path=change.path, old_text=change.old_text, new_text=change.new_text
+    )
+    return [diff]
 
 
 def kind_of(tool: str | None) -> schema.ToolKind:
@@ -161,7 +170,7 @@ def permission_request(session: str, asking: ApprovalNeeded) -> schema.RequestPe
             kind=kind_of(asking.tool),
             status="pending",
             raw_input=asking.arguments,
-            content=_content(detail),
+            content=_diff(asking.change) if asking.change else _content(detail),
         ),
         options=_OPTIONS,
     )

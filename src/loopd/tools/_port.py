@@ -38,6 +38,7 @@ import trio
 from loopd.inbox import Reply, answer, ask, reply_error, reply_value, run_for
 from loopd.session.records import DataClass, Decision
 from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
+from loopd.wire.events import FileChange
 
 from ._entry import ToolEntry
 from ._registry import Registry
@@ -118,6 +119,8 @@ class Asking:
     """What the call would do (a diff, a command), as its tool's source says."""
     basis: str | None = None
     """What a write's preview was planned on (`Preview.basis`); None for other calls."""
+    change: FileChange | None = None
+    """A write's texts, before and after (`Preview.change`)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ class Preview:
     basis: str | None = None
     """What a write was planned on (the file's SHA-256, or that it did not exist): the write
     runs only while the file still matches it."""
+    change: FileChange | None = None
+    """A write's texts, before and after, where both are short text."""
 
 
 @runtime_checkable
@@ -448,7 +453,7 @@ class _PortActor:
         if isinstance(executor := self.executors.get(entry.source), Previews):
             shown = await executor.preview(entry, request)
             if shown is not None:
-                asking = replace(asking, preview=shown.text, basis=shown.basis)
+                asking = replace(asking, preview=shown.text, basis=shown.basis, change=shown.change)
         return asking
 
     async def _approval(self, job: _Call, asking: Asking) -> Approval:

@@ -103,6 +103,7 @@ def approval_needed(asking: Asking, session: str | None = None) -> ApprovalNeede
         untrusted=asking.untrusted,
         timeout=asking.timeout,
         preview=asking.preview,
+        change=asking.change,
     )
 
 

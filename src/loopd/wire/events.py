@@ -27,6 +27,7 @@ __all__ = [
     "ApprovalNeeded",
     "CacheLoss",
     "Compacting",
+    "FileChange",
     "MovedToServer",
     "SessionContinued",
     "ToolCallStarted",
@@ -66,6 +67,19 @@ class ToolResult(_Event):
     """The first line of the result, shortened."""
 
 
+class FileChange(BaseModel):
+    """A write's or an edit's whole change, for an editor's own diff view."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    path: str
+    """The file's absolute path."""
+    old_text: str | None
+    """What it holds; None: it does not exist yet."""
+    new_text: str
+    """What it would hold."""
+
+
 class ApprovalNeeded(_Event):
     """A call waits for a person: any client of the session answers it with `approve`."""
 
@@ -85,6 +99,9 @@ class ApprovalNeeded(_Event):
     preview: str | None = None
     """What it would do: a write's or an edit's unified diff; a command, its folder and
     sandbox."""
+    change: FileChange | None = None
+    """A write's or an edit's texts, before and after, where both are text and each at most
+    `PREVIEW_CHARS` characters: an editor shows them as its own diff."""
 
 
 class ApprovalDecided(_Event):
