@@ -29,33 +29,25 @@ serve *ARGS: setup
     LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}" \
     .venv/bin/loopd serve "$@"
 
-# Chat with the model: starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
+# Chat with the model: bxctl starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
 chat *ARGS: setup
     #!/usr/bin/env bash
     set -euo pipefail
+    # The loopd that bxctl starts (in a session of its own, its log and pid file in
+    # ${XDG_STATE_HOME:-~/.local/state}/loopd) inherits these.
     export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
     export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
     export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}"
-    if ! .venv/bin/bxctl status >/dev/null 2>&1; then
-        state="${XDG_STATE_HOME:-$HOME/.local/state}/loopd"
-        mkdir -p "$state"
-        echo "starting loopd (log: $state/loopd.log; stop it with: just stop)" >&2
-        # In a session of its own: the terminal's Ctrl-C and hang-up never reach it.
-        .venv/bin/python -c 'import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' \
-            .venv/bin/loopd serve >>"$state/loopd.log" 2>&1 </dev/null &
-        echo $! >"$state/loopd.pid"
-        for _ in $(seq 600); do .venv/bin/bxctl status >/dev/null 2>&1 && break; sleep 0.1; done
-    fi
     exec .venv/bin/bxctl chat "$@"
 
-# Stop the loopd that `just chat` started
+# Stop the loopd that `just chat` (or another bxctl) started
 stop:
     #!/usr/bin/env bash
     pid_file="${XDG_STATE_HOME:-$HOME/.local/state}/loopd/loopd.pid"
     if [ -f "$pid_file" ] && kill -TERM "$(cat "$pid_file")" 2>/dev/null; then
         rm -f "$pid_file"; echo "loopd stopped"
     else
-        echo "no loopd started by just chat is running"
+        echo "no loopd started by bxctl is running"
     fi
 
 # The cache property on a real llama-server: four turns with a loopd restart ($LOOPD_SERVER_URL, else the bundled one)

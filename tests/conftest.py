@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from loopd.server_proc import LaunchSpec, RunningServer, managed_server
-from support.daemon import Daemon
+from support.daemon import Daemon, stop_started
 from support.fake_llama import FakeLlama
 from support.replay import Exchange, ReplayServer
 
@@ -141,3 +141,27 @@ async def daemon(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[StartDa
     yield start
     for d in started:
         await d.end()
+
+
+Unstarted = Callable[..., Awaitable[Daemon]]
+
+
+@pytest.fixture
+async def unstarted(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Unstarted]:
+    """A loopd config on a scripted server with no loopd running, for a `bxctl` to start one;
+    each loopd started on it is killed after the test (by its pid file). `tools`: lines of the
+    [tools] table."""
+    made: list[Daemon] = []
+
+    async def make(fake: FakeLlama, tools: str = "") -> Daemon:
+        server = ReplayServer([fake] * 10)
+        await nursery.start(server.run)
+        d = Daemon(tmp_path / f"loopd-{len(made)}", server.url, slots=NO_SLOT_FILES)
+        if tools:
+            d.config.write_text(d.config.read_text() + f"[tools]\n{tools}\n")
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        await stop_started(d)

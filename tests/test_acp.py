@@ -25,10 +25,11 @@ from acp.schema import (
 
 from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
+from conftest import Unstarted
 from loopd.infer import slot_tokens
 from loopd.session.records import UsageRecord
 from loopd.session.store import Store
-from support.daemon import Daemon
+from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write
 from test_sessions import assert_no_loss, embedded, records
@@ -76,14 +77,14 @@ class Editor:
 Script = Callable[[Any, Editor], Awaitable[Any]]
 
 
-async def with_editor(d: Daemon, script: Script, editor: Editor | None = None) -> Any:
-    """Run `script(connection, editor)` against a `bxctl acp` of its own, from asyncio in a
-    thread (the package's connections are asyncio's), while this test's trio loop serves the
-    scripted model."""
+async def with_editor(d: Daemon, script: Script, editor: Editor | None = None, *args: str) -> Any:
+    """Run `script(connection, editor)` against a `bxctl acp` of its own (`args` after `acp`),
+    from asyncio in a thread (the package's connections are asyncio's), while this test's trio
+    loop serves the scripted model."""
     editor = editor or Editor()
 
     async def run() -> Any:
-        command = ["-m", "bxctl", "--config", str(d.config), "acp"]
+        command = ["-m", "bxctl", "--config", str(d.config), "acp", *args]
         spawned = spawn_agent_process(editor, sys.executable, *command)  # type: ignore[arg-type]
         async with spawned as (conn, _):
             await conn.initialize(protocol_version=PROTOCOL_VERSION)
@@ -275,8 +276,8 @@ class Raw:
         return await self.receive()
 
 
-async def raw_acp(d: Daemon) -> Raw:
-    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "acp"]
+async def raw_acp(d: Daemon, *args: str) -> Raw:
+    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "acp", *args]
     process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1)
     return Raw(process)
 
@@ -312,7 +313,7 @@ async def test_loopd_gone_is_an_error_and_a_new_prompt_works_once_it_is_back(
     notes = notes_folder(tmp_path)
     slow = Reply(content="word " * 400, delay=0.05)
     d = await daemon(FakeLlama([slow, Reply(content="Back.")]), tools=f'roots = ["{notes}"]')
-    acp = await raw_acp(d)
+    acp = await raw_acp(d, "--no-start")
     new = {"cwd": str(notes), "mcpServers": []}
     try:
         session = (await acp.request(1, "session/new", new))["result"]
@@ -374,3 +375,111 @@ async def test_a_loaded_session_finds_its_whole_history_in_the_cache(tmp_path: P
     assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
     assert "restored the slot of session" in d.log.read_text()
     assert_no_loss(d, session)
+
+
+# -- loopd started on demand, and the editor's folder with no [tools] roots ----------------
+
+ALLOW_WRITES = '[tools.policies.write_file]\naction = "allow"'
+
+
+async def test_with_no_loopd_bxctl_acp_starts_one_that_works_in_the_editors_folder(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """No loopd runs and no [tools] roots are set: the editor's session works in its folder,
+    writing there (allowed by policy), and a write outside it is refused."""
+    notes = notes_folder(tmp_path)
+    script = [
+        write("today.md", "buy tea\n"),
+        Reply(content="Tea it is."),
+        write("../outside.md", "escaped\n", "c2"),
+        Reply(content="Could not."),
+    ]
+    d = await unstarted(FakeLlama(script), ALLOW_WRITES)
+    assert not loopds_of(d.config)
+
+    async def turns(conn: Any, _: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        first = await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        second = await conn.prompt(session_id=session.session_id, prompt=[text_block("out")])
+        return session.session_id, first, second
+
+    editor = Editor()
+    session, first, second = await with_editor(d, turns, editor)
+    assert (first.stop_reason, second.stop_reason) == ("end_turn", "end_turn")
+    assert (notes / "today.md").read_text() == "buy tea\n"
+    assert not (tmp_path / "outside.md").exists()
+    assert editor.asked == []  # the policy allows writes
+    results = [u for u in editor.updates if u.session_update == "tool_call_update"]
+    assert [r.status for r in results] == ["completed", "failed"]
+    assert "'..' is refused" in results[1].content[0].content.text
+    assert editor.said() == "Tea it is.Could not."
+    (pid,) = loopds_of(d.config)
+    assert int((d.home / "loopd.pid").read_text()) == pid  # it goes on after bxctl acp
+    assert Store(d.home / "sessions").read(session)[0].cwd == str(notes)
+    assert "listening on" in (d.home / "loopd.log").read_text()
+
+
+async def test_two_bxctl_acp_at_once_start_one_loopd_and_say_only_json_rpc(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    d = await unstarted(FakeLlama([Reply(content="Hi.")]))
+    both = [await raw_acp(d), await raw_acp(d)]
+    lines: list[dict[str, Any]] = []
+    try:
+        for acp in both:  # both ask at once, while no loopd runs
+            await acp.send(json.dumps(_rpc(1, "initialize", {"protocolVersion": 1})).encode())
+            new = {"cwd": str(notes), "mcpServers": []}
+            await acp.send(json.dumps(_rpc(2, "session/new", new)).encode())
+        for acp in both:
+            while (line := await acp.receive()).get("id") != 2:  # json.loads: JSON, or fails
+                lines.append(line)
+            lines.append(line)
+    finally:
+        for acp in both:
+            await acp.close()
+    assert all(line["jsonrpc"] == "2.0" for line in lines)
+    answers = [line for line in lines if line.get("id") == 2]
+    assert [set(a) for a in answers] == [{"jsonrpc", "id", "result"}] * 2, answers
+    assert len(loopds_of(d.config)) == 1
+
+
+async def test_no_start_refuses_when_no_loopd_runs(unstarted: Unstarted, tmp_path: Path) -> None:
+    d = await unstarted(FakeLlama([]))
+    acp = await raw_acp(d, "--no-start")
+    try:
+        new = {"cwd": str(tmp_path), "mcpServers": []}
+        answer = await acp.request(1, "session/new", new)
+    finally:
+        await acp.close()
+    assert answer["error"]["code"] == LOOPD_UNREACHABLE
+    assert "loopd is not running" in answer["error"]["message"]
+    assert not loopds_of(d.config)
+    assert not (d.home / "loopd.log").exists()
+
+
+async def test_with_no_roots_a_folder_too_wide_or_holding_loopds_files_is_refused(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await daemon(FakeLlama([]))
+
+    async def refused(conn: Any, _: Editor) -> list[str]:
+        answers = []
+        for cwd in ("/", str(Path.home()), str(tmp_path), str(d.home / "sessions")):
+            try:
+                await conn.new_session(cwd=cwd)
+            except Exception as e:  # noqa: BLE001 - the package's RequestError
+                answers.append(f"{e.code}: {e}")  # type: ignore[attr-defined]
+            else:
+                answers.append("accepted")
+        return answers
+
+    root, home, holds, inside = await with_editor(d, refused)
+    assert root.startswith(f"{INVALID_PARAMS}: / is the root of the file system")
+    assert f"{Path.home()} is your home folder" in home
+    assert f"{tmp_path} holds loopd's own files" in holds
+    assert f"{d.home / 'sessions'} is inside loopd's own files" in inside
+
+
+def _rpc(id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}

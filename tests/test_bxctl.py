@@ -20,14 +20,14 @@ from rich.console import Console
 
 from bxctl.chat import _think
 from bxctl.view import TurnView
-from conftest import StartDaemon
+from conftest import StartDaemon, Unstarted
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
 from loopd.session.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
 from loopd.session.store import Store
 from loopd.session.transcript import transcript
 from loopd.wire.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
 from loopd.wire.proto import Event, SessionFailed, TurnDone, TurnFailed, Usage
-from support.daemon import Daemon
+from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 
 
@@ -86,13 +86,48 @@ async def test_a_failed_request_exits_1(daemon: StartDaemon) -> None:
     assert "infer" in err
 
 
-async def test_no_daemon_exits_5_with_one_line(tmp_path: Path) -> None:
+async def test_no_daemon_with_no_start_exits_5_with_one_line(tmp_path: Path) -> None:
     d = Daemon(tmp_path / "nobody", "http://127.0.0.1:9")
-    code, out, err = await bxctl(d, "chat", "-m", "hello")
+    code, out, err = await bxctl(d, "chat", "-m", "hello", "--no-start")
     assert (code, out) == (5, "")
     assert err.startswith("bxctl: loopd is not running at ")
     assert "loopd serve" in err
     assert len(err.strip().splitlines()) == 1
+
+
+async def test_two_chat_m_at_once_start_one_loopd_and_both_are_answered(
+    unstarted: Unstarted,
+) -> None:
+    d = await unstarted(FakeLlama([Reply(content="Hello there.")] * 2))
+    runs: list[tuple[int, str, str]] = []
+
+    async def one() -> None:
+        runs.append(await bxctl(d, "chat", "-m", "hello"))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one)
+        nursery.start_soon(one)
+    assert [(code, out) for code, out, _ in runs] == [(0, "Hello there.\n")] * 2
+    said = sorted(err for _, _, err in runs)
+    assert said == ["", f"bxctl: starting loopd (log: {d.home / 'loopd.log'})\n"]
+    (pid,) = loopds_of(d.config)
+    assert int((d.home / "loopd.pid").read_text()) == pid
+
+
+async def test_a_started_loopd_that_does_not_come_up_is_told_with_its_log(
+    unstarted: Unstarted,
+) -> None:
+    d = await unstarted(FakeLlama([]))
+    missing = d.home / "no-such-model.gguf"
+    config = re.sub(r'url = ".*"\n', f'managed.model = "{missing}"\n', d.config.read_text())
+    d.config.write_text(config)  # bxctl reads it well; the loopd it starts has no model
+    code, out, err = await bxctl(d, "chat", "-m", "hello")
+    assert (code, out) == (5, "")
+    log = d.home / "loopd.log"
+    assert err.startswith(f"bxctl: starting loopd (log: {log})\nbxctl: loopd did not start: ")
+    assert f"exited with status 1; its log {log} says:\n" in err
+    assert str(missing) in err.split("says:")[1]
+    assert not loopds_of(d.config)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a socket away needs root")

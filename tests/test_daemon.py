@@ -525,7 +525,7 @@ async def test_each_session_error_reaches_the_client_as_its_code(
     refusals = [
         (first, {"type": "hello", "session": "new"}, None, ""),
         (first, {"type": "open_session", "id": "nope"}, "unknown_session", "nope"),
-        (first, {"type": "new_session", "cwd": str(tmp_path)}, "folder_refused", "[tools] roots"),
+        (first, {"type": "new_session", "cwd": "/"}, "folder_refused", "root of the file system"),
         (second, {"type": "hello", "session": "new"}, None, ""),
         (second, {"type": "new_session"}, "too_many_sessions", "[session] max_live"),
     ]
@@ -536,7 +536,10 @@ async def test_each_session_error_reaches_the_client_as_its_code(
     await first.send({"type": "undo"})
     error = (await first.until("error"))[-1]
     assert error["code"] == "undo_refused"
-    assert error["message"] == "loopd changes no files here ([tools] roots is empty)"
+    assert error["message"] == (
+        "loopd changes no files in this session ([tools] roots is empty, and the session has "
+        "no folder of its own)"
+    )
 
 
 async def test_a_duplicate_id_and_a_log_that_does_not_read_are_answered_with_their_codes(

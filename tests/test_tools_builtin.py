@@ -43,8 +43,9 @@ def run(builtins: Builtins, name: str, **arguments: Any) -> str:
     return function(arguments)
 
 
-def test_file_tools_exist_only_with_roots(tmp_path: Path) -> None:
-    assert [e.name for e in builtin_entries(ToolsConfig())] == ["current_time"]
+def test_file_tools_exist_with_roots_or_without(tmp_path: Path) -> None:
+    """Without roots they work in a session's own folder (an editor's)."""
+    assert builtin_entries(ToolsConfig()) == builtin_entries(ToolsConfig(roots=[tmp_path]))
     names = [e.name for e in builtin_entries(ToolsConfig(roots=[tmp_path]))]
     assert names == [
         "read_file",

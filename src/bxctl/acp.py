@@ -1,8 +1,11 @@
 """`bxctl acp`: loopd as an Agent Client Protocol agent, on stdin and stdout.
 
 An editor starts `bxctl acp` and speaks ACP to it: JSON-RPC 2.0, one message a line. It is a
-client of the running loopd (it starts none), with one connection to loopd's socket per ACP
-session, since a loopd client is in one session at a time. What each method does is in
+client of loopd, with one connection to loopd's socket per ACP session, since a loopd client is
+in one session at a time. When no loopd answers it starts one (`bxctl.start`), in the
+background from the first moment, so the editor's first `session/new` finds it up sooner;
+that and every later connection wait for the start, and one that finds loopd gone starts it
+again. Nothing of loopd's reaches stdout, which carries JSON-RPC alone. What each method does is in
 docs/editors.md; how loopd's events become ACP's is `acp_map`.
 
 The `agent-client-protocol` package's models are the schema: each request's params are read
@@ -12,6 +15,7 @@ they run on asyncio, bxctl on trio, and the framing they would save is a line ea
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -34,6 +38,7 @@ from bxctl.acp_map import (
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
+from bxctl.start import Starter
 from loopd import __version__
 from loopd.session.records import RECORD
 from loopd.wire.events import ApprovalNeeded
@@ -80,8 +85,13 @@ class _Session:
 
 
 class Agent:
-    def __init__(self, socket: Path, output: trio.abc.SendStream) -> None:
+    def __init__(
+        self, socket: Path, output: trio.abc.SendStream, starter: Starter | None = None
+    ) -> None:
         self.socket = socket
+        self.starter = starter
+        """How to start loopd when none answers (None: `--no-start`, say so instead)."""
+        self._starting = trio.Lock()
         self.sessions: dict[str, _Session] = {}
         self._nursery: trio.Nursery | None = None
         self.peer = Peer(
@@ -102,6 +112,8 @@ class Agent:
         """Answer the editor until it closes stdin."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.starter is not None:
+                nursery.start_soon(self._start_early)
             await self.peer.serve(stdin)
             nursery.cancel_scope.cancel()
         for session in self.sessions.values():
@@ -150,9 +162,22 @@ class Agent:
         self._follow(session)
         return schema.LoadSessionResponse()
 
+    async def _start_early(self) -> None:
+        """Start loopd while the editor initializes; a failure is said again (with the log)
+        to the request that needs loopd."""
+        with contextlib.suppress(Unreachable):
+            await self._loopd()
+
+    async def _loopd(self) -> None:
+        """Return once loopd answers, started here when none does (one start at a time)."""
+        if self.starter is not None:
+            async with self._starting:
+                await self.starter.ensure()
+
     async def _connect(self, which: str, cwd: str | None = None) -> tuple[Connection, str]:
         """A connection to loopd in session `which` (`new` in folder `cwd`), and the session's
         id; closed again when loopd refuses it (`SessionRefused`)."""
+        await self._loopd()
         connection = await Connection.open(self.socket)
         try:
             return connection, await connection.hello(which, cwd=cwd, client="bxctl acp")
@@ -270,7 +295,8 @@ def _response(end: DaemonMessage | None) -> schema.PromptResponse:
     if end is None:
         raise RpcError(
             LOOPD_UNREACHABLE,
-            "loopd went away during the turn; prompt again once it is back (`loopd serve`)",
+            "loopd went away during the turn; prompt again to go on (a loopd that is not "
+            "running is started again, unless --no-start)",
         )
     if isinstance(end, TurnDone):
         return schema.PromptResponse(stop_reason="end_turn", usage=usage_of(end.usage))
@@ -288,12 +314,13 @@ def _response(end: DaemonMessage | None) -> schema.PromptResponse:
     raise RpcError(INTERNAL_ERROR, f"loopd refused the prompt ({end.code}): {end.message}")
 
 
-async def serve(socket: Path) -> None:
-    """`bxctl acp`: the agent on this process's stdin and stdout."""
+async def serve(socket: Path, starter: Starter | None = None) -> None:
+    """`bxctl acp`: the agent on this process's stdin and stdout; `starter`: how to start
+    loopd when none answers (None: say so instead)."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout:
         try:
-            await Agent(socket, stdout).serve(stdin)
+            await Agent(socket, stdout, starter).serve(stdin)
         except* trio.BrokenResourceError:
             pass  # the editor closed our stdout: nobody is left to answer

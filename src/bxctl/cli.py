@@ -3,8 +3,8 @@
 
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
 cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
-running or went away; 6 a call waits for approval (without --yes; answer it with
-`bxctl approve`).
+running or went away (with --no-start), or the loopd started for it did not come up; 6 a call
+waits for approval (without --yes; answer it with `bxctl approve`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the model's reasoning on screen once it answers",
     )
+    _no_start(chat)
     status = commands.add_parser(
         "status",
         help="what loopd is doing",
@@ -141,14 +142,26 @@ def parser() -> argparse.ArgumentParser:
         "another (a compaction) comes after the sessions it continues, oldest first.",
     )
     log.add_argument("session", nargs="?", help="a session id (default: the latest)")
-    commands.add_parser(
+    acp = commands.add_parser(
         "acp",
         help="serve an editor: the Agent Client Protocol on stdin and stdout",
         description="Be an Agent Client Protocol agent on stdin and stdout, for an editor "
         "(Zed, JetBrains IDEs, Neovim, ...) that starts it: each ACP session is a loopd "
-        "session of the running loopd (this starts none). See docs/editors.md.",
+        "session, of the running loopd or of one this starts (stdout carries JSON-RPC alone; "
+        "loopd's output goes to its log). See docs/editors.md.",
     )
+    _no_start(acp)
     return p
+
+
+def _no_start(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--no-start",
+        action="store_true",
+        help="when no loopd answers on the socket, say so and exit instead of starting "
+        "`loopd serve` in the background (its output goes to loopd.log in its state folder, "
+        "~/.local/state/loopd by default)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

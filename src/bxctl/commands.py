@@ -23,6 +23,7 @@ from bxctl.cli import (
     FAILURE_EXIT,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.start import Starter
 from bxctl.view import as_tree, context_line, session_line, unreadable_line
 from loopd.config import ConfigError, load_config
 from loopd.groups import innermost
@@ -44,9 +45,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
         print(f"bxctl: invalid loopd config:\n{e}", file=sys.stderr)
         return EXIT_USAGE
     path: Path = args.socket or config.channel.socket
+    starter = None
+    if args.command in ("chat", "acp") and not args.no_start:
+        starter = Starter(path, config.store.directory.parent, args.config, args.socket is not None)
     try:
         if args.command == "chat":
-            return _chat(args, path)
+            return _chat(args, path, starter)
         if args.command == "status":
             return trio.run(_status, path, args.where)
         if args.command == "approve":
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
         if args.command == "acp":
             from bxctl.acp import serve  # noqa: PLC0415 - the ACP package, for this command only
 
-            trio.run(serve, path)
+            trio.run(serve, path, starter)
             return EXIT_OK
         if args.command == "sessions":
             return trio.run(_sessions, path, Store(config.store.directory))
@@ -80,19 +84,21 @@ def _exit_for(error: BaseException) -> int:
     raise error
 
 
-def _chat(args: argparse.Namespace, path: Path) -> int:
+def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
     text = args.message
     if text is None and not sys.stdin.isatty():
         text = sys.stdin.read()
-    if text is not None:
-        if not text.strip():
-            print("bxctl: nothing to send", file=sys.stderr)
-            return EXIT_USAGE
-        return trio.run(_once, path, text, args)
+    if text is not None and not text.strip():
+        print("bxctl: nothing to send", file=sys.stderr)
+        return EXIT_USAGE
     for flag, given in (("--json", args.json), ("--yes", args.yes)):
-        if given:
+        if given and text is None:
             print(f"bxctl: {flag} needs -m TEXT or text on stdin", file=sys.stderr)
             return EXIT_USAGE
+    if starter is not None:
+        trio.run(starter.ensure)
+    if text is not None:
+        return trio.run(_once, path, text, args)
     from bxctl.chat import interactive  # noqa: PLC0415 - prompt_toolkit, for this command only
 
     if trio.run(interactive, path, Console(), args.show_reasoning, args.session or "new"):

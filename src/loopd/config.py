@@ -362,7 +362,13 @@ class RunConfig(_Table):
 class ToolsConfig(_Table):
     roots: list[Path] = []
     """Directories the built-in file tools may read, write and run commands in; nothing
-    outside them."""
+    outside them. A client that opens a session in a folder (an editor's `session/new`
+    always does) is refused any folder outside them. Unset, such a folder is that session's
+    one root, as a coding agent's working folder is: any folder but `/`, the home folder
+    itself, one inside the user's keys, or one that holds or is in loopd's own files; a
+    session opened with no folder (`bxctl chat`) has no file tools that work. The hidden paths
+    (loopd's own files, the keys, `[tools.run] deny_read`), `.git` kept from writes and the
+    command sandbox apply the same either way."""
     timeout: PositiveFloat = 30.0
     """Seconds one tool call may take (`run_command`: `[tools.run] timeout`)."""
     find_limit: PositiveInt = 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -101,6 +102,36 @@ class Daemon:
         """Kill loopd (it says nothing to anyone) and close the test's connections to it."""
         await self.kill()
         await self.close_clients()
+
+
+def loopds_of(config: Path) -> list[int]:
+    """The pids of the live `loopd serve` processes on this config file (a zombie has no
+    command line)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(config).encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+async def stop_started(d: Daemon) -> None:
+    """Stop the loopd a `bxctl` started for `d`'s config: the one its pid file names (and any
+    other on the config, which a failed test may leave)."""
+    pid_file = d.home / "loopd.pid"
+    pids = set(loopds_of(d.config))
+    if pid_file.exists():
+        pids.add(int(pid_file.read_text()))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
 
 
 async def embedded(home: Path) -> Daemon:

@@ -181,7 +181,9 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
                 baseline,
                 actor,
                 max_live=config.session.max_live,
-                roots=Roots(config.tools.roots),
+                roots=Roots(
+                    config.tools.roots, [*private, *secrets(config.tools.run)], own=private
+                ),
                 agents=agents,
                 instructions=InstructionReader(
                     roots=Roots(config.tools.roots, [*private, *secrets(config.tools.run)]),
@@ -228,9 +230,8 @@ async def _slots_of(client: Client, most: int) -> list[Slot]:
 
 def hands(config: Config, private: Sequence[Path] = ()) -> Hands | None:
     """What writes and edits files, keeping every content it replaces in `file-history`
-    beside the sessions, for `undo`; None without roots."""
-    if not config.tools.roots:
-        return None
+    beside the sessions, for `undo` (in `[tools] roots`, or, with none, in a session's own
+    folder)."""
     blobs = Blobs(config.store.directory.parent / "file-history")
     return Hands(Roots(config.tools.roots, [*private, *secrets(config.tools.run)]), blobs)
 

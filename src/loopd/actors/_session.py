@@ -206,8 +206,11 @@ class SessionActor:
         if self._running is not None or self._queue:
             raise Busy("a turn is running: undo once it has ended")
         hands = self.runtime.hands
-        if hands is None:
-            raise CannotUndo("loopd changes no files here ([tools] roots is empty)")
+        if hands is None or not hands.roots.within(self.session.cwd).roots:
+            raise CannotUndo(
+                "loopd changes no files in this session ([tools] roots is empty, and the "
+                "session has no folder of its own)"
+            )
         record = await undo(self.session, hands, call)
         log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
         return record

@@ -94,13 +94,28 @@ async def open_socket(path: Path) -> UnixSocket:
     _unlink(staging)
     sock = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
     await sock.bind(str(staging))
-    inode = _publish(staging, path)
+    try:
+        inode = _publish(staging, path)
+    except BaseException:
+        sock.close()
+        raise
     sock.listen(64)
     return UnixSocket(path, trio.SocketListener(sock), inode)
 
 
 def _publish(staging: Path, path: Path) -> int:
+    """Put the bound socket in place, never over another: a second name, which fails when a
+    daemon that started at the same moment got there first (a rename would replace its
+    socket, and the loser's exit would then remove the winner's)."""
     staging.chmod(0o600)
     inode = staging.stat().st_ino
-    staging.rename(path)
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        _unlink(staging)
+        raise DaemonRunning(f"a loopd daemon already runs at {path}") from None
+    except OSError:  # a file system without hard links: as before, a rename
+        staging.rename(path)
+    else:
+        _unlink(staging)
     return inode

@@ -161,8 +161,9 @@ kills itself at its own timeout first)."""
 
 
 def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
-    """The built-in tools; the file tools only when there are roots to work in."""
-    names = [n for n in _TOOLS if config.roots or n not in _FILE_TOOLS]
+    """The built-in tools, the file tools among them: with no `[tools] roots` they work in a
+    session's own folder (an editor's), and one without a folder is told so."""
+    names = list(_TOOLS)
     return [
         ToolEntry(
             name,

@@ -37,11 +37,16 @@ class Roots:
     """The folders file tools may read. With one root, paths are relative to it; with several,
     a path starts with the root's folder name."""
 
-    def __init__(self, roots: list[Path], private: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, roots: list[Path], private: Sequence[Path] = (), own: Sequence[Path] = ()
+    ) -> None:
         self.roots = {r.expanduser().resolve().name: r.expanduser().resolve() for r in roots}
         self.private = tuple(private)
         """What the tools never reach: loopd's own files (`config.private_paths`) and the
         user's keys (`tools.secrets`)."""
+        self.own = tuple(own)
+        """loopd's own files (`config.private_paths`): with no roots, a session's folder holds
+        none of them and is in none of them (`folder`)."""
         self._hidden = hideable(private, list(self.roots.values()))
 
     def within(self, cwd: Path | None) -> Roots:
@@ -50,16 +55,14 @@ class Roots:
 
     def folder(self, cwd: str) -> Path:
         """`cwd` as a session's own folder: an absolute path to a folder inside one of these
-        roots (or one of them). Raises `FolderRefused`."""
+        roots (or one of them); with no roots, any folder `_own_folder` accepts. Raises
+        `FolderRefused`."""
         path = Path(cwd)
         if not path.is_absolute():
             raise FolderRefused(f"{cwd}: a session's folder is an absolute path")
-        if not self.roots:
-            raise FolderRefused(
-                f"{cwd}: no folder is open to loopd's file tools; add it (or a folder above "
-                "it) to [tools] roots"
-            )
         resolved = path.resolve()
+        if not self.roots:
+            return self._own_folder(cwd, resolved)
         if not any(resolved.is_relative_to(r) for r in self.roots.values()):
             allowed = ", ".join(str(r) for r in self.roots.values())
             raise FolderRefused(
@@ -70,9 +73,48 @@ class Roots:
             raise FolderRefused(f"{cwd}: no such folder")
         return resolved
 
+    def _own_folder(self, cwd: str, resolved: Path) -> Path:
+        """With no `[tools] roots`, the folder a client gives a new session (an editor's
+        project) is its one root, as a coding agent's working folder is: any folder but one
+        whose whole would open too much, or loopd's own files, or the user's keys."""
+        if not resolved.is_dir():
+            raise FolderRefused(f"{cwd}: no such folder")
+        if resolved == Path(resolved.anchor):
+            raise FolderRefused(
+                f"{cwd} is the root of the file system: loopd's tools work in a project's "
+                "folder, not the whole machine"
+            )
+        home = Path.home().resolve()
+        if resolved == home:
+            raise FolderRefused(
+                f"{cwd} is your home folder: loopd's tools work in a project's folder, not "
+                "all of your files; open a project folder (or set [tools] roots)"
+            )
+        for given in self.own:
+            own = Path(os.path.realpath(given.expanduser()))
+            if own == home or own == Path(own.anchor):
+                continue
+            if resolved.is_relative_to(own) or own.is_relative_to(resolved):
+                where = "is inside" if resolved.is_relative_to(own) else "holds"
+                raise FolderRefused(
+                    f"{cwd} {where} loopd's own files ({own}: its sessions, logs, socket or "
+                    "config), which its tools never reach; open a project folder"
+                )
+        for hidden in self.private:
+            secret = Path(os.path.realpath(hidden.expanduser()))
+            if secret != home and resolved.is_relative_to(secret):
+                raise FolderRefused(
+                    f"{cwd} is inside {secret}, which is hidden from loopd's tools (the "
+                    "user's keys, [tools.run] deny_read); open a project folder"
+                )
+        return resolved
+
     def resolve(self, path: str) -> Path:
         if not self.roots:
-            raise ToolFailure("no folders are open to file tools (set [tools] roots)")
+            raise ToolFailure(
+                "no folders are open to file tools in this session: a session opened in a "
+                "folder (an editor's) works there, or set [tools] roots"
+            )
         parts = PurePosixPath(path).parts
         if PurePosixPath(path).is_absolute() or path.startswith("~"):
             raise ToolFailure(
