@@ -24,10 +24,12 @@ from acp.schema import (
 )
 
 from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
+from bxctl.acp_map import LIST_PAGE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from loopd.infer import slot_tokens
+from loopd.session.baseline import make_baseline
 from loopd.session.records import UsageRecord
-from loopd.session.store import Store
+from loopd.session.store import ParentCall, Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write
@@ -236,6 +238,74 @@ async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
     assert await with_editor(d, unknown) == ["-32002", "-32002"]
 
 
+async def terminal_session(d: Daemon, cwd: Path | None, prompt: str | None = None) -> str:
+    """A session made as a terminal client makes one (`hello`, then a `send`), in `cwd`."""
+    client = await d.connect()
+    await client.send(
+        {"type": "hello", "client": "bxctl chat", "session": "new", "cwd": cwd and str(cwd)}
+    )
+    session = str((await client.until("welcome"))[-1]["session"])
+    if prompt is not None:
+        await client.send({"type": "send", "id": "t1", "content": prompt})
+        await client.until("turn_done")
+    return session
+
+
+async def test_list_gives_a_folders_sessions_latest_first_a_page_at_a_time(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes, other = notes_folder(tmp_path), tmp_path / "other"
+    other.mkdir()
+    script = [Reply(content="From here."), Reply(content="Tea it is.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}", "{other}"]')
+    store = Store(d.home / "sessions")
+    older = []
+    for _ in range(LIST_PAGE - 1):
+        with await store.create(make_baseline(), cwd=notes) as made:
+            older.append(made.id)
+    terminal = await terminal_session(d, notes, "from the terminal\nand more")
+    # A compaction goes on in a session that stands for the one it continues; a sub-agent's
+    # session is its parent's business; a session of no folder matches none.
+    with await store.create(make_baseline(), continues=terminal, cwd=notes) as made:
+        compacted = made.id
+    with await store.create(make_baseline(), parent=ParentCall(compacted, 1, "c1"), cwd=notes):
+        pass
+    elsewhere = await terminal_session(d, other)
+    await terminal_session(d, None, "nowhere")
+    logs = len(list((d.home / "sessions").glob("*.jsonl")))
+
+    async def listing(conn: Any, _: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea for two")])
+        first = await conn.list_sessions(cwd=str(notes))
+        second = await conn.list_sessions(cwd=str(notes), cursor=first.next_cursor)
+        there = await conn.list_sessions(cwd=str(other) + "/")
+        everywhere = await conn.list_sessions()
+        rest = await conn.list_sessions(cursor=everywhere.next_cursor)
+        return session.session_id, first, second, there, everywhere, rest
+
+    editor, first, second, there, everywhere, rest = await with_editor(d, listing)
+    assert len(list((d.home / "sessions").glob("*.jsonl"))) == logs + 1  # listing opened none
+    assert len(first.sessions) == LIST_PAGE
+    assert first.next_cursor is not None
+    assert [s.session_id for s in second.sessions] == [older[0]]
+    assert second.next_cursor is None
+    listed = first.sessions + second.sessions
+    assert [s.session_id for s in listed] == [editor, compacted, *reversed(older)]
+    assert {s.cwd for s in listed} == {str(notes)}
+    assert [s.title for s in listed[:3]] == ["tea for two", "from the terminal", None]
+    assert all(s.updated_at for s in listed)
+    assert listed[0].updated_at > listed[1].updated_at > listed[2].updated_at
+    assert [(s.session_id, s.cwd) for s in there.sessions] == [(elsewhere, str(other))]
+    assert len(everywhere.sessions) == LIST_PAGE
+    assert len(rest.sessions) == 2
+    assert rest.next_cursor is None
+    assert {s.session_id for s in everywhere.sessions + rest.sessions} == {
+        *(s.session_id for s in listed),
+        elsewhere,
+    }
+
+
 class Raw:
     """`bxctl acp` with the test at its stdin: lines no client library would send."""
 
@@ -295,7 +365,11 @@ async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -
         assert answer["error"]["message"] == f"a line may be at most {MAX_LINE} bytes"
         answer = await acp.request(4, "initialize", {"protocolVersion": 1})
         assert answer["result"]["agentCapabilities"]["loadSession"] is True
+        assert answer["result"]["agentCapabilities"]["sessionCapabilities"]["list"] == {}
         assert answer["result"]["protocolVersion"] == 1
+        answer = await acp.request(5, "session/list", {"cursor": "not ours"})
+        assert answer["error"]["code"] == INVALID_PARAMS
+        assert "not a cursor that session/list gave" in answer["error"]["message"]
     finally:
         await acp.close()
 

@@ -23,8 +23,10 @@ from acp import PROTOCOL_VERSION, schema
 from pydantic import ValidationError
 
 from bxctl.acp_map import (
+    BadCursor,
     Update,
     decision_of,
+    listed,
     permission_request,
     replayed,
     stop_reason,
@@ -44,6 +46,7 @@ from loopd.wire.proto import (
     Event,
     History,
     SessionFailed,
+    Sessions,
     TurnDone,
     TurnFailed,
 )
@@ -92,6 +95,7 @@ class Agent:
                 "session/new": (schema.NewSessionRequest, self.new_session),
                 "session/load": (schema.LoadSessionRequest, self.load_session),
                 "session/prompt": (schema.PromptRequest, self.prompt),
+                "session/list": (schema.ListSessionsRequest, self.list_sessions),
             },
             notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
             errors={Unreachable: LOOPD_UNREACHABLE},
@@ -122,6 +126,9 @@ class Agent:
                     image=False, audio=False, embedded_context=True
                 ),
                 mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+                session_capabilities=schema.SessionCapabilities(
+                    list=schema.SessionListCapabilities(),
+                ),
             ),
             agent_info=schema.Implementation(name="loopd", title="loopd", version=__version__),
             auth_methods=[],
@@ -149,6 +156,21 @@ class Agent:
             start += len(page.records)
         self._follow(session)
         return schema.LoadSessionResponse()
+
+    async def list_sessions(
+        self, request: schema.ListSessionsRequest
+    ) -> schema.ListSessionsResponse:
+        """The sessions of the store, on a connection of its own that opens none."""
+        connection = await Connection.open(self.socket)
+        async with connection.stream:
+            answer = await connection.request({"type": "sessions"}, "sessions")
+        if not isinstance(answer, Sessions):
+            raise RpcError(INTERNAL_ERROR, f"loopd did not list its sessions: {answer}")
+        try:
+            sessions, cursor = listed(answer.sessions, request.cwd, request.cursor)
+        except BadCursor as e:
+            raise RpcError(INVALID_PARAMS, str(e)) from None
+        return schema.ListSessionsResponse(sessions=sessions, next_cursor=cursor)
 
     async def _connect(self, which: str, cwd: str | None = None) -> tuple[Connection, str]:
         """A connection to loopd in session `which` (`new` in folder `cwd`), and the session's

@@ -8,7 +8,9 @@ reason and the usage), and what a call waiting for approval asks the editor.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 from acp import schema
@@ -23,11 +25,14 @@ from loopd.wire.events import (
     ToolResult,
     WaitingForServer,
 )
-from loopd.wire.proto import TurnFailed, Usage
+from loopd.wire.proto import SessionInfo, TurnFailed, Usage
 
 __all__ = [
+    "LIST_PAGE",
+    "BadCursor",
     "Update",
     "decision_of",
+    "listed",
     "permission_request",
     "replayed",
     "stop_reason",
@@ -194,6 +199,81 @@ def usage_of(usage: Usage | None) -> schema.Usage | None:
         cached_read_tokens=cached,
         thought_tokens=usage.reasoning_tokens or None,
     )
+
+
+LIST_PAGE = 50
+"""Sessions in one `session/list` answer at most."""
+
+
+class BadCursor(ValueError):
+    """A `session/list` cursor that no answer of ours gave."""
+
+
+def listed(
+    sessions: Sequence[SessionInfo], cwd: str | None, cursor: str | None, page: int = LIST_PAGE
+) -> tuple[list[schema.SessionInfo], str | None]:
+    """One page of `session/list`, the latest activity first, and the cursor of the next page
+    (None: this is the last). Listed: each session that has a folder (`cwd`, the filter's when
+    one is given), that is not a sub-agent's and that no later session continues (the one
+    that does stands for it, with the title of the session the chain began with). A session
+    with no folder (made in the terminal, working in all of `[tools] roots`) has none to give
+    and matches no filter: it is not listed. The cursor is the last session given, as
+    `<updatedAt> <id>`: sessions made or active since do not shift the pages."""
+    by_id = {s.id: s for s in sessions}
+    continued = {s.continues for s in sessions if s.continues}
+    folder = _folder(cwd) if cwd else None
+    shown = [
+        s
+        for s in sessions
+        if s.cwd
+        and s.parent is None
+        and s.id not in continued
+        and (folder is None or _folder(s.cwd) == folder)
+    ]
+    shown.sort(key=_order, reverse=True)
+    if cursor is not None:
+        after = _after(cursor)
+        shown = [s for s in shown if _order(s) < after]
+    infos = [
+        schema.SessionInfo(
+            session_id=s.id,
+            cwd=s.cwd,  # type: ignore[arg-type] # those with none are left out above
+            title=_title(s, by_id),
+            updated_at=s.last_activity,
+        )
+        for s in shown[:page]
+    ]
+    if len(shown) <= page:
+        return infos, None
+    last = shown[page - 1]
+    return infos, f"{last.last_activity} {last.id}"
+
+
+def _folder(path: str) -> str:
+    return os.path.normpath(path)
+
+
+def _order(session: SessionInfo) -> tuple[datetime, str]:
+    return datetime.fromisoformat(session.last_activity), session.id
+
+
+def _after(cursor: str) -> tuple[datetime, str]:
+    updated, _, session = cursor.partition(" ")
+    try:
+        return datetime.fromisoformat(updated), session
+    except ValueError:
+        raise BadCursor(f"{cursor!r} is not a cursor that session/list gave") from None
+
+
+def _title(session: SessionInfo, by_id: dict[str, SessionInfo]) -> str | None:
+    """The title of the session a chain of compactions began with (else the nearest one's)."""
+    title, seen = session.title, {session.id}
+    while (
+        session.continues and (earlier := by_id.get(session.continues)) and earlier.id not in seen
+    ):
+        seen.add(earlier.id)
+        session, title = earlier, earlier.title or title
+    return title
 
 
 def replayed(records: Sequence[Record]) -> Iterator[Update]:

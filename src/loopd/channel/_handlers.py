@@ -200,7 +200,8 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
 
 
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
-    current = (await (await client.attached()).status()).session
+    # A client in no session stays in none: a list (an editor's) opens nothing.
+    current = None if client.session is None else (await client.session.status()).session
     listed = await client.core.sessions.sessions()
     infos = [proto.SessionInfo.of(s) for s in listed.sessions]
     unreadable = [proto.Unreadable.of(u) for u in listed.unreadable]

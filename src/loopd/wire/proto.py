@@ -339,6 +339,10 @@ class SessionInfo(_Message):
     """The session this one continues (it began from a summary of it)."""
     parent: str | None = None
     """For a sub-agent's session: the session that delegated to it."""
+    cwd: str | None = None
+    """The one folder its file tools work in (`hello`'s `cwd`); None: all of `[tools] roots`."""
+    title: str | None = None
+    """Its first user message's first line, at most 80 characters; None before the first."""
 
     @classmethod
     def of(cls, info: StoredSession) -> SessionInfo:
@@ -350,6 +354,8 @@ class SessionInfo(_Message):
             last_activity=info.last_activity.isoformat(),
             continues=info.continues,
             parent=info.parent,
+            cwd=info.cwd,
+            title=info.title,
         )
 
 
@@ -376,7 +382,9 @@ class Undone(_Message):
 class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
-    current: str
+    current: str | None
+    """The client's session; None: it is in none yet (it asked before any `hello`, and
+    asking does not put it in one)."""
     unreadable: list[Unreadable] = []
     """The logs that do not read, each with why (none: every log reads)."""
 
