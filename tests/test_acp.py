@@ -23,13 +23,13 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
+from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE, RESOURCE_NOT_FOUND
 from bxctl.acp_map import LIST_PAGE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from loopd.infer import slot_tokens
 from loopd.session.baseline import make_baseline
 from loopd.session.records import UsageRecord
-from loopd.session.store import ParentCall, Store
+from loopd.session.store import ParentCall, SessionLocked, Store
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write
@@ -220,6 +220,70 @@ async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_pa
     assert editor.said() == "Tea it is.Sure."
 
 
+async def test_resume_goes_on_without_the_history_and_finds_the_cache(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [Reply(content="Tea it is."), Reply(content="Sure.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def first(conn: Any, _: Editor) -> str:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        await conn.close_session(session_id=session.session_id)
+        return str(session.session_id)
+
+    session = await with_editor(d, first)
+
+    async def again(conn: Any, editor: Editor) -> Any:
+        await conn.resume_session(cwd=str(notes), session_id=session)
+        shown = list(editor.kinds())
+        answer = await conn.prompt(session_id=session, prompt=[text_block("and milk?")])
+        return shown, answer
+
+    editor = Editor()
+    shown, answer = await with_editor(d, again, editor)
+    assert not [k for k in shown if "message" in k or "tool_call" in k]  # nothing replayed
+    assert editor.said() == "Sure."
+    usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) == 2
+    assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
+
+
+async def test_close_cancels_the_turn_and_leaves_the_session(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    slow = Reply(content="word " * 400, delay=0.05)
+    d = await daemon(FakeLlama([slow]), tools=f'roots = ["{notes}"]')
+
+    async def closed(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        prompt = asyncio.ensure_future(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("talk")])
+        )
+        while "agent_message_chunk" not in editor.kinds():  # noqa: ASYNC110 - the editor's list
+            await asyncio.sleep(0.02)
+        await conn.close_session(session_id=session.session_id)
+        answer = await prompt
+        try:
+            await conn.prompt(session_id=session.session_id, prompt=[text_block("hi")])
+        except Exception as e:  # noqa: BLE001 - the package's RequestError
+            return session.session_id, answer, e.code  # type: ignore[attr-defined]
+        return session.session_id, answer, None
+
+    session, answer, code = await with_editor(d, closed)
+    assert answer.stop_reason == "cancelled"
+    assert code == RESOURCE_NOT_FOUND
+    with trio.fail_after(10):  # nobody is in it: loopd stops it and lets its log go
+        while True:
+            try:
+                (await Store(d.home / "sessions").open(session)).close()
+                break
+            except SessionLocked:
+                await trio.sleep(0.05)
+
+
 async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
     d = await daemon(FakeLlama([]))
 
@@ -365,7 +429,9 @@ async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -
         assert answer["error"]["message"] == f"a line may be at most {MAX_LINE} bytes"
         answer = await acp.request(4, "initialize", {"protocolVersion": 1})
         assert answer["result"]["agentCapabilities"]["loadSession"] is True
-        assert answer["result"]["agentCapabilities"]["sessionCapabilities"]["list"] == {}
+        sessions = answer["result"]["agentCapabilities"]["sessionCapabilities"]
+        assert (sessions["list"], sessions["resume"], sessions["close"]) == ({}, {}, {})
+        assert "delete" not in sessions
         assert answer["result"]["protocolVersion"] == 1
         answer = await acp.request(5, "session/list", {"cursor": "not ours"})
         assert answer["error"]["code"] == INVALID_PARAMS

@@ -12,6 +12,7 @@ they run on asyncio, bxctl on trio, and the framing they would save is a line ea
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -80,6 +81,8 @@ class _Session:
     connection: Connection
     turns: dict[str, _Turn] = field(default_factory=dict)
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    relay: trio.CancelScope = field(default_factory=trio.CancelScope)
+    """What follows its connection (`Agent._relay`); cancelled when the session is closed."""
 
 
 class Agent:
@@ -96,6 +99,8 @@ class Agent:
                 "session/load": (schema.LoadSessionRequest, self.load_session),
                 "session/prompt": (schema.PromptRequest, self.prompt),
                 "session/list": (schema.ListSessionsRequest, self.list_sessions),
+                "session/resume": (schema.ResumeSessionRequest, self.resume_session),
+                "session/close": (schema.CloseSessionRequest, self.close_session),
             },
             notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
             errors={Unreachable: LOOPD_UNREACHABLE},
@@ -128,6 +133,8 @@ class Agent:
                 mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
                 session_capabilities=schema.SessionCapabilities(
                     list=schema.SessionListCapabilities(),
+                    resume=schema.SessionResumeCapabilities(),
+                    close=schema.SessionCloseCapabilities(),
                 ),
             ),
             agent_info=schema.Implementation(name="loopd", title="loopd", version=__version__),
@@ -140,8 +147,8 @@ class Agent:
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
         if (old := self.sessions.pop(request.session_id, None)) is not None:
-            await old.connection.aclose()
-        session = await self._open(request.session_id, None)
+            await self._close(old)
+        session = await self._open(request.session_id, None, follow=False)
         start = 0
         while True:  # the whole history, a page at a time, before the answer
             page = await session.connection.request(
@@ -156,6 +163,39 @@ class Agent:
             start += len(page.records)
         self._follow(session)
         return schema.LoadSessionResponse()
+
+    async def resume_session(
+        self, request: schema.ResumeSessionRequest
+    ) -> schema.ResumeSessionResponse:
+        """`session/load` without the history: the editor still shows it. Its cache comes
+        back as a loaded session's does."""
+        if (old := self.sessions.pop(request.session_id, None)) is not None:
+            await self._close(old)
+        await self._open(request.session_id, None)
+        return schema.ResumeSessionResponse()
+
+    async def close_session(
+        self, request: schema.CloseSessionRequest
+    ) -> schema.CloseSessionResponse:
+        """Cancel the session's turns and leave it: loopd stops its actor once no client is
+        in it and no turn runs (it is in the store, to load or resume again)."""
+        session = self.sessions.pop(request.session_id, None)
+        if session is None:
+            raise RpcError(RESOURCE_NOT_FOUND, f"no session {request.session_id} open here")
+        await self._close(session)
+        return schema.CloseSessionResponse()
+
+    async def _close(self, session: _Session) -> None:
+        """Cancel its turns (their prompts answer `cancelled`) and close its connection."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            for running in list(session.turns):
+                if not session.connection.closed:
+                    await session.connection.send({"type": "cancel", "id": running})
+        for turn_id, turn in session.turns.items():
+            turn.end = TurnFailed(id=turn_id, kind="cancelled", message="the session was closed")
+            turn.done.set()
+        session.relay.cancel()
+        await session.connection.aclose()
 
     async def list_sessions(
         self, request: schema.ListSessionsRequest
@@ -182,14 +222,14 @@ class Agent:
             await connection.aclose()
             raise
 
-    async def _open(self, which: str, cwd: str | None) -> _Session:
+    async def _open(self, which: str, cwd: str | None, *, follow: bool = True) -> _Session:
         try:
             connection, loopd_id = await self._connect(which, cwd)
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None
         session = self.sessions[loopd_id] = _Session(loopd_id, connection)
-        if which == "new":
+        if follow:
             self._follow(session)
         return session
 
@@ -225,7 +265,7 @@ class Agent:
             raise RpcError(
                 INTERNAL_ERROR, f"loopd is back but would not open the session: {e}"
             ) from None
-        session.connection = connection
+        session.connection, session.relay = connection, trio.CancelScope()
         self._follow(session)
 
     async def cancel(self, cancel: schema.CancelNotification) -> None:
@@ -242,6 +282,18 @@ class Agent:
         approvals to ask for."""
         connection = session.connection
         try:
+            with session.relay:
+                await self._follow_connection(session, connection)
+        except Unreachable:
+            pass
+        finally:
+            connection.closed = True
+            for turn in session.turns.values():
+                turn.done.set()  # with no end: loopd went away
+            await connection.aclose()
+
+    async def _follow_connection(self, session: _Session, connection: Connection) -> None:
+        try:
             while (message := await connection.receive()) is not None:
                 if isinstance(message, SessionFailed):
                     # loopd closed the session: its prompts end with why, and the next
@@ -250,13 +302,8 @@ class Agent:
                         turn.end = message
                     break
                 await self._relay_one(session, message)
-        except Unreachable:
-            pass
-        finally:
-            connection.closed = True
-            for turn in session.turns.values():
-                turn.done.set()  # with no end: loopd went away
-            await connection.aclose()
+        except trio.ClosedResourceError:
+            pass  # closed under it: a load of the session anew, or the end
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
         turn = session.turns.get(getattr(message, "id", None) or "")
