@@ -38,6 +38,9 @@ from test_sessions import assert_no_loss, embedded, records
 StartDaemon = Callable[..., Awaitable[Daemon]]
 
 
+ASIDE = ("available_commands_update", "usage_update")
+
+
 @dataclass
 class Editor:
     """The editor's side: what it was shown, and how it answers permission requests."""
@@ -65,9 +68,17 @@ class Editor:
         self.updates.append(update)
 
     def kinds(self) -> list[str]:
-        """The kinds of update, a run of chunks as one."""
-        kinds = [u.session_update for u in self.updates]
+        """The kinds of update that show the session, a run of chunks as one (not those that
+        tell its commands and its usage)."""
+        kinds = [u.session_update for u in self.shown()]
         return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1] or "chunk" not in k]
+
+    def shown(self) -> list[Any]:
+        """The updates that show the session."""
+        return [u for u in self.updates if u.session_update not in ASIDE]
+
+    def told(self, kind: str) -> list[Any]:
+        return [u for u in self.updates if u.session_update == kind]
 
     def said(self) -> str:
         return "".join(
@@ -122,7 +133,7 @@ async def test_a_turn_with_a_write_asks_the_editor_and_the_answer_streams_back(
         "agent_thought_chunk",
         "agent_message_chunk",
     ]
-    started, result = editor.updates[:2]
+    started, result = editor.shown()[:2]
     assert (started.tool_call_id, started.title, started.kind) == ("1", "write_file", "edit")
     assert (result.tool_call_id, result.status) == ("1", "completed")
     assert editor.said() == "Tea it is."
@@ -147,7 +158,7 @@ async def test_a_rejected_or_cancelled_permission_leaves_the_file_alone(
         assert answer.stop_reason == "end_turn"
         assert len(editor.asked) == 1
         assert (notes / "today.md").read_text() == "buy milk\n"
-        result = editor.updates[1]
+        result = editor.shown()[1]
         assert (result.status, result.content[0].content.text) == (
             "failed",
             "The call was denied: the user did not approve it",
@@ -212,10 +223,10 @@ async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_pa
     editor = Editor()
     replayed, answer = await with_editor(d, again, editor)
     assert replayed == ["user_message_chunk", "tool_call", "agent_message_chunk"]
-    call = editor.updates[1]
+    call = editor.shown()[1]
     assert (call.title, call.kind, call.status) == ("write_file", "edit", "completed")
     assert call.raw_input == {"path": "today.md", "content": "buy tea\n"}
-    assert editor.updates[0].content.text == "tea"
+    assert editor.shown()[0].content.text == "tea"
     assert answer.stop_reason == "end_turn"
     assert editor.said() == "Tea it is.Sure."
 
@@ -244,6 +255,7 @@ async def test_resume_goes_on_without_the_history_and_finds_the_cache(
     editor = Editor()
     shown, answer = await with_editor(d, again, editor)
     assert not [k for k in shown if "message" in k or "tool_call" in k]  # nothing replayed
+    assert len(editor.told("available_commands_update")) == 1
     assert editor.said() == "Sure."
     usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
     assert len(usages) == 2
@@ -282,6 +294,40 @@ async def test_close_cancels_the_turn_and_leaves_the_session(
                 break
             except SessionLocked:
                 await trio.sleep(0.05)
+
+
+async def test_loopds_commands_are_offered_and_run_as_prompts(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [write("today.md", "buy tea\n"), Reply(content="Tea it is."), Reply(content="Tea.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def commands(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        while not editor.told("available_commands_update"):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        said = []
+        for command in ("/status", "/undo", "/undo x", "/compact"):
+            before = len(editor.said())
+            answer = await conn.prompt(session_id=session.session_id, prompt=[text_block(command)])
+            said.append((answer.stop_reason, editor.said()[before:]))
+        return session.session_id, said
+
+    editor = Editor()
+    session, said = await with_editor(d, commands, editor)
+    (offered,) = editor.told("available_commands_update")
+    assert [c.name for c in offered.available_commands] == ["compact", "undo", "status"]
+    status, undo, bad_undo, compact = said
+    assert status[0] == "end_turn"
+    assert status[1].startswith(f"Session {session}: 1 turns, ")
+    assert undo == ("end_turn", "Put back the changes of call 1:\n- " + str(notes / "today.md"))
+    assert (notes / "today.md").read_text() == "buy milk\n"
+    assert bad_undo == ("end_turn", "/undo, or /undo N for call N's changes alone")
+    (continued,) = [s for s in Store(d.home / "sessions").sessions_now() if s.continues == session]
+    compacted = f"Compacted: the session goes on in loopd session {continued.id}, from the "
+    assert compact == ("end_turn", compacted + "model's summary of this one.")
 
 
 async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
@@ -456,7 +502,8 @@ async def test_loopd_gone_is_an_error_and_a_new_prompt_works_once_it_is_back(
                 {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt}
             ).encode()
         )
-        assert (await acp.receive())["method"] == "session/update"  # the answer streams
+        while (await acp.receive())["params"]["update"]["sessionUpdate"] in ASIDE:
+            pass  # until the answer streams
         await d.kill()
         while "error" not in (answer := await acp.receive()):
             pass

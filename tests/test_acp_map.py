@@ -8,7 +8,16 @@ import json
 import pytest
 from acp import schema
 
-from bxctl.acp_map import decision_of, kind_of, replayed, stop_reason, text_of, update_of, usage_of
+from bxctl.acp_map import (
+    command_of,
+    decision_of,
+    kind_of,
+    replayed,
+    stop_reason,
+    text_of,
+    update_of,
+    usage_of,
+)
 from loopd.infer import ToolCall
 from loopd.session.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
 from loopd.wire.events import AgentUpdate, ToolResult
@@ -138,3 +147,12 @@ def test_the_kinds_of_tools() -> None:
     ]
     assert kind_of("calendar.list_events") == "other"
     assert kind_of(None) == "other"
+
+
+def test_a_prompt_is_a_command_only_when_it_names_one_of_loopds() -> None:
+    assert command_of("/compact") == ("compact", [])
+    assert command_of("  /undo 3 \n") == ("undo", ["3"])
+    assert command_of("/status please") == ("status", ["please"])
+    assert command_of("/fly to the moon") is None  # a message for the model
+    assert command_of("please /compact") is None
+    assert command_of("") is None

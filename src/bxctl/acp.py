@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 from acp import PROTOCOL_VERSION, schema
@@ -25,13 +26,18 @@ from pydantic import ValidationError
 
 from bxctl.acp_map import (
     BadCursor,
+    Command,
     Update,
+    command_of,
+    commands_update,
     decision_of,
     listed,
     permission_request,
     replayed,
+    status_text,
     stop_reason,
     text_of,
+    undone_text,
     update_of,
     usage_of,
 )
@@ -48,8 +54,10 @@ from loopd.wire.proto import (
     History,
     SessionFailed,
     Sessions,
+    Status,
     TurnDone,
     TurnFailed,
+    Undone,
 )
 
 __all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
@@ -71,6 +79,17 @@ class _Turn:
     """`turn_done`, `turn_failed`, `session_failed` or an `error`; None: loopd went away."""
 
 
+@dataclass
+class _Asked:
+    """A request to loopd whose answer the relay hands over: `status`, `undone`, or an error
+    that names no turn."""
+
+    answer: str
+    done: trio.Event = field(default_factory=trio.Event)
+    got: DaemonMessage | None = None
+    """None: loopd went away."""
+
+
 @dataclass(eq=False)
 class _Session:
     """An ACP session: a loopd session, through a connection of its own."""
@@ -83,6 +102,9 @@ class _Session:
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     relay: trio.CancelScope = field(default_factory=trio.CancelScope)
     """What follows its connection (`Agent._relay`); cancelled when the session is closed."""
+    asked: _Asked | None = None
+    asking: trio.Lock = field(default_factory=trio.Lock)
+    """One request of that kind at a time."""
 
 
 class Agent:
@@ -105,6 +127,11 @@ class Agent:
             notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
             errors={Unreachable: LOOPD_UNREACHABLE},
             max_line=MAX_LINE,
+            then={
+                "session/new": self._offer_commands,
+                "session/load": self._offer_commands,
+                "session/resume": self._offer_commands,
+            },
         )
 
     async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
@@ -119,6 +146,11 @@ class Agent:
     async def notify(self, session: str, update: Update) -> None:
         notification = schema.SessionNotification(session_id=session, update=update)
         await self.peer.notify("session/update", notification)
+
+    async def _offer_commands(self, request: object, result: object) -> None:
+        """Once the editor has a session (new, loaded or resumed): the commands it offers."""
+        session = getattr(result, "session_id", None) or getattr(request, "session_id", "")
+        await self.notify(str(session), commands_update())
 
     # -- the methods ---------------------------------------------------------------------
 
@@ -246,16 +278,70 @@ class Agent:
             )
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
+        text = text_of(request.prompt)
+        if (command := command_of(text)) is not None:
+            return await self._command(session, command)
+        return await self._turn(session, {"type": "send", "content": text})
+
+    async def _turn(self, session: _Session, message: dict[str, Any]) -> schema.PromptResponse:
+        """Run `message` (a `send`, a `compact`) as a turn of the session, to its end."""
         turn_id = f"p{next(session.numbers)}"
         turn = session.turns[turn_id] = _Turn()
         try:
-            await session.connection.send(
-                {"type": "send", "id": turn_id, "content": text_of(request.prompt)}
-            )
+            await session.connection.send({**message, "id": turn_id})
             await turn.done.wait()
         finally:
             del session.turns[turn_id]
         return _response(turn.end)
+
+    async def _command(self, session: _Session, command: Command) -> schema.PromptResponse:
+        """One of loopd's commands (`acp_map.COMMANDS`), its answer told as the agent's."""
+        name, words = command
+        if name == "compact":
+            ended = await self._turn(session, {"type": "compact"})
+            if ended.stop_reason == "end_turn":
+                said = (
+                    f"Compacted: the session goes on in loopd session {session.connection.session}"
+                )
+                await self._say(session, f"{said}, from the model's summary of this one.")
+            return ended
+        if name == "undo" and not (len(words) <= 1 and all(w.isdigit() for w in words)):
+            await self._say(session, "/undo, or /undo N for call N's changes alone")
+            return schema.PromptResponse(stop_reason="end_turn")
+        if name == "status":
+            answer = await self._ask(session, {"type": "status"}, "status")
+        else:
+            call = int(words[0]) if words else None
+            answer = await self._ask(session, {"type": "undo", "call": call}, "undone")
+        if isinstance(answer, Status):
+            await self._say(session, status_text(answer))
+        elif isinstance(answer, Undone):
+            await self._say(session, undone_text(answer))
+        elif isinstance(answer, Error):
+            await self._say(session, f"loopd refused it ({answer.code}): {answer.message}")
+        return schema.PromptResponse(stop_reason="end_turn")
+
+    async def _ask(self, session: _Session, message: dict[str, Any], answer: str) -> DaemonMessage:
+        """A request to loopd in the session, and its answer or error (through the relay)."""
+        async with session.asking:
+            asked = session.asked = _Asked(answer)
+            try:
+                await session.connection.send(message)
+                await asked.done.wait()
+            finally:
+                session.asked = None
+        if asked.got is None:
+            raise RpcError(LOOPD_UNREACHABLE, "loopd went away; try again once it is back")
+        return asked.got
+
+    async def _say(self, session: _Session, text: str) -> None:
+        await self.notify(
+            session.id,
+            schema.AgentMessageChunk(
+                session_update="agent_message_chunk",
+                content=schema.TextContentBlock(type="text", text=text),
+            ),
+        )
 
     async def _reconnect(self, session: _Session) -> None:
         """A new connection to loopd, in the session the old one was in last."""
@@ -290,6 +376,8 @@ class Agent:
             connection.closed = True
             for turn in session.turns.values():
                 turn.done.set()  # with no end: loopd went away
+            if session.asked is not None:
+                session.asked.done.set()
             await connection.aclose()
 
     async def _follow_connection(self, session: _Session, connection: Connection) -> None:
@@ -306,6 +394,13 @@ class Agent:
             pass  # closed under it: a load of the session anew, or the end
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
+        asked = session.asked
+        if asked is not None and (
+            message.type == asked.answer or (isinstance(message, Error) and message.id is None)
+        ):
+            asked.got = message
+            asked.done.set()
+            return
         turn = session.turns.get(getattr(message, "id", None) or "")
         if isinstance(message, Event):
             if isinstance(message.event, ApprovalNeeded):

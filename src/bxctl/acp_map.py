@@ -25,18 +25,24 @@ from loopd.wire.events import (
     ToolResult,
     WaitingForServer,
 )
-from loopd.wire.proto import SessionInfo, TurnFailed, Usage
+from loopd.wire.proto import SessionInfo, Status, TurnFailed, Undone, Usage
 
 __all__ = [
+    "COMMANDS",
     "LIST_PAGE",
     "BadCursor",
+    "Command",
     "Update",
+    "command_of",
+    "commands_update",
     "decision_of",
     "listed",
     "permission_request",
     "replayed",
+    "status_text",
     "stop_reason",
     "text_of",
+    "undone_text",
     "update_of",
     "usage_of",
 ]
@@ -47,7 +53,31 @@ Update = (
     | schema.UserMessageChunk
     | schema.ToolCallStart
     | schema.ToolCallProgress
+    | schema.AvailableCommandsUpdate
+    | schema.UsageUpdate
 )
+
+COMMANDS = [
+    schema.AvailableCommand(
+        name="compact",
+        description="Go on in a new session that starts from the model's summary of this one",
+    ),
+    schema.AvailableCommand(
+        name="undo",
+        description="Put back the files the last turn changed (or call N's alone)",
+        input=schema.AvailableCommandInput(
+            root=schema.UnstructuredCommandInput(hint="N: one call's changes (optional)")
+        ),
+    ),
+    schema.AvailableCommand(
+        name="status",
+        description="What loopd is doing: the model, the context, the slot, waiting approvals",
+    ),
+]
+"""loopd's commands an editor offers; a prompt that is one of them (`/compact`) runs it."""
+
+Command = tuple[str, list[str]]
+"""A command's name and the words after it."""
 
 _KINDS: dict[str, schema.ToolKind] = {
     "read_file": "read",
@@ -199,6 +229,53 @@ def usage_of(usage: Usage | None) -> schema.Usage | None:
         cached_read_tokens=cached,
         thought_tokens=usage.reasoning_tokens or None,
     )
+
+
+def commands_update() -> schema.AvailableCommandsUpdate:
+    return schema.AvailableCommandsUpdate(
+        session_update="available_commands_update", available_commands=COMMANDS
+    )
+
+
+def command_of(text: str) -> Command | None:
+    """The command a prompt is (`/undo 3`), if it is one of `COMMANDS`; any other text, one
+    that starts with another `/word` too, is a message for the model."""
+    words = text.split()
+    if not words or not words[0].startswith("/"):
+        return None
+    name = words[0][1:]
+    if name not in {c.name for c in COMMANDS}:
+        return None
+    return name, words[1:]
+
+
+def status_text(status: Status) -> str:
+    """`/status`'s answer, in a few lines."""
+    model = status.model or "a model it does not name"
+    lines = [f"Session {status.session}: {status.turns} turns, {model} at {status.server}."]
+    if status.context is not None:
+        lines.append(f"Context: {status.context} tokens.")
+    if status.slot is None:
+        lines.append("No slot holds its cache now: it comes back from its slot file.")
+    else:
+        lines.append(f"Its cache is in slot {status.slot}.")
+    if status.busy or status.queue:
+        lines.append(f"A turn runs; {status.queue} wait behind it.")
+    lines.extend(f"Waits for approval: {_asking(w.event)}." for w in status.pending)
+    return "\n".join(lines)
+
+
+def _asking(event: object) -> str:
+    if isinstance(event, ApprovalNeeded):
+        return f"call {event.call}, {event.tool}"
+    return "a call"
+
+
+def undone_text(undone: Undone) -> str:
+    """`/undo`'s answer: which calls' changes were put back, in which files."""
+    calls = ", ".join(str(c) for c in undone.calls)
+    paths = "\n".join(f"- {p}" for p in undone.paths) or "- (no files)"
+    return f"Put back the changes of call{'s' * (len(undone.calls) > 1)} {calls}:\n{paths}"
 
 
 LIST_PAGE = 50
