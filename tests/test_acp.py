@@ -260,6 +260,12 @@ async def test_resume_goes_on_without_the_history_and_finds_the_cache(
     usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
     assert len(usages) == 2
     assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
+    (usage,) = editor.told("usage_update")  # before the prompt's answer
+    assert (usage.used, usage.size) == (slot_tokens(usages[1]), 8192)  # the server's n_ctx
+    assert usage.field_meta["loopd"] == {
+        "promptTokens": answer.usage.input_tokens,
+        "cachedTokens": slot_tokens(usages[0]),
+    }
 
 
 async def test_close_cancels_the_turn_and_leaves_the_session(

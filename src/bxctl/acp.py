@@ -40,6 +40,7 @@ from bxctl.acp_map import (
     undone_text,
     update_of,
     usage_of,
+    usage_update,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
@@ -77,6 +78,8 @@ class _Turn:
     done: trio.Event = field(default_factory=trio.Event)
     end: DaemonMessage | None = None
     """`turn_done`, `turn_failed`, `session_failed` or an `error`; None: loopd went away."""
+    counted: bool = True
+    """Its usage is the session's (a `send`'s; not a `compact`'s, which is the summary's)."""
 
 
 @dataclass
@@ -102,6 +105,8 @@ class _Session:
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     relay: trio.CancelScope = field(default_factory=trio.CancelScope)
     """What follows its connection (`Agent._relay`); cancelled when the session is closed."""
+    window: int | None = None
+    """The context window of loopd's slots (its `status`'s `context_size`), when known."""
     asked: _Asked | None = None
     asking: trio.Lock = field(default_factory=trio.Lock)
     """One request of that kind at a time."""
@@ -261,6 +266,8 @@ class Agent:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None
         session = self.sessions[loopd_id] = _Session(loopd_id, connection)
+        status = await connection.request({"type": "status"}, "status")
+        session.window = status.context_size if isinstance(status, Status) else None
         if follow:
             self._follow(session)
         return session
@@ -286,7 +293,7 @@ class Agent:
     async def _turn(self, session: _Session, message: dict[str, Any]) -> schema.PromptResponse:
         """Run `message` (a `send`, a `compact`) as a turn of the session, to its end."""
         turn_id = f"p{next(session.numbers)}"
-        turn = session.turns[turn_id] = _Turn()
+        turn = session.turns[turn_id] = _Turn(counted=message["type"] == "send")
         try:
             await session.connection.send({**message, "id": turn_id})
             await turn.done.wait()
@@ -409,8 +416,15 @@ class Agent:
             elif (update := update_of(message.event, session.connection.session)) is not None:
                 await self.notify(session.id, update)
         elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
+            if isinstance(message, TurnDone) and turn.counted:
+                await self._tell_usage(session, message)
             turn.end = message
             turn.done.set()
+
+    async def _tell_usage(self, session: _Session, done: TurnDone) -> None:
+        """Where the session stands after the turn (`usage_update`), when loopd says."""
+        if (update := usage_update(done.usage, session.window)) is not None:
+            await self.notify(session.id, update)
 
     async def _approval(self, session: _Session, asking: ApprovalNeeded) -> None:
         try:

@@ -45,6 +45,7 @@ __all__ = [
     "undone_text",
     "update_of",
     "usage_of",
+    "usage_update",
 ]
 
 Update = (
@@ -351,6 +352,22 @@ def _title(session: SessionInfo, by_id: dict[str, SessionInfo]) -> str | None:
         seen.add(earlier.id)
         session, title = earlier, earlier.title or title
     return title
+
+
+def usage_update(usage: Usage | None, size: int | None) -> schema.UsageUpdate | None:
+    """Where the session stands after a turn's last request: the tokens its slot holds (the
+    whole prompt and the answer) of the context window `size`; `_meta.loopd` gives that
+    request's prompt and the part of it found in the cache. None when loopd does not know."""
+    if usage is None or size is None or usage.prompt_n is None or usage.predicted_n is None:
+        return None
+    cached = usage.cache_n or 0
+    prompt = usage.prompt_n + cached
+    return schema.UsageUpdate(
+        session_update="usage_update",
+        used=prompt + max(usage.predicted_n - 1, 0),  # the last token is sampled, not held
+        size=size,
+        field_meta={"loopd": {"promptTokens": prompt, "cachedTokens": cached}},
+    )
 
 
 def replayed(records: Sequence[Record]) -> Iterator[Update]:

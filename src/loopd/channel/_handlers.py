@@ -44,6 +44,9 @@ class DaemonInfo:
 
     server_url: str
     model: str | None
+    context_size: int | None = None
+    """Each slot's context window in tokens: `[server.managed] n_ctx`, or what an external
+    server said at start-up (`GET /slots`); None when it said nothing."""
 
 
 @dataclass(eq=False)
@@ -192,6 +195,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             turns=s.turns,
             last_usage=proto.Usage.of(s.last_usage),
             context=s.context,
+            context_size=client.info.context_size,
             past_reasoning=s.past_reasoning,
             pending=_pending(s),
             slots=slots,

@@ -311,6 +311,9 @@ class Status(_Message):
     last_usage: Usage | None
     context: int | None = None
     """Tokens the slot holds for this session after its last request."""
+    context_size: int | None = None
+    """Each slot's context window in tokens (`[server.managed] n_ctx`, or an external
+    server's own, as it said when loopd started); None: it did not say."""
     past_reasoning: int | None = None
     """Of those, reasoning of earlier answers, sent back as generated (token-exact history);
     None when history went as messages, where the chat template decides what stays."""
