@@ -281,7 +281,8 @@ class Agent:
         if session is None:
             raise RpcError(
                 RESOURCE_NOT_FOUND,
-                f"no session {request.session_id} here: session/new or session/load it first",
+                f"no session {request.session_id} here: session/new, session/load or "
+                "session/resume it first",
             )
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
