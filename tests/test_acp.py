@@ -23,18 +23,23 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE
+from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE, RESOURCE_NOT_FOUND
+from bxctl.acp_map import LIST_PAGE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from conftest import Unstarted
 from loopd.infer import slot_tokens
+from loopd.session.baseline import make_baseline
 from loopd.session.records import UsageRecord
-from loopd.session.store import Store
+from loopd.session.store import ParentCall, SessionLocked, Store
 from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 from test_hands import notes_folder, write
 from test_sessions import assert_no_loss, embedded, records
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
+
+
+ASIDE = ("available_commands_update", "usage_update")
 
 
 @dataclass
@@ -64,9 +69,17 @@ class Editor:
         self.updates.append(update)
 
     def kinds(self) -> list[str]:
-        """The kinds of update, a run of chunks as one."""
-        kinds = [u.session_update for u in self.updates]
+        """The kinds of update that show the session, a run of chunks as one (not those that
+        tell its commands and its usage)."""
+        kinds = [u.session_update for u in self.shown()]
         return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1] or "chunk" not in k]
+
+    def shown(self) -> list[Any]:
+        """The updates that show the session."""
+        return [u for u in self.updates if u.session_update not in ASIDE]
+
+    def told(self, kind: str) -> list[Any]:
+        return [u for u in self.updates if u.session_update == kind]
 
     def said(self) -> str:
         return "".join(
@@ -127,7 +140,7 @@ async def test_a_turn_with_a_write_asks_the_editor_and_the_answer_streams_back(
         "agent_thought_chunk",
         "agent_message_chunk",
     ]
-    started, result = editor.updates[:2]
+    started, result = editor.shown()[:2]
     assert (started.tool_call_id, started.title, started.kind) == ("1", "write_file", "edit")
     assert (result.tool_call_id, result.status) == ("1", "completed")
     assert editor.said() == "Tea it is."
@@ -152,7 +165,7 @@ async def test_a_rejected_or_cancelled_permission_leaves_the_file_alone(
         assert answer.stop_reason == "end_turn"
         assert len(editor.asked) == 1
         assert (notes / "today.md").read_text() == "buy milk\n"
-        result = editor.updates[1]
+        result = editor.shown()[1]
         assert (result.status, result.content[0].content.text) == (
             "failed",
             "The call was denied: the user did not approve it",
@@ -217,12 +230,117 @@ async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_pa
     editor = Editor()
     replayed, answer = await with_editor(d, again, editor)
     assert replayed == ["user_message_chunk", "tool_call", "agent_message_chunk"]
-    call = editor.updates[1]
+    call = editor.shown()[1]
     assert (call.title, call.kind, call.status) == ("write_file", "edit", "completed")
     assert call.raw_input == {"path": "today.md", "content": "buy tea\n"}
-    assert editor.updates[0].content.text == "tea"
+    assert editor.shown()[0].content.text == "tea"
     assert answer.stop_reason == "end_turn"
     assert editor.said() == "Tea it is.Sure."
+
+
+async def test_resume_goes_on_without_the_history_and_finds_the_cache(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [Reply(content="Tea it is."), Reply(content="Sure.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def first(conn: Any, _: Editor) -> str:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        await conn.close_session(session_id=session.session_id)
+        return str(session.session_id)
+
+    session = await with_editor(d, first)
+
+    async def again(conn: Any, editor: Editor) -> Any:
+        await conn.resume_session(cwd=str(notes), session_id=session)
+        shown = list(editor.kinds())
+        answer = await conn.prompt(session_id=session, prompt=[text_block("and milk?")])
+        return shown, answer
+
+    editor = Editor()
+    shown, answer = await with_editor(d, again, editor)
+    assert not [k for k in shown if "message" in k or "tool_call" in k]  # nothing replayed
+    assert len(editor.told("available_commands_update")) == 1
+    assert editor.said() == "Sure."
+    usages = [r.timings for r in records(d, session) if isinstance(r, UsageRecord) and r.timings]
+    assert len(usages) == 2
+    assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
+    (usage,) = editor.told("usage_update")  # before the prompt's answer
+    assert (usage.used, usage.size) == (slot_tokens(usages[1]), 8192)  # the server's n_ctx
+    assert usage.field_meta["loopd"] == {
+        "promptTokens": answer.usage.input_tokens,
+        "cachedTokens": slot_tokens(usages[0]),
+    }
+
+
+async def test_close_cancels_the_turn_and_leaves_the_session(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    slow = Reply(content="word " * 400, delay=0.05)
+    d = await daemon(FakeLlama([slow]), tools=f'roots = ["{notes}"]')
+
+    async def closed(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        prompt = asyncio.ensure_future(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("talk")])
+        )
+        while "agent_message_chunk" not in editor.kinds():  # noqa: ASYNC110 - the editor's list
+            await asyncio.sleep(0.02)
+        await conn.close_session(session_id=session.session_id)
+        answer = await prompt
+        try:
+            await conn.prompt(session_id=session.session_id, prompt=[text_block("hi")])
+        except Exception as e:  # noqa: BLE001 - the package's RequestError
+            return session.session_id, answer, e.code  # type: ignore[attr-defined]
+        return session.session_id, answer, None
+
+    session, answer, code = await with_editor(d, closed)
+    assert answer.stop_reason == "cancelled"
+    assert code == RESOURCE_NOT_FOUND
+    with trio.fail_after(10):  # nobody is in it: loopd stops it and lets its log go
+        while True:
+            try:
+                (await Store(d.home / "sessions").open(session)).close()
+                break
+            except SessionLocked:
+                await trio.sleep(0.05)
+
+
+async def test_loopds_commands_are_offered_and_run_as_prompts(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [write("today.md", "buy tea\n"), Reply(content="Tea it is."), Reply(content="Tea.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def commands(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        while not editor.told("available_commands_update"):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea")])
+        said = []
+        for command in ("/status", "/undo", "/undo x", "/compact"):
+            before = len(editor.said())
+            answer = await conn.prompt(session_id=session.session_id, prompt=[text_block(command)])
+            said.append((answer.stop_reason, editor.said()[before:]))
+        return session.session_id, said
+
+    editor = Editor()
+    session, said = await with_editor(d, commands, editor)
+    (offered,) = editor.told("available_commands_update")
+    assert [c.name for c in offered.available_commands] == ["compact", "undo", "status"]
+    status, undo, bad_undo, compact = said
+    assert status[0] == "end_turn"
+    assert status[1].startswith(f"Session {session}: 1 turns, ")
+    assert undo == ("end_turn", "Put back the changes of call 1:\n- " + str(notes / "today.md"))
+    assert (notes / "today.md").read_text() == "buy milk\n"
+    assert bad_undo == ("end_turn", "/undo, or /undo N for call N's changes alone")
+    (continued,) = [s for s in Store(d.home / "sessions").sessions_now() if s.continues == session]
+    compacted = f"Compacted: the session goes on in loopd session {continued.id}, from the "
+    assert compact == ("end_turn", compacted + "model's summary of this one.")
 
 
 async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
@@ -241,6 +359,74 @@ async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
         return errors
 
     assert await with_editor(d, unknown) == ["-32002", "-32002"]
+
+
+async def terminal_session(d: Daemon, cwd: Path | None, prompt: str | None = None) -> str:
+    """A session made as a terminal client makes one (`hello`, then a `send`), in `cwd`."""
+    client = await d.connect()
+    await client.send(
+        {"type": "hello", "client": "bxctl chat", "session": "new", "cwd": cwd and str(cwd)}
+    )
+    session = str((await client.until("welcome"))[-1]["session"])
+    if prompt is not None:
+        await client.send({"type": "send", "id": "t1", "content": prompt})
+        await client.until("turn_done")
+    return session
+
+
+async def test_list_gives_a_folders_sessions_latest_first_a_page_at_a_time(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes, other = notes_folder(tmp_path), tmp_path / "other"
+    other.mkdir()
+    script = [Reply(content="From here."), Reply(content="Tea it is.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}", "{other}"]')
+    store = Store(d.home / "sessions")
+    older = []
+    for _ in range(LIST_PAGE - 1):
+        with await store.create(make_baseline(), cwd=notes) as made:
+            older.append(made.id)
+    terminal = await terminal_session(d, notes, "from the terminal\nand more")
+    # A compaction goes on in a session that stands for the one it continues; a sub-agent's
+    # session is its parent's business; a session of no folder matches none.
+    with await store.create(make_baseline(), continues=terminal, cwd=notes) as made:
+        compacted = made.id
+    with await store.create(make_baseline(), parent=ParentCall(compacted, 1, "c1"), cwd=notes):
+        pass
+    elsewhere = await terminal_session(d, other)
+    await terminal_session(d, None, "nowhere")
+    logs = len(list((d.home / "sessions").glob("*.jsonl")))
+
+    async def listing(conn: Any, _: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("tea for two")])
+        first = await conn.list_sessions(cwd=str(notes))
+        second = await conn.list_sessions(cwd=str(notes), cursor=first.next_cursor)
+        there = await conn.list_sessions(cwd=str(other) + "/")
+        everywhere = await conn.list_sessions()
+        rest = await conn.list_sessions(cursor=everywhere.next_cursor)
+        return session.session_id, first, second, there, everywhere, rest
+
+    editor, first, second, there, everywhere, rest = await with_editor(d, listing)
+    assert len(list((d.home / "sessions").glob("*.jsonl"))) == logs + 1  # listing opened none
+    assert len(first.sessions) == LIST_PAGE
+    assert first.next_cursor is not None
+    assert [s.session_id for s in second.sessions] == [older[0]]
+    assert second.next_cursor is None
+    listed = first.sessions + second.sessions
+    assert [s.session_id for s in listed] == [editor, compacted, *reversed(older)]
+    assert {s.cwd for s in listed} == {str(notes)}
+    assert [s.title for s in listed[:3]] == ["tea for two", "from the terminal", None]
+    assert all(s.updated_at for s in listed)
+    assert listed[0].updated_at > listed[1].updated_at > listed[2].updated_at
+    assert [(s.session_id, s.cwd) for s in there.sessions] == [(elsewhere, str(other))]
+    assert len(everywhere.sessions) == LIST_PAGE
+    assert len(rest.sessions) == 2
+    assert rest.next_cursor is None
+    assert {s.session_id for s in everywhere.sessions + rest.sessions} == {
+        *(s.session_id for s in listed),
+        elsewhere,
+    }
 
 
 class Raw:
@@ -302,7 +488,13 @@ async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -
         assert answer["error"]["message"] == f"a line may be at most {MAX_LINE} bytes"
         answer = await acp.request(4, "initialize", {"protocolVersion": 1})
         assert answer["result"]["agentCapabilities"]["loadSession"] is True
+        sessions = answer["result"]["agentCapabilities"]["sessionCapabilities"]
+        assert (sessions["list"], sessions["resume"], sessions["close"]) == ({}, {}, {})
+        assert "delete" not in sessions
         assert answer["result"]["protocolVersion"] == 1
+        answer = await acp.request(5, "session/list", {"cursor": "not ours"})
+        assert answer["error"]["code"] == INVALID_PARAMS
+        assert "not a cursor that session/list gave" in answer["error"]["message"]
     finally:
         await acp.close()
 
@@ -323,7 +515,8 @@ async def test_loopd_gone_is_an_error_and_a_new_prompt_works_once_it_is_back(
                 {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt}
             ).encode()
         )
-        assert (await acp.receive())["method"] == "session/update"  # the answer streams
+        while (await acp.receive())["params"]["update"]["sessionUpdate"] in ASIDE:
+            pass  # until the answer streams
         await d.kill()
         while "error" not in (answer := await acp.receive()):
             pass

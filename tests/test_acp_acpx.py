@@ -1,6 +1,6 @@
 """`bxctl acp` driven by acpx, the headless ACP client from npm (not written here), against a
 real `loopd serve` on a scripted model: a turn with a write and its permission, a new acpx
-process going on with the session (`session/load`), a cancel, a denial."""
+process going on with the session (`session/resume`: no history replayed), a cancel, a denial."""
 
 from __future__ import annotations
 
@@ -61,8 +61,22 @@ class Acpx:
         return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+ASIDE = ("available_commands_update", "usage_update")
+"""Updates that tell the session's commands and usage, not what happened in it."""
+
+
 def methods(messages: list[dict[str, Any]]) -> list[str]:
-    return [m["method"] for m in messages if "method" in m]
+    """The methods called, either way (not the updates `ASIDE`)."""
+    return [
+        m["method"]
+        for m in messages
+        if "method" in m and _update(m).get("sessionUpdate") not in ASIDE
+    ]
+
+
+def _update(message: dict[str, Any]) -> dict[str, Any]:
+    update = (message.get("params") or {}).get("update")
+    return update if isinstance(update, dict) else {}
 
 
 def stop_reason(messages: list[dict[str, Any]]) -> str:
@@ -85,7 +99,7 @@ async def test_acpx_runs_a_turn_with_a_permission_then_goes_on_in_a_new_process(
     first = await acpx.prompt("--approve-all", "prompt", "tea please")
     assert methods(first) == [
         "initialize",
-        "session/load",  # acpx made the session with one agent process, prompts with another
+        "session/resume",  # acpx made the session with one agent process, prompts with another
         "session/prompt",
         "session/update",
         "session/request_permission",
@@ -98,8 +112,11 @@ async def test_acpx_runs_a_turn_with_a_permission_then_goes_on_in_a_new_process(
 
     await trio.sleep(2)  # the queue owner, and its `bxctl acp`, are gone
     second = await acpx.prompt("--approve-all", "prompt", "and milk?")
-    load = next(m for m in second if m.get("method") == "session/load")
-    assert load["params"]["sessionId"] == session
+    resume = next(m for m in second if m.get("method") == "session/resume")
+    assert resume["params"]["sessionId"] == session
+    assert "user_message_chunk" not in [_update(m).get("sessionUpdate") for m in second]
+    offered = [_update(m) for m in second if _update(m).get("sessionUpdate") in ASIDE]
+    assert next(u["sessionUpdate"] for u in offered) == "available_commands_update"
     assert stop_reason(second) == "end_turn"
     records = Store(d.home / "sessions").read(session)[1]
     assert [r.content for r in records if isinstance(r, UserRecord)] == ["tea please", "and milk?"]

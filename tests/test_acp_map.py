@@ -9,6 +9,7 @@ import pytest
 from acp import schema
 
 from bxctl.acp_map import (
+    command_of,
     decision_of,
     kind_of,
     permission_request,
@@ -17,6 +18,7 @@ from bxctl.acp_map import (
     text_of,
     update_of,
     usage_of,
+    usage_update,
 )
 from loopd.infer import ToolCall
 from loopd.session.records import AssistantRecord, FailureKind, Record, ToolResultRecord, UserRecord
@@ -171,3 +173,30 @@ def test_a_permission_request_shows_a_writes_texts_as_a_diff_and_the_unified_dif
     assert isinstance(text, schema.ContentToolCallContent)
     assert isinstance(text.content, schema.TextContentBlock)
     assert text.content.text == "+buy tea"
+
+
+def test_a_prompt_is_a_command_only_when_it_names_one_of_loopds() -> None:
+    assert command_of("/compact") == ("compact", [])
+    assert command_of("  /undo 3 \n") == ("undo", ["3"])
+    assert command_of("/status please") == ("status", ["please"])
+    assert command_of("/fly to the moon") is None  # a message for the model
+    assert command_of("please /compact") is None
+    assert command_of("") is None
+
+
+def test_the_usage_update_is_what_the_slot_holds_of_the_window() -> None:
+    usage = Usage(
+        prompt_n=40,
+        cache_n=900,
+        predicted_n=61,
+        prompt_ms=1.0,
+        predicted_ms=2.0,
+        reasoning_tokens=0,
+        thinking_capped=False,
+    )
+    update = usage_update(usage, 8192)
+    assert update is not None
+    assert (update.session_update, update.used, update.size) == ("usage_update", 1000, 8192)
+    assert update.field_meta == {"loopd": {"promptTokens": 940, "cachedTokens": 900}}
+    assert usage_update(usage, None) is None  # a window loopd was not told
+    assert usage_update(None, 8192) is None

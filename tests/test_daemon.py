@@ -472,7 +472,9 @@ async def test_a_client_that_asks_and_never_reads_is_dropped_by_bytes(
         while "stopped reading; dropping it" not in d.log.read_text():  # noqa: ASYNC110
             await trio.sleep(0.05)
     await alice.send({"type": "status"})
-    assert (await alice.until("status"))[-1]["turns"] == 1
+    status = (await alice.until("status"))[-1]
+    assert status["turns"] == 1
+    assert status["context_size"] == 8192  # as the server's `GET /slots` said at start-up
 
 
 async def served(d: Daemon) -> LineClient:

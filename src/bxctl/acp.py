@@ -21,20 +21,29 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 from acp import PROTOCOL_VERSION, schema
 from pydantic import ValidationError
 
 from bxctl.acp_map import (
+    BadCursor,
+    Command,
     Update,
+    command_of,
+    commands_update,
     decision_of,
+    listed,
     permission_request,
     replayed,
+    status_text,
     stop_reason,
     text_of,
+    undone_text,
     update_of,
     usage_of,
+    usage_update,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
@@ -49,8 +58,11 @@ from loopd.wire.proto import (
     Event,
     History,
     SessionFailed,
+    Sessions,
+    Status,
     TurnDone,
     TurnFailed,
+    Undone,
 )
 
 __all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
@@ -70,6 +82,19 @@ class _Turn:
     done: trio.Event = field(default_factory=trio.Event)
     end: DaemonMessage | None = None
     """`turn_done`, `turn_failed`, `session_failed` or an `error`; None: loopd went away."""
+    counted: bool = True
+    """Its usage is the session's (a `send`'s; not a `compact`'s, which is the summary's)."""
+
+
+@dataclass
+class _Asked:
+    """A request to loopd whose answer the relay hands over: `status`, `undone`, or an error
+    that names no turn."""
+
+    answer: str
+    done: trio.Event = field(default_factory=trio.Event)
+    got: DaemonMessage | None = None
+    """None: loopd went away."""
 
 
 @dataclass(eq=False)
@@ -82,6 +107,13 @@ class _Session:
     connection: Connection
     turns: dict[str, _Turn] = field(default_factory=dict)
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    relay: trio.CancelScope = field(default_factory=trio.CancelScope)
+    """What follows its connection (`Agent._relay`); cancelled when the session is closed."""
+    window: int | None = None
+    """The context window of loopd's slots (its `status`'s `context_size`), when known."""
+    asked: _Asked | None = None
+    asking: trio.Lock = field(default_factory=trio.Lock)
+    """One request of that kind at a time."""
 
 
 class Agent:
@@ -102,10 +134,18 @@ class Agent:
                 "session/new": (schema.NewSessionRequest, self.new_session),
                 "session/load": (schema.LoadSessionRequest, self.load_session),
                 "session/prompt": (schema.PromptRequest, self.prompt),
+                "session/list": (schema.ListSessionsRequest, self.list_sessions),
+                "session/resume": (schema.ResumeSessionRequest, self.resume_session),
+                "session/close": (schema.CloseSessionRequest, self.close_session),
             },
             notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
             errors={Unreachable: LOOPD_UNREACHABLE},
             max_line=MAX_LINE,
+            then={
+                "session/new": self._offer_commands,
+                "session/load": self._offer_commands,
+                "session/resume": self._offer_commands,
+            },
         )
 
     async def serve(self, stdin: trio.abc.ReceiveStream) -> None:
@@ -123,6 +163,11 @@ class Agent:
         notification = schema.SessionNotification(session_id=session, update=update)
         await self.peer.notify("session/update", notification)
 
+    async def _offer_commands(self, request: object, result: object) -> None:
+        """Once the editor has a session (new, loaded or resumed): the commands it offers."""
+        session = getattr(result, "session_id", None) or getattr(request, "session_id", "")
+        await self.notify(str(session), commands_update())
+
     # -- the methods ---------------------------------------------------------------------
 
     async def initialize(self, request: schema.InitializeRequest) -> schema.InitializeResponse:
@@ -134,6 +179,11 @@ class Agent:
                     image=False, audio=False, embedded_context=True
                 ),
                 mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+                session_capabilities=schema.SessionCapabilities(
+                    list=schema.SessionListCapabilities(),
+                    resume=schema.SessionResumeCapabilities(),
+                    close=schema.SessionCloseCapabilities(),
+                ),
             ),
             agent_info=schema.Implementation(name="loopd", title="loopd", version=__version__),
             auth_methods=[],
@@ -145,8 +195,8 @@ class Agent:
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
         if (old := self.sessions.pop(request.session_id, None)) is not None:
-            await old.connection.aclose()
-        session = await self._open(request.session_id, None)
+            await self._close(old)
+        session = await self._open(request.session_id, None, follow=False)
         start = 0
         while True:  # the whole history, a page at a time, before the answer
             page = await session.connection.request(
@@ -161,6 +211,55 @@ class Agent:
             start += len(page.records)
         self._follow(session)
         return schema.LoadSessionResponse()
+
+    async def resume_session(
+        self, request: schema.ResumeSessionRequest
+    ) -> schema.ResumeSessionResponse:
+        """`session/load` without the history: the editor still shows it. Its cache comes
+        back as a loaded session's does."""
+        if (old := self.sessions.pop(request.session_id, None)) is not None:
+            await self._close(old)
+        await self._open(request.session_id, None)
+        return schema.ResumeSessionResponse()
+
+    async def close_session(
+        self, request: schema.CloseSessionRequest
+    ) -> schema.CloseSessionResponse:
+        """Cancel the session's turns and leave it: loopd stops its actor once no client is
+        in it and no turn runs (it is in the store, to load or resume again)."""
+        session = self.sessions.pop(request.session_id, None)
+        if session is None:
+            raise RpcError(RESOURCE_NOT_FOUND, f"no session {request.session_id} open here")
+        await self._close(session)
+        return schema.CloseSessionResponse()
+
+    async def _close(self, session: _Session) -> None:
+        """Cancel its turns (their prompts answer `cancelled`) and close its connection."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            for running in list(session.turns):
+                if not session.connection.closed:
+                    await session.connection.send({"type": "cancel", "id": running})
+        for turn_id, turn in session.turns.items():
+            turn.end = TurnFailed(id=turn_id, kind="cancelled", message="the session was closed")
+            turn.done.set()
+        session.relay.cancel()
+        await session.connection.aclose()
+
+    async def list_sessions(
+        self, request: schema.ListSessionsRequest
+    ) -> schema.ListSessionsResponse:
+        """The sessions of the store, on a connection of its own that opens none."""
+        await self._loopd()
+        connection = await Connection.open(self.socket)
+        async with connection.stream:
+            answer = await connection.request({"type": "sessions"}, "sessions")
+        if not isinstance(answer, Sessions):
+            raise RpcError(INTERNAL_ERROR, f"loopd did not list its sessions: {answer}")
+        try:
+            sessions, cursor = listed(answer.sessions, request.cwd, request.cursor)
+        except BadCursor as e:
+            raise RpcError(INVALID_PARAMS, str(e)) from None
+        return schema.ListSessionsResponse(sessions=sessions, next_cursor=cursor)
 
     async def _start_early(self) -> None:
         """Start loopd while the editor initializes; a failure is said again (with the log)
@@ -185,14 +284,16 @@ class Agent:
             await connection.aclose()
             raise
 
-    async def _open(self, which: str, cwd: str | None) -> _Session:
+    async def _open(self, which: str, cwd: str | None, *, follow: bool = True) -> _Session:
         try:
             connection, loopd_id = await self._connect(which, cwd)
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None
         session = self.sessions[loopd_id] = _Session(loopd_id, connection)
-        if which == "new":
+        status = await connection.request({"type": "status"}, "status")
+        session.window = status.context_size if isinstance(status, Status) else None
+        if follow:
             self._follow(session)
         return session
 
@@ -205,20 +306,75 @@ class Agent:
         if session is None:
             raise RpcError(
                 RESOURCE_NOT_FOUND,
-                f"no session {request.session_id} here: session/new or session/load it first",
+                f"no session {request.session_id} here: session/new, session/load or "
+                "session/resume it first",
             )
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
+        text = text_of(request.prompt)
+        if (command := command_of(text)) is not None:
+            return await self._command(session, command)
+        return await self._turn(session, {"type": "send", "content": text})
+
+    async def _turn(self, session: _Session, message: dict[str, Any]) -> schema.PromptResponse:
+        """Run `message` (a `send`, a `compact`) as a turn of the session, to its end."""
         turn_id = f"p{next(session.numbers)}"
-        turn = session.turns[turn_id] = _Turn()
+        turn = session.turns[turn_id] = _Turn(counted=message["type"] == "send")
         try:
-            await session.connection.send(
-                {"type": "send", "id": turn_id, "content": text_of(request.prompt)}
-            )
+            await session.connection.send({**message, "id": turn_id})
             await turn.done.wait()
         finally:
             del session.turns[turn_id]
         return _response(turn.end)
+
+    async def _command(self, session: _Session, command: Command) -> schema.PromptResponse:
+        """One of loopd's commands (`acp_map.COMMANDS`), its answer told as the agent's."""
+        name, words = command
+        if name == "compact":
+            ended = await self._turn(session, {"type": "compact"})
+            if ended.stop_reason == "end_turn":
+                said = (
+                    f"Compacted: the session goes on in loopd session {session.connection.session}"
+                )
+                await self._say(session, f"{said}, from the model's summary of this one.")
+            return ended
+        if name == "undo" and not (len(words) <= 1 and all(w.isdigit() for w in words)):
+            await self._say(session, "/undo, or /undo N for call N's changes alone")
+            return schema.PromptResponse(stop_reason="end_turn")
+        if name == "status":
+            answer = await self._ask(session, {"type": "status"}, "status")
+        else:
+            call = int(words[0]) if words else None
+            answer = await self._ask(session, {"type": "undo", "call": call}, "undone")
+        if isinstance(answer, Status):
+            await self._say(session, status_text(answer))
+        elif isinstance(answer, Undone):
+            await self._say(session, undone_text(answer))
+        elif isinstance(answer, Error):
+            await self._say(session, f"loopd refused it ({answer.code}): {answer.message}")
+        return schema.PromptResponse(stop_reason="end_turn")
+
+    async def _ask(self, session: _Session, message: dict[str, Any], answer: str) -> DaemonMessage:
+        """A request to loopd in the session, and its answer or error (through the relay)."""
+        async with session.asking:
+            asked = session.asked = _Asked(answer)
+            try:
+                await session.connection.send(message)
+                await asked.done.wait()
+            finally:
+                session.asked = None
+        if asked.got is None:
+            raise RpcError(LOOPD_UNREACHABLE, "loopd went away; try again once it is back")
+        return asked.got
+
+    async def _say(self, session: _Session, text: str) -> None:
+        await self.notify(
+            session.id,
+            schema.AgentMessageChunk(
+                session_update="agent_message_chunk",
+                content=schema.TextContentBlock(type="text", text=text),
+            ),
+        )
 
     async def _reconnect(self, session: _Session) -> None:
         """A new connection to loopd, in the session the old one was in last."""
@@ -228,7 +384,7 @@ class Agent:
             raise RpcError(
                 INTERNAL_ERROR, f"loopd is back but would not open the session: {e}"
             ) from None
-        session.connection = connection
+        session.connection, session.relay = connection, trio.CancelScope()
         self._follow(session)
 
     async def cancel(self, cancel: schema.CancelNotification) -> None:
@@ -245,6 +401,20 @@ class Agent:
         approvals to ask for."""
         connection = session.connection
         try:
+            with session.relay:
+                await self._follow_connection(session, connection)
+        except Unreachable:
+            pass
+        finally:
+            connection.closed = True
+            for turn in session.turns.values():
+                turn.done.set()  # with no end: loopd went away
+            if session.asked is not None:
+                session.asked.done.set()
+            await connection.aclose()
+
+    async def _follow_connection(self, session: _Session, connection: Connection) -> None:
+        try:
             while (message := await connection.receive()) is not None:
                 if isinstance(message, SessionFailed):
                     # loopd closed the session: its prompts end with why, and the next
@@ -253,15 +423,17 @@ class Agent:
                         turn.end = message
                     break
                 await self._relay_one(session, message)
-        except Unreachable:
-            pass
-        finally:
-            connection.closed = True
-            for turn in session.turns.values():
-                turn.done.set()  # with no end: loopd went away
-            await connection.aclose()
+        except trio.ClosedResourceError:
+            pass  # closed under it: a load of the session anew, or the end
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
+        asked = session.asked
+        if asked is not None and (
+            message.type == asked.answer or (isinstance(message, Error) and message.id is None)
+        ):
+            asked.got = message
+            asked.done.set()
+            return
         turn = session.turns.get(getattr(message, "id", None) or "")
         if isinstance(message, Event):
             if isinstance(message.event, ApprovalNeeded):
@@ -270,8 +442,15 @@ class Agent:
             elif (update := update_of(message.event, session.connection.session)) is not None:
                 await self.notify(session.id, update)
         elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
+            if isinstance(message, TurnDone) and turn.counted:
+                await self._tell_usage(session, message)
             turn.end = message
             turn.done.set()
+
+    async def _tell_usage(self, session: _Session, done: TurnDone) -> None:
+        """Where the session stands after the turn (`usage_update`), when loopd says."""
+        if (update := usage_update(done.usage, session.window)) is not None:
+            await self.notify(session.id, update)
 
     async def _approval(self, session: _Session, asking: ApprovalNeeded) -> None:
         try:

@@ -8,7 +8,9 @@ reason and the usage), and what a call waiting for approval asks the editor.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 from acp import schema
@@ -24,17 +26,27 @@ from loopd.wire.events import (
     ToolResult,
     WaitingForServer,
 )
-from loopd.wire.proto import TurnFailed, Usage
+from loopd.wire.proto import SessionInfo, Status, TurnFailed, Undone, Usage
 
 __all__ = [
+    "COMMANDS",
+    "LIST_PAGE",
+    "BadCursor",
+    "Command",
     "Update",
+    "command_of",
+    "commands_update",
     "decision_of",
+    "listed",
     "permission_request",
     "replayed",
+    "status_text",
     "stop_reason",
     "text_of",
+    "undone_text",
     "update_of",
     "usage_of",
+    "usage_update",
 ]
 
 Update = (
@@ -43,7 +55,31 @@ Update = (
     | schema.UserMessageChunk
     | schema.ToolCallStart
     | schema.ToolCallProgress
+    | schema.AvailableCommandsUpdate
+    | schema.UsageUpdate
 )
+
+COMMANDS = [
+    schema.AvailableCommand(
+        name="compact",
+        description="Go on in a new session that starts from the model's summary of this one",
+    ),
+    schema.AvailableCommand(
+        name="undo",
+        description="Put back the files the last turn changed (or call N's alone)",
+        input=schema.AvailableCommandInput(
+            root=schema.UnstructuredCommandInput(hint="N: one call's changes (optional)")
+        ),
+    ),
+    schema.AvailableCommand(
+        name="status",
+        description="What loopd is doing: the model, the context, the slot, waiting approvals",
+    ),
+]
+"""loopd's commands an editor offers; a prompt that is one of them (`/compact`) runs it."""
+
+Command = tuple[str, list[str]]
+"""A command's name and the words after it."""
 
 _KINDS: dict[str, schema.ToolKind] = {
     "read_file": "read",
@@ -202,6 +238,144 @@ def usage_of(usage: Usage | None) -> schema.Usage | None:
         total_tokens=prompt + usage.predicted_n,
         cached_read_tokens=cached,
         thought_tokens=usage.reasoning_tokens or None,
+    )
+
+
+def commands_update() -> schema.AvailableCommandsUpdate:
+    return schema.AvailableCommandsUpdate(
+        session_update="available_commands_update", available_commands=COMMANDS
+    )
+
+
+def command_of(text: str) -> Command | None:
+    """The command a prompt is (`/undo 3`), if it is one of `COMMANDS`; any other text, one
+    that starts with another `/word` too, is a message for the model."""
+    words = text.split()
+    if not words or not words[0].startswith("/"):
+        return None
+    name = words[0][1:]
+    if name not in {c.name for c in COMMANDS}:
+        return None
+    return name, words[1:]
+
+
+def status_text(status: Status) -> str:
+    """`/status`'s answer, in a few lines."""
+    model = status.model or "a model it does not name"
+    lines = [f"Session {status.session}: {status.turns} turns, {model} at {status.server}."]
+    if status.context is not None:
+        lines.append(f"Context: {status.context} tokens.")
+    if status.slot is None:
+        lines.append("No slot holds its cache now: it comes back from its slot file.")
+    else:
+        lines.append(f"Its cache is in slot {status.slot}.")
+    if status.busy or status.queue:
+        lines.append(f"A turn runs; {status.queue} wait behind it.")
+    lines.extend(f"Waits for approval: {_asking(w.event)}." for w in status.pending)
+    return "\n".join(lines)
+
+
+def _asking(event: object) -> str:
+    if isinstance(event, ApprovalNeeded):
+        return f"call {event.call}, {event.tool}"
+    return "a call"
+
+
+def undone_text(undone: Undone) -> str:
+    """`/undo`'s answer: which calls' changes were put back, in which files."""
+    calls = ", ".join(str(c) for c in undone.calls)
+    paths = "\n".join(f"- {p}" for p in undone.paths) or "- (no files)"
+    return f"Put back the changes of call{'s' * (len(undone.calls) > 1)} {calls}:\n{paths}"
+
+
+LIST_PAGE = 50
+"""Sessions in one `session/list` answer at most."""
+
+
+class BadCursor(ValueError):
+    """A `session/list` cursor that no answer of ours gave."""
+
+
+def listed(
+    sessions: Sequence[SessionInfo], cwd: str | None, cursor: str | None, page: int = LIST_PAGE
+) -> tuple[list[schema.SessionInfo], str | None]:
+    """One page of `session/list`, the latest activity first, and the cursor of the next page
+    (None: this is the last). Listed: each session that has a folder (`cwd`, the filter's when
+    one is given), that is not a sub-agent's and that no later session continues (the one
+    that does stands for it, with the title of the session the chain began with). A session
+    with no folder (made in the terminal, working in all of `[tools] roots`) has none to give
+    and matches no filter: it is not listed. The cursor is the last session given, as
+    `<updatedAt> <id>`: sessions made or active since do not shift the pages."""
+    by_id = {s.id: s for s in sessions}
+    continued = {s.continues for s in sessions if s.continues}
+    folder = _folder(cwd) if cwd else None
+    shown = [
+        s
+        for s in sessions
+        if s.cwd
+        and s.parent is None
+        and s.id not in continued
+        and (folder is None or _folder(s.cwd) == folder)
+    ]
+    shown.sort(key=_order, reverse=True)
+    if cursor is not None:
+        after = _after(cursor)
+        shown = [s for s in shown if _order(s) < after]
+    infos = [
+        schema.SessionInfo(
+            session_id=s.id,
+            cwd=s.cwd,  # type: ignore[arg-type] # those with none are left out above
+            title=_title(s, by_id),
+            updated_at=s.last_activity,
+        )
+        for s in shown[:page]
+    ]
+    if len(shown) <= page:
+        return infos, None
+    last = shown[page - 1]
+    return infos, f"{last.last_activity} {last.id}"
+
+
+def _folder(path: str) -> str:
+    return os.path.normpath(path)
+
+
+def _order(session: SessionInfo) -> tuple[datetime, str]:
+    return datetime.fromisoformat(session.last_activity), session.id
+
+
+def _after(cursor: str) -> tuple[datetime, str]:
+    updated, _, session = cursor.partition(" ")
+    try:
+        return datetime.fromisoformat(updated), session
+    except ValueError:
+        raise BadCursor(f"{cursor!r} is not a cursor that session/list gave") from None
+
+
+def _title(session: SessionInfo, by_id: dict[str, SessionInfo]) -> str | None:
+    """The title of the session a chain of compactions began with (else the nearest one's)."""
+    title, seen = session.title, {session.id}
+    while (
+        session.continues and (earlier := by_id.get(session.continues)) and earlier.id not in seen
+    ):
+        seen.add(earlier.id)
+        session, title = earlier, earlier.title or title
+    return title
+
+
+def usage_update(usage: Usage | None, size: int | None) -> schema.UsageUpdate | None:
+    """Where the session stands after a turn's last request: the tokens its slot holds (the
+    whole prompt and the answer) of the context window `size`; `_meta.loopd` gives that
+    request's prompt and the part of it found in the cache. None when loopd does not know."""
+    if usage is None or size is None or usage.prompt_n is None or usage.predicted_n is None:
+        return None
+    cached = usage.cache_n or 0
+    prompt = usage.prompt_n + cached
+    return schema.UsageUpdate(
+        session_update="usage_update",
+        used=prompt + max(usage.predicted_n - 1, 0),  # the last token is sampled, not held
+        size=size,
+        field_meta={"loopd": {"promptTokens": prompt, "cachedTokens": cached}},
     )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "Notification",
     "Peer",
     "RpcError",
+    "Then",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ _ENDED = "the other side closed its input"
 Method = tuple[type[BaseModel], Callable[[Any], Awaitable[BaseModel]]]
 """A request's params model, and what answers it."""
 Notification = tuple[type[BaseModel], Callable[[Any], Awaitable[None]]]
+Then = Callable[[Any, Any], Awaitable[None]]
+"""What follows a method's answer, given its request and its result: notifications about what
+the answer made, which the other side can place only once it has the answer."""
 
 
 class RpcError(Exception):
@@ -66,9 +70,12 @@ class Peer:
         notifications: Mapping[str, Notification],
         errors: Mapping[type[Exception], int],
         max_line: int,
+        then: Mapping[str, Then] | None = None,
     ) -> None:
         self.output, self.name = output, name
         self.methods, self.notifications, self.errors = methods, notifications, errors
+        self.then = then or {}
+        """By method: what runs after its (successful) answer is written."""
         self.max_line = max_line
         """`errors`: exceptions a method may raise that are an answer, with their codes."""
         self._writing = trio.Lock()
@@ -186,6 +193,8 @@ class Peer:
             await self.error(rpc_id, code, str(e))
         else:
             await self._write({"id": rpc_id, "result": dumped(result)})
+            if (then := self.then.get(method)) is not None:
+                await then(request, result)
 
 
 def dumped(model: BaseModel) -> dict[str, Any]:

@@ -100,6 +100,8 @@ def _which(name: str) -> Path | None:
 class _Llama:
     url: str
     model: str | None
+    context: int | None = None
+    """Each slot's context window in tokens, when known."""
 
 
 async def _keep_running(
@@ -139,17 +141,19 @@ async def _keep_running(
             await trio.sleep(delay)
 
 
-async def _probe(url: str) -> str | None:
-    """Say early whether an external llama-server answers, and which model it runs."""
+async def _probe(url: str) -> _Llama:
+    """Say early whether an external llama-server answers, which model it runs, and its slots'
+    context window."""
     async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
         if not await llama.healthy():
             log.warning("llama-server at %s is not ready yet; requests will retry", url)
-            return None
+            return _Llama(url, None)
         try:
-            return await llama.model()
+            model = await llama.model()
         except InferError as e:
             log.warning("llama-server at %s does not say its model: %s", url, e)
-            return None
+            model = None
+        return _Llama(url, model, await llama.context_size())
 
 
 @dataclass
@@ -222,10 +226,7 @@ async def _serve(
     embedded: Client | None = None
     async with trio.open_nursery() as nursery:
         if config.server.urls:
-            models = [await _probe(url) for url in config.server.urls]
-            llamas = [
-                _Llama(url, model) for url, model in zip(config.server.urls, models, strict=True)
-            ]
+            llamas = [await _probe(url) for url in config.server.urls]
         else:
             spec = launch_spec(
                 config.server.managed, config.server.slots, config.store.directory.parent
@@ -233,7 +234,7 @@ async def _serve(
             log_path = config.store.directory.parent / "llama-server.log"
             embedded = _client(config, f"http://{spec.host}:{spec.port}")
             await nursery.start(_keep_running, spec, log_path, restarted_send, embedded)
-            llamas = [_Llama(embedded.base_url, spec.model.name)]
+            llamas = [_Llama(embedded.base_url, spec.model.name, spec.n_ctx)]
             slot_directory = spec.slot_save_path
         clients = [embedded] if embedded else [_client(config, llama.url) for llama in llamas]
         async with AsyncExitStack() as stack:
@@ -253,7 +254,7 @@ async def _serve(
                     else:
                         watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
                     urls = ", ".join(llama.url for llama in llamas)
-                    info = DaemonInfo(urls, llamas[0].model)
+                    info = DaemonInfo(urls, llamas[0].model, llamas[0].context)
                     stop.channel = ChannelServer(core, info, config.channel)
                     await stop.channel.serve(listener)
         nursery.cancel_scope.cancel()

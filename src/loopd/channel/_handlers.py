@@ -44,6 +44,9 @@ class DaemonInfo:
 
     server_url: str
     model: str | None
+    context_size: int | None = None
+    """Each slot's context window in tokens: `[server.managed] n_ctx`, or what an external
+    server said at start-up (`GET /slots`); None when it said nothing."""
 
 
 @dataclass(eq=False)
@@ -193,6 +196,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             turns=s.turns,
             last_usage=proto.Usage.of(s.last_usage),
             context=s.context,
+            context_size=client.info.context_size,
             past_reasoning=s.past_reasoning,
             pending=_pending(s),
             slots=slots,
@@ -201,7 +205,8 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
 
 
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
-    current = (await (await client.attached()).status()).session
+    # A client in no session stays in none: a list (an editor's) opens nothing.
+    current = None if client.session is None else (await client.session.status()).session
     listed = await client.core.sessions.sessions()
     infos = [proto.SessionInfo.of(s) for s in listed.sessions]
     unreadable = [proto.Unreadable.of(u) for u in listed.unreadable]

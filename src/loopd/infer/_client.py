@@ -211,6 +211,14 @@ class Client:
                 return held if isinstance(held, int) else None
         return None
 
+    async def context_size(self) -> int | None:
+        """Each slot's context window in tokens (`GET /slots`, the first slot's `n_ctx`);
+        None when the server does not say."""
+        for entry in await self._slots() or []:
+            if isinstance(entry, dict) and isinstance(n_ctx := entry.get("n_ctx"), int):
+                return n_ctx
+        return None
+
     async def slot_count(self) -> int | None:
         """How many slots the server has (`GET /slots`); None when it does not say. It matters:
         llama-server takes an `id_slot` past its last slot modulo their number, so a request

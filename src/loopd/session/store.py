@@ -74,6 +74,8 @@ SUFFIX = ".jsonl"
 _USER_KIND = b'"kind":"user"'
 _TURN_END_KIND = b'"kind":"turn_end"'
 _LOG: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+TITLE_LENGTH = 80
+"""The longest title a listing gives a session (`SessionInfo.title`)."""
 
 
 class StoreError(Exception):
@@ -152,6 +154,11 @@ class SessionInfo:
     """The session that delegated to this one, for a sub-agent."""
     open_turn: bool = False
     """Its last turn has not ended: it runs now, or loopd stopped in it without closing it."""
+    cwd: str | None = None
+    """The one folder its file tools work in (its header's); None: all of `[tools] roots`."""
+    title: str | None = None
+    """Its first user message's first line, cut to `TITLE_LENGTH` characters; None before
+    the first."""
 
 
 @dataclass(frozen=True)
@@ -493,7 +500,28 @@ def _info(session_id: str, path: Path, data: bytes) -> SessionInfo:
         header.continues,
         header.parent,
         whole.rfind(_USER_KIND) > whole.rfind(_TURN_END_KIND),
+        header.cwd,
+        _title(path, whole),
     )
+
+
+def _title(path: Path, whole: bytes) -> str | None:
+    """The first user message's first line, cut to `TITLE_LENGTH`; read from that line alone."""
+    at = whole.find(_USER_KIND)
+    if at < 0:
+        return None
+    start = whole.rfind(b"\n", 0, at) + 1
+    line = whole[start : whole.find(b"\n", at)]
+    try:
+        record = _record(path, whole.count(b"\n", 0, start) + 1, line)
+    except CorruptLog:  # opening the log says so; a listing gives it no title
+        return None
+    if not isinstance(record, UserRecord):
+        return None
+    first = next((s.strip() for s in record.content.splitlines() if s.strip()), "")
+    if len(first) > TITLE_LENGTH:
+        first = first[: TITLE_LENGTH - 1].rstrip() + "…"
+    return first or None
 
 
 def _lock(fd: int, path: Path) -> None:

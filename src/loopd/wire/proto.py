@@ -313,6 +313,9 @@ class Status(_Message):
     last_usage: Usage | None
     context: int | None = None
     """Tokens the slot holds for this session after its last request."""
+    context_size: int | None = None
+    """Each slot's context window in tokens (`[server.managed] n_ctx`, or an external
+    server's own, as it said when loopd started); None: it did not say."""
     past_reasoning: int | None = None
     """Of those, reasoning of earlier answers, sent back as generated (token-exact history);
     None when history went as messages, where the chat template decides what stays."""
@@ -341,6 +344,10 @@ class SessionInfo(_Message):
     """The session this one continues (it began from a summary of it)."""
     parent: str | None = None
     """For a sub-agent's session: the session that delegated to it."""
+    cwd: str | None = None
+    """The one folder its file tools work in (`hello`'s `cwd`); None: all of `[tools] roots`."""
+    title: str | None = None
+    """Its first user message's first line, at most 80 characters; None before the first."""
 
     @classmethod
     def of(cls, info: StoredSession) -> SessionInfo:
@@ -352,6 +359,8 @@ class SessionInfo(_Message):
             last_activity=info.last_activity.isoformat(),
             continues=info.continues,
             parent=info.parent,
+            cwd=info.cwd,
+            title=info.title,
         )
 
 
@@ -378,7 +387,9 @@ class Undone(_Message):
 class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
-    current: str
+    current: str | None
+    """The client's session; None: it is in none yet (it asked before any `hello`, and
+    asking does not put it in one)."""
     unreadable: list[Unreadable] = []
     """The logs that do not read, each with why (none: every log reads)."""
 
