@@ -106,7 +106,13 @@ async def test_acpx_runs_a_turn_with_a_permission_then_goes_on_in_a_new_process(
         *["session/update"] * (len(methods(first)) - 5),
     ]
     asked = next(m for m in first if m.get("method") == "session/request_permission")
-    assert "-buy milk\n+buy tea\n" in asked["params"]["toolCall"]["content"][0]["content"]["text"]
+    (diff,) = asked["params"]["toolCall"]["content"]  # ACP's diff, as acpx got it
+    assert diff == {
+        "type": "diff",
+        "path": str(notes / "today.md"),
+        "oldText": "buy milk\n",
+        "newText": "buy tea\n",
+    }
     assert stop_reason(first) == "end_turn"
     assert (notes / "today.md").read_text() == "buy tea\n"
 

@@ -235,7 +235,8 @@ async def _undo(path: Path, call: int | None, where: str) -> int:
 
 
 async def _sessions(path: Path, store: Store) -> int:
-    """The sessions, oldest first, each sub-agent's under the session that started it."""
+    """The sessions, oldest first, each sub-agent's under the session that started it; the
+    latest (the one `chat --continue` takes) marked."""
     try:
         connection = await Connection.open(path)
     except Unreachable:
@@ -249,6 +250,7 @@ async def _sessions(path: Path, store: Store) -> int:
         if not isinstance(answer, Sessions):
             raise Unreachable(f"loopd answered {answer.type}, not sessions")
         listed, current, unreadable = answer.sessions, answer.current, answer.unreadable
+    current = current or store.latest()  # asking put this client in no session
     for depth, s in as_tree(listed):
         print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
     for bad in unreadable:
