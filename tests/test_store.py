@@ -206,9 +206,18 @@ def test_session_ids_sort_by_creation_time() -> None:
     assert len(set(ids)) == len(ids)
 
 
-def test_ids_made_in_one_millisecond_sort_in_the_order_they_were_made() -> None:
+async def test_ids_made_in_one_millisecond_sort_in_the_order_they_were_made(
+    tmp_path: Path,
+) -> None:
     ids = [new_session_id() for _ in range(200)]
     assert ids == sorted(ids)
+    store = Store(tmp_path)
+    made = []
+    for _ in range(50):  # as fast as the store makes them: many in one millisecond
+        with await store.create(BASELINE) as session:
+            made.append(session.id)
+    assert made == sorted(made)
+    assert [s.id for s in await store.sessions()] == made
 
 
 async def test_opening_an_unknown_session_says_so(tmp_path: Path) -> None:

@@ -412,7 +412,7 @@ class Store:
         *,
         instructions: Instructions | None = None,
     ) -> Session:
-        created = now()
+        created = _Millis.after_last(now())  # ids sort in the order sessions are made
         header = SessionHeader(
             id=new_session_id(created),
             created=created,
