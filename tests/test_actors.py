@@ -41,13 +41,13 @@ from loopd.infer import Client, Content, Queued, Slot
 from loopd.session.records import Record, UserRecord, conversation_problems
 from loopd.session.store import Store
 from loopd.supervise import ActorFailed, GaveUp
-from loopd.tools._port import _Decide
+from loopd.tools._port import _Decide, _PortActor
 from loopd.turn.exact import next_request
 from loopd.wire.events import ApprovalDecided, ApprovalNeeded
 from loopd.wire.proto import HISTORY_PAGE
+from support.bugs import plant_bug
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
-from test_tools_port import fail_on as port_fails_on
 
 T = TypeVar("T")
 
@@ -602,21 +602,6 @@ async def test_a_move_takes_an_idle_slot_of_another_server_and_counts_the_first_
     assert [v.session for v in await pool.views()] == ["c", "a"]
 
 
-def fail_on(monkeypatch: pytest.MonkeyPatch, kind: type[object], times: float = 1) -> None:
-    """A bug in the pool: taking a message of `kind` raises, the first `times` times."""
-    take = _Pool.take
-    failed = 0
-
-    def broken(pool: _Pool, message: object) -> None:
-        nonlocal failed
-        if isinstance(message, kind) and failed < times:
-            failed += 1
-            raise KeyError("a bug")
-        take(pool, message)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_Pool, "take", broken)
-
-
 async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
     core: Core, served: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -624,7 +609,7 @@ async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
     waits for it when the pool fails. b's wait fails, a's turn goes on, and the restarted pool
     still knows a's slot is lent: b's next turn waits for it, and runs once a gives it back."""
     served[0].replies = [read_file("today.md"), Reply(content="a is done"), Reply(content="b ran")]
-    fail_on(monkeypatch, _Views)
+    plant_bug(monkeypatch, _Pool, _Views)
     lost = "the slot pool failed (KeyError: 'a bug') while it held this request: send it again"
     async with core.running() as a:
         assert core.sessions is not None
@@ -659,7 +644,7 @@ async def test_a_bug_in_the_tool_port_fails_that_decision_and_the_session_goes_o
     core: Core, served: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served[0].replies = [read_file("today.md"), Reply(content="milk")]
-    port_fails_on(monkeypatch, _Decide)
+    plant_bug(monkeypatch, _PortActor, _Decide)
     async with core.running() as actor:
         subscription = await actor.subscribe(100)
         await actor.send("t1", "what do I buy?")
@@ -678,7 +663,7 @@ async def test_a_release_the_pool_fails_on_still_frees_the_slot(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool: PoolHandle = await nursery.start(pool_actor, slots(1), NO_FILES)
-    fail_on(monkeypatch, _Release)
+    plant_bug(monkeypatch, _Pool, _Release)
     async with pool.lease("a"):
         pass
     with trio.fail_after(5):
@@ -691,7 +676,7 @@ async def test_a_release_the_pool_fails_on_still_frees_the_slot(
 async def test_a_pool_that_keeps_failing_stops_loopd_saying_why(
     core: Core, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_on(monkeypatch, _Views, math.inf)
+    plant_bug(monkeypatch, _Pool, _Views, math.inf)
     why = r"the slot pool failed 6 times within 60 s, the last time with KeyError: 'a bug'"
     with pytest.RaisesGroup(pytest.RaisesExc(GaveUp, match=f"^{why}$"), flatten_subgroups=True):
         async with core.running():

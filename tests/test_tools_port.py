@@ -29,6 +29,7 @@ from loopd.tools import (
     run_tool_port,
 )
 from loopd.tools._port import _Decide, _ListPending, _PortActor
+from support.bugs import plant_bug
 from support.ports import never_asked, start_port
 
 
@@ -232,26 +233,11 @@ async def test_a_call_to_a_port_that_has_stopped_says_so() -> None:
         await handle.call(request("echo"), never_asked)
 
 
-def fail_on(monkeypatch: pytest.MonkeyPatch, kind: type[object], times: float = 1) -> None:
-    """A bug in the port: taking a message of `kind` raises, the first `times` times."""
-    take = _PortActor.take
-    failed = 0
-
-    def broken(actor: _PortActor, message: object, calls: trio.Nursery) -> None:
-        nonlocal failed
-        if isinstance(message, kind) and failed < times:
-            failed += 1
-            raise KeyError("a bug")
-        take(actor, message, calls)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_PortActor, "take", broken)
-
-
 async def test_a_bug_in_the_port_fails_the_message_it_held_and_the_calls_in_flight_go_on(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     p, executor = await port(nursery, buy=Policy(action="ask"))
-    fail_on(monkeypatch, _Decide)
+    plant_bug(monkeypatch, _PortActor, _Decide)
     asked, answered = trio.Event(), trio.Event()
     answers: list[Answered] = []
 
@@ -283,7 +269,7 @@ async def test_a_bug_in_the_port_fails_the_message_it_held_and_the_calls_in_flig
 async def test_a_port_that_keeps_failing_gives_up_saying_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fail_on(monkeypatch, _ListPending, math.inf)
+    plant_bug(monkeypatch, _PortActor, _ListPending, math.inf)
     registry = Registry([ToolEntry("echo", "echo", "echo", {"type": "object"}, "test", Policy())])
     why = r"^the tool port failed 3 times within 60 s, the last time with KeyError: 'a bug'$"
     with pytest.RaisesGroup(pytest.RaisesExc(GaveUp, match=why), flatten_subgroups=True):
