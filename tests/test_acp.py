@@ -143,6 +143,14 @@ async def test_a_turn_with_a_write_asks_the_editor_and_the_answer_streams_back(
     started, result = editor.shown()[:2]
     assert (started.tool_call_id, started.title, started.kind) == ("1", "write_file", "edit")
     assert (result.tool_call_id, result.status) == ("1", "completed")
+    summary, made = result.content  # what the model read, and the change as it was made
+    assert summary.content.text == "Changed today.md: +1 -1 lines."
+    assert (made.type, made.path, made.old_text, made.new_text) == (
+        "diff",
+        str(notes / "today.md"),
+        "buy milk\n",
+        "buy tea\n",
+    )
     assert editor.said() == "Tea it is."
     header = Store(d.home / "sessions").read(session)[0]
     assert header.cwd == str(notes)

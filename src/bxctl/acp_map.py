@@ -173,7 +173,8 @@ def update_of(event: object, session: str) -> Update | None:
             session_update="tool_call_update",
             tool_call_id=str(event.call),
             status=_status(event.preview),
-            content=_content(event.preview),
+            # A write that was made shows as the editor's own diff, the summary beside it.
+            content=_content(event.preview) + (_diff(event.change) if event.change else []),
         )
     return None
 

@@ -24,7 +24,6 @@ import regex
 import trio
 
 from loopd.config import RunConfig, ToolsConfig
-from loopd.wire.events import FileChange
 
 from ._entry import ToolEntry
 from ._port import Preview, ToolFailure, ToolOutput, ToolRequest
@@ -32,7 +31,7 @@ from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
 from ._sandbox import secrets
-from ._write import Planned, plan
+from ._write import plan
 
 __all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
 
@@ -259,7 +258,7 @@ class Builtins:
                 if len(shown) > PREVIEW_CHARS:  # the event and the log carry it
                     cut = len(shown) - PREVIEW_CHARS
                     shown = f"{shown[:PREVIEW_CHARS]}\n[... {cut} more characters of the diff]"
-                return Preview(shown, planned.basis, _change(planned))
+                return Preview(shown, planned.basis, planned.change())
             if entry.name == "run_command":
                 return Preview(tools.command_preview(request.arguments))
         except ToolFailure as e:
@@ -420,16 +419,3 @@ def _text_files(start: Path, roots: Roots) -> list[Path]:
 def _now() -> str:
     utc = datetime.now(UTC)
     return f"{utc:%Y-%m-%d %H:%M:%S} UTC ({utc.astimezone():%Y-%m-%d %H:%M:%S %Z} local)"
-
-
-def _change(planned: Planned) -> FileChange | None:
-    """Both texts of a write, for an editor's diff view; None where either is not text or
-    is longer than a preview may be (the diff alone is shown then)."""
-    try:
-        old = None if planned.old is None else planned.old.decode()
-        new = planned.new.decode()
-    except UnicodeDecodeError:
-        return None
-    if max(len(old or ""), len(new)) > PREVIEW_CHARS:
-        return None
-    return FileChange(path=str(planned.path), old_text=old, new_text=new)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loopd.session.records import DataClass
+from loopd.wire.events import FileChange
 
 from ._dispatch import Local, dispatch
 from ._port import (
@@ -22,6 +23,7 @@ from ._port import (
     Asking,
     OnAsking,
     OnDecided,
+    Result,
     ToolOutput,
     ToolPort,
     ToolRequest,
@@ -58,6 +60,8 @@ class ModelAnswer:
     """What the model reads: the result, or why there is none."""
     data_class: DataClass = "public"
     untrusted: bool = False
+    change: FileChange | None = None
+    """What a write made of its file, when it made it."""
 
 
 async def answer_call(  # noqa: PLR0913 - one call's whole context
@@ -85,7 +89,8 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
         run = (own or {}).get(routed.tool)
         runner = run and partial(run, routed.arguments)
         answered = await port.call(request, on_asking, runner, on_decided)
-        return ModelAnswer(*for_the_model(answered.answer))
+        change = answered.answer.change if isinstance(answered.answer, Result) else None
+        return ModelAnswer(*for_the_model(answered.answer), change=change)
     except Exception as e:
         log.exception(
             "call %d of session %s (%s) failed inside loopd", origin.number, origin.session, name

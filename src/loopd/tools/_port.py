@@ -90,6 +90,8 @@ class Result:
     content: str
     data_class: DataClass
     untrusted: bool
+    change: FileChange | None = None
+    """What a write made of its file (`ToolOutput.change`)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,8 @@ class ToolFailure(Exception):
 class ToolOutput:
     text: str
     is_error: bool = False
+    change: FileChange | None = None
+    """What a write made of its file (the model reads `text` alone)."""
 
 
 class Executor(Protocol):
@@ -351,7 +355,8 @@ class PortHandle:
             return Failed(f"{entry.name} did not finish within {timeout:g} s and was stopped")
         if output.is_error:
             return Failed(output.text[:MESSAGE_LIMIT] or f"{entry.name} reported an error")
-        return Result(output.text, entry.policy.data_class, entry.policy.untrusted)
+        policy = entry.policy
+        return Result(output.text, policy.data_class, policy.untrusted, output.change)
 
     async def decide(self, session: str, call: int, decision: Decision) -> bool:
         """Answer a waiting approval; False when no call of `session` by that number waits."""

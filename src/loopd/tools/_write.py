@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loopd.canonical import digest
+from loopd.wire.events import FileChange
 
 from ._edits import Edit, apply_edits, diff, line_changes
 from ._port import ToolFailure
@@ -45,6 +46,8 @@ __all__ = [
 
 WRITE_BYTES = 4 * 1024 * 1024
 """Files larger than this are not written or edited (before or after)."""
+CHANGE_CHARS = 20_000
+"""The longest text (before or after) a `FileChange` carries to clients."""
 NEW_FILE = "new"
 """The basis of a change planned where no file was (any other basis is a SHA-256)."""
 
@@ -73,6 +76,18 @@ class Planned:
     def diff(self) -> str:
         old = None if self.old is None else self.old.decode()
         return diff(self.shown, old, self.new.decode())
+
+    def change(self) -> FileChange | None:
+        """Both texts, for an editor's diff view; None where either is not text or is longer
+        than `CHANGE_CHARS` (the unified diff alone is shown then)."""
+        try:
+            old = None if self.old is None else self.old.decode()
+            new = self.new.decode()
+        except UnicodeDecodeError:
+            return None
+        if max(len(old or ""), len(new)) > CHANGE_CHARS:
+            return None
+        return FileChange(path=str(self.path), old_text=old, new_text=new)
 
     def summary(self) -> str:
         """What the model reads once it is done."""

@@ -197,6 +197,7 @@ class ToolCalls:
                 untrusted=answer.untrusted,
                 truncated=truncated,
                 preview=text.strip().split("\n", 1)[0][:PREVIEW],
+                change=answer.change,
             )
         )
 

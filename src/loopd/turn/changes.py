@@ -124,7 +124,7 @@ class Hands:
                 )
             )
             await trio.to_thread.run_sync(commit, planned, limiter=self._writing)
-        return ToolOutput(planned.summary())
+        return ToolOutput(planned.summary(), change=planned.change())
 
 
 class UndoRefused(Exception):

@@ -54,19 +54,6 @@ class ToolCallStarted(_Event):
     """For `call_tool`: the tool it asks for, when the arguments name one."""
 
 
-class ToolResult(_Event):
-    """The answer to a call is in the log."""
-
-    kind: Literal["tool_result"] = "tool_result"
-    name: str
-    call: int
-    data_class: DataClass = Field(alias="class")
-    untrusted: bool
-    truncated: bool
-    preview: str
-    """The first line of the result, shortened."""
-
-
 class FileChange(BaseModel):
     """A write's or an edit's whole change, for an editor's own diff view."""
 
@@ -78,6 +65,21 @@ class FileChange(BaseModel):
     """What it holds; None: it does not exist yet."""
     new_text: str
     """What it would hold."""
+
+
+class ToolResult(_Event):
+    """The answer to a call is in the log."""
+
+    kind: Literal["tool_result"] = "tool_result"
+    name: str
+    call: int
+    data_class: DataClass = Field(alias="class")
+    untrusted: bool
+    truncated: bool
+    preview: str
+    """The first line of the result, shortened."""
+    change: FileChange | None = None
+    """What a write or an edit changed (as `approval_needed`'s `change`), once it is made."""
 
 
 class ApprovalNeeded(_Event):
@@ -101,7 +103,7 @@ class ApprovalNeeded(_Event):
     sandbox."""
     change: FileChange | None = None
     """A write's or an edit's texts, before and after, where both are text and each at most
-    `PREVIEW_CHARS` characters: an editor shows them as its own diff."""
+    20,000 characters: an editor shows them as its own diff."""
 
 
 class ApprovalDecided(_Event):
