@@ -169,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help()
         return EXIT_OK
-    # Here, not above: `--help` and a usage error need none of what the commands import.
+    # Here, not above: `--help` and a usage error need none of what the commands import, and
+    # `status` only a plain socket (unless its config needs the full reading).
+    if args.command == "status":
+        from bxctl.oneshot import run as status  # noqa: PLC0415
+
+        if (code := status(args)) is not None:
+            return code
     from bxctl.commands import run  # noqa: PLC0415
 
     return run(args)

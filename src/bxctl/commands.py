@@ -4,8 +4,6 @@ a command is to run)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -22,17 +20,17 @@ from bxctl.cli import (
     EXIT_USAGE,
     FAILURE_EXIT,
 )
-from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.connection import Connection, Unreachable
+from bxctl.oneshot import approve_command, exit_for, status
 from bxctl.start import Starter
-from bxctl.view import as_tree, context_line, session_line, unreadable_line
+from bxctl.view import as_tree, session_line, unreadable_line
 from loopd.config import ConfigError, load_config
-from loopd.groups import innermost
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
 from loopd.wire.events import ApprovalNeeded
-from loopd.wire.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
+from loopd.wire.proto import Error, Event, Sessions, TurnDone, TurnFailed, Undone
 
 __all__ = ["run"]
 
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
         if args.command == "chat":
             return _chat(args, path, starter)
         if args.command == "status":
-            return trio.run(_status, path, args.where)
+            return status(path, args.where)
         if args.command == "approve":
             return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
         if args.command == "undo":
@@ -66,22 +64,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             return trio.run(_sessions, path, Store(config.store.directory))
         return _log(Store(config.store.directory), args.session)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
-        return _exit_for(innermost(e))
-
-
-def _exit_for(error: BaseException) -> int:
-    if isinstance(error, SessionRefused):
-        print(f"bxctl: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if isinstance(error, Unreachable):
-        print(f"bxctl: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    if isinstance(error, BrokenPipeError):  # the reader of our output left: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
-    if isinstance(error, KeyboardInterrupt):
-        return EXIT_FAILED
-    raise error
+        return exit_for(e)
 
 
 def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
@@ -139,7 +122,7 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             if not approve:
                 print(
                     f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
-                    f"it with `{_approve_command(asking, connection.session)}`, or run with "
+                    f"it with `{approve_command(asking, connection.session)}`, or run with "
                     "--yes",
                     file=sys.stderr,
                 )
@@ -162,47 +145,6 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             return FAILURE_EXIT.get(what, EXIT_FAILED)
     print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
     return EXIT_UNREACHABLE
-
-
-def _approve_command(asking: ApprovalNeeded, session: str | None) -> str:
-    command = f"bxctl approve {asking.call} --once|--session|--deny --in {session}"
-    return f"{command} --sub-agent {asking.session}" if asking.session else command
-
-
-async def _status(path: Path, where: str) -> int:
-    connection = await Connection.open(path)
-    await connection.hello(where)
-    status = await connection.request({"type": "status"}, "status")
-    await connection.aclose()
-    if not isinstance(status, Status):
-        raise Unreachable(f"loopd answered {status.type}, not status")
-    console = Console()
-    console.print(f"session  {status.session} ({status.turns} turns)")
-    slot = "none" if status.slot is None else status.slot
-    console.print(f"server   {status.server}  model {status.model or '?'}  slot {slot}")
-    console.print(f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting")
-    for view in status.slots:
-        held = "free" if view.session is None else f"session {view.session}"
-        tokens = "" if view.tokens is None else f", {view.tokens} tokens"
-        server = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
-        state = "busy" if view.busy else "idle"
-        console.print(f"slot {server}{view.slot}   {state}, {held}{tokens}")
-    if status.last_usage:
-        u = status.last_usage
-        console.print(
-            f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
-            f"{u.predicted_n} generated"
-        )
-    if status.context is not None:
-        console.print(f"context  {context_line(status.context, status.past_reasoning)}")
-    for line in status.pending:
-        if isinstance(asking := line.event, ApprovalNeeded):
-            console.print(
-                f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
-                f"({_approve_command(asking, status.session)})",
-                markup=False,
-            )
-    return EXIT_OK
 
 
 async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:

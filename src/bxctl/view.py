@@ -22,6 +22,7 @@ from rich.spinner import Spinner
 from rich.syntax import Syntax
 from rich.text import Text
 
+from bxctl.oneshot import context_line
 from loopd.infer import (
     Content,
     Progress,
@@ -441,12 +442,3 @@ def as_tree(sessions: Sequence[L], *, newest_first: bool = False) -> list[tuple[
         tree.append((depth, s))
         stack += [(depth + 1, c) for c in reversed(children.get(s.id, []))]
     return tree
-
-
-def context_line(context: int, past_reasoning: int | None) -> str:
-    """How full the slot is, and how much of it is past reasoning (a cost a user can cut with
-    `/think off` or `[loop] thinking = false`)."""
-    if past_reasoning is None:
-        return f"{context} tokens in the slot (history sent as messages)"
-    share = past_reasoning / context if context else 0.0
-    return f"{context} tokens in the slot, {past_reasoning} of them past reasoning ({share:.0%})"
