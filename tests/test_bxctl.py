@@ -177,21 +177,28 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "cached" in out
 
 
-async def test_status_runs_on_neither_trio_nor_pydantic_nor_rich(daemon: StartDaemon) -> None:
-    """`bxctl status` asks a real loopd over a plain socket: none of the full client's imports,
-    which cost ten times the interpreter's start."""
-    d = await daemon(FakeLlama([Reply(content="fine")]))
-    assert (await bxctl(d, "chat", "-m", "hi"))[0] == 0
+async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
+    daemon: StartDaemon,
+) -> None:
+    """`bxctl status` and `bxctl sessions` ask a real loopd over a plain socket: none of the
+    full client's imports, which cost ten times the interpreter's start. The session marked is
+    the one `chat --continue` takes."""
+    d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two")]))
+    for text in ("first", "second"):
+        assert (await bxctl(d, "chat", "-m", text))[0] == 0
     code = (
         "import sys\n"
         "from bxctl.cli import main\n"
-        f"code = main(['--config', {str(d.config)!r}, 'status'])\n"
-        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'trio', 'pydantic', 'rich'}))"
+        f"codes = [main(['--config', {str(d.config)!r}, c]) for c in ('status', 'sessions')]\n"
+        "print(codes, sorted({m.split('.')[0] for m in sys.modules} & {'trio','pydantic','rich'}))"
     )
     done = await trio.run_process([sys.executable, "-c", code], capture_stdout=True)
-    first, *_, loaded = done.stdout.decode().splitlines()
-    assert loaded == "0 []"
-    assert re.fullmatch(r"session  \S+ \(1 turns\)", first)
+    *shown, loaded = done.stdout.decode().splitlines()
+    assert loaded == "[0, 0] []"
+    assert re.fullmatch(r"session  \S+ \(1 turns\)", shown[0])
+    listed = [line for line in shown if line.startswith(("* ", "  "))]
+    assert len(listed) == 2
+    assert listed[1].startswith(f"* {Store(d.home / 'sessions').latest()}  ")
 
 
 async def test_status_of_a_session_loopd_does_not_know_is_refused(daemon: StartDaemon) -> None:

@@ -170,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         parser().print_help()
         return EXIT_OK
     # Here, not above: `--help` and a usage error need none of what the commands import, and
-    # `status` only a plain socket (unless its config needs the full reading).
-    if args.command == "status":
-        from bxctl.oneshot import run as status  # noqa: PLC0415
+    # `status` and `sessions` most often only a plain socket.
+    if args.command in ("status", "sessions"):
+        from bxctl.oneshot import run as plainly  # noqa: PLC0415
 
-        if (code := status(args)) is not None:
+        if (code := plainly(args)) is not None:
             return code
     from bxctl.commands import run  # noqa: PLC0415
 

@@ -20,17 +20,17 @@ from bxctl.cli import (
     EXIT_USAGE,
     FAILURE_EXIT,
 )
-from bxctl.connection import Connection, Unreachable
-from bxctl.oneshot import approve_command, exit_for, status
+from bxctl.connection import Connection
+from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter
-from bxctl.view import as_tree, session_line, unreadable_line
+from bxctl.text import approve_command
 from loopd.config import ConfigError, load_config
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
 from loopd.wire.events import ApprovalNeeded
-from loopd.wire.proto import Error, Event, Sessions, TurnDone, TurnFailed, Undone
+from loopd.wire.proto import Error, Event, TurnDone, TurnFailed, Undone
 
 __all__ = ["run"]
 
@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             trio.run(serve, path, starter)
             return EXIT_OK
         if args.command == "sessions":
-            return trio.run(_sessions, path, Store(config.store.directory))
+            store = Store(config.store.directory)
+            code = sessions(path, store.directory)
+            return trio.run(_stored_sessions, store) if code is None else code
         return _log(Store(config.store.directory), args.session)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
         return exit_for(e)
@@ -176,29 +178,12 @@ async def _undo(path: Path, call: int | None, where: str) -> int:
     return EXIT_OK
 
 
-async def _sessions(path: Path, store: Store) -> int:
-    """The sessions, oldest first, each sub-agent's under the session that started it; the
-    latest (the one `chat --continue` takes) marked."""
-    try:
-        connection = await Connection.open(path)
-    except Unreachable:
-        listing = await store.listing()
-        listed = [proto.SessionInfo.of(s) for s in listing.sessions]
-        unreadable = [proto.Unreadable.of(u) for u in listing.unreadable]
-        current = None
-    else:
-        answer = await connection.request({"type": "sessions"}, "sessions")
-        await connection.aclose()
-        if not isinstance(answer, Sessions):
-            raise Unreachable(f"loopd answered {answer.type}, not sessions")
-        listed, current, unreadable = answer.sessions, answer.current, answer.unreadable
-    current = current or store.latest()  # asking put this client in no session
-    for depth, s in as_tree(listed):
-        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
-    for bad in unreadable:
-        print(unreadable_line(bad.id, bad.reason))
-    if not listed and not unreadable:
-        print(f"no sessions in {store.directory}")
+async def _stored_sessions(store: Store) -> int:
+    """The sessions as the store holds them, when no loopd answers."""
+    listing = await store.listing()
+    listed = [proto.SessionInfo.of(s) for s in listing.sessions]
+    unreadable = [proto.Unreadable.of(u) for u in listing.unreadable]
+    print_sessions(listed, unreadable, None, store.directory)
     return EXIT_OK
 
 

@@ -1,12 +1,12 @@
-"""`bxctl status` in a blink: a blocking Unix socket, one JSON line each way, no trio, no
-pydantic, no rich. A whole process of it costs about what the interpreter does to start,
-where the full client's imports cost half a second.
+"""`bxctl status` and `bxctl sessions` in a blink: a blocking Unix socket, one JSON line each
+way, no trio, no pydantic, no rich. A whole process of it costs a few times what the
+interpreter does to start, where the full client's imports cost half a second.
 
 The shapes stay `loopd.wire.proto`'s: an answer is read as JSON into attribute namespaces
 and handed on typed as proto's model, so mypy checks every field this reads against the one
-definition (and the tests feed real answers of a real loopd through it). Only what it cannot
-read plainly, a config that is not simple TOML, goes to the full command (`bxctl.commands`),
-which says what is wrong with it.
+definition (and the tests feed real answers of a real loopd through it). What it cannot do
+plainly goes to the full command (`bxctl.commands`): a config that is not plain TOML (which it
+then reports), and `sessions` with no loopd answering (which it then reads from the store).
 
 The errors a user meets are the same either way, and defined here: `Unreachable` (no loopd
 answers, or it sends what bxctl cannot read) and `SessionRefused` (loopd would not open the
@@ -26,29 +26,32 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 from bxctl.cli import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from bxctl.text import approve_command, as_tree, context_line, session_line, unreadable_line
 from loopd import __version__
 from loopd.groups import innermost
-from loopd.locations import configured_socket
+from loopd.locations import configured
 from loopd.wire import PROTOCOL
 from loopd.wire.lines import Lines, TooLong
 
 if TYPE_CHECKING:
-    from loopd.wire.events import ApprovalNeeded
-    from loopd.wire.proto import Error, Status
+    from collections.abc import Sequence
+
+    from loopd.wire.proto import Error, SessionInfo, Sessions, Status, Unreadable
 
 __all__ = [
     "MAX_LINE",
     "SessionRefused",
     "Unreachable",
-    "approve_command",
     "check_owner",
     "connection_closed",
-    "context_line",
     "exit_for",
     "hello",
+    "latest",
     "not_running",
+    "print_sessions",
     "read_message",
     "run",
+    "sessions",
     "status",
     "status_lines",
 ]
@@ -177,13 +180,16 @@ class _Client:
 
 
 def run(args: argparse.Namespace) -> int | None:
-    """`bxctl status`'s exit status; None when the config needs a closer look than plain TOML
-    (the full command then runs, and says what is wrong)."""
-    path = args.socket or configured_socket(args.config)
-    if path is None:
+    """`bxctl status`'s or `bxctl sessions`' exit status; None when the full command is to run
+    (a config that is not plain TOML, or `sessions` with no loopd answering)."""
+    places = configured(args.config)
+    if places is None:
         return None
+    socket_path = args.socket or places.socket
     try:
-        return status(path, args.where)
+        if args.command == "status":
+            return status(socket_path, args.where)
+        return sessions(socket_path, places.store)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
         return exit_for(e)
 
@@ -238,16 +244,42 @@ def status_lines(status: Status) -> list[str]:
     return lines
 
 
-def approve_command(asking: ApprovalNeeded, session: str | None) -> str:
-    """The `bxctl approve` line that answers a call waiting for approval."""
-    command = f"bxctl approve {asking.call} --once|--session|--deny --in {session}"
-    return f"{command} --sub-agent {asking.session}" if asking.session else command
+def sessions(path: Path, store: Path) -> int | None:
+    """Print the sessions loopd lists; None when no loopd answers (the full command then reads
+    them from the store)."""
+    try:
+        client = _Client(path)
+    except Unreachable:
+        return None
+    try:
+        answer = client.request({"type": "sessions"}, "sessions")
+    finally:
+        client.close()
+    if answer.type != "sessions":
+        raise Unreachable(f"loopd answered {answer.type}, not sessions")
+    listing = cast("Sessions", answer)
+    print_sessions(listing.sessions, listing.unreadable, listing.current, store)
+    return EXIT_OK
 
 
-def context_line(context: int, past_reasoning: int | None) -> str:
-    """How full the slot is, and how much of it is past reasoning (a cost a user can cut with
-    `/think off` or `[loop] thinking = false`)."""
-    if past_reasoning is None:
-        return f"{context} tokens in the slot (history sent as messages)"
-    share = past_reasoning / context if context else 0.0
-    return f"{context} tokens in the slot, {past_reasoning} of them past reasoning ({share:.0%})"
+def print_sessions(
+    listed: Sequence[SessionInfo],
+    unreadable: Sequence[Unreadable],
+    current: str | None,
+    store: Path,
+) -> None:
+    """The sessions, oldest first, each sub-agent's under the session that started it; the
+    latest (the one `chat --continue` takes, when `current` is None) marked."""
+    current = current or latest(listed)
+    for depth, s in as_tree(listed):
+        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
+    for bad in unreadable:
+        print(unreadable_line(bad.id, bad.reason))
+    if not listed and not unreadable:
+        print(f"no sessions in {store}")
+
+
+def latest(listed: Sequence[SessionInfo]) -> str | None:
+    """The session `chat --continue` takes (`Store.latest`): the newest that is no sub-agent's
+    (an id starts with its creation time)."""
+    return max((s.id for s in listed if s.parent is None), default=None)

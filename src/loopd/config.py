@@ -31,7 +31,7 @@ from pydantic import (
     ValidationError,
 )
 
-from loopd.locations import APP, config_path, default_socket
+from loopd.locations import APP, config_path, default_socket, default_store
 from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT
 from loopd.session.records import DataClass
 
@@ -245,10 +245,6 @@ class AgentsConfig(_Table):
         )
 
 
-def _default_store() -> Path:
-    return platformdirs.user_state_path(APP) / "sessions"
-
-
 class ChannelConfig(_Table):
     socket: Path = Field(default_factory=default_socket)
     """The Unix socket clients connect to (made 0600, in a 0700 directory)."""
@@ -266,7 +262,7 @@ class ChannelConfig(_Table):
 
 
 class StoreConfig(_Table):
-    directory: Path = Field(default_factory=_default_store)
+    directory: Path = Field(default_factory=default_store)
     """Where session logs live, one `<id>.jsonl` each."""
 
 

@@ -1,7 +1,7 @@
-"""Where loopd's config file and socket are, found without validating the config.
+"""Where loopd's config file, socket and sessions are, found without validating the config.
 
 `loopd.config` reads the whole file through its models (pydantic); a one-shot client such as
-`bxctl status` needs the socket alone, and the models cost more than the rest of its run. The
+`bxctl status` needs two paths of it, and the models cost more than the rest of its run. The
 defaults are defined here, once, for both.
 """
 
@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import tempfile
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
-__all__ = ["APP", "config_path", "configured_socket", "default_socket"]
+__all__ = ["APP", "Places", "config_path", "configured", "default_socket", "default_store"]
 
 APP = "loopd"
 
@@ -39,21 +42,43 @@ def default_socket() -> Path:
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}" / "loopd.sock"
 
 
-def configured_socket(explicit: Path | None = None) -> Path | None:
-    """The socket the config names (`[channel] socket`, else the default), read as plain TOML;
-    None when the file cannot say so plainly (a named file missing, not TOML, a socket that
-    is not a string): `loopd.config.load_config` then tells what is wrong."""
+def default_store() -> Path:
+    """`[store] directory` when the config names none."""
+    return platformdirs.user_state_path(APP) / "sessions"
+
+
+@dataclass(frozen=True)
+class Places:
+    socket: Path
+    """`[channel] socket`."""
+    store: Path
+    """`[store] directory`."""
+
+
+def configured(explicit: Path | None = None) -> Places | None:
+    """The socket and the store the config names (or the defaults), read as plain TOML; None
+    when the file cannot say so plainly (a named file missing, not TOML, a path that is not a
+    string): `loopd.config.load_config` then tells what is wrong."""
     path, named = config_path(explicit)
-    if path is None:
-        return default_socket()
+    data: dict[str, Any] = {}
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8")) if path else {}
     except FileNotFoundError:
-        return None if named else default_socket()
+        if named:
+            return None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
-    channel = data.get("channel", {})
-    socket = channel.get("socket") if isinstance(channel, dict) else None
-    if socket is None and isinstance(channel, dict):
-        return default_socket()
-    return Path(socket) if isinstance(socket, str) else None
+    socket = _path(data, "channel", "socket", default_socket)
+    store = _path(data, "store", "directory", default_store)
+    return None if socket is None or store is None else Places(socket, store)
+
+
+def _path(data: dict[str, Any], table: str, key: str, default: Callable[[], Path]) -> Path | None:
+    """`[table] key` as a path (`default()` when not given); None: not a plain string."""
+    section = data.get(table, {})
+    if not isinstance(section, dict):
+        return None
+    value = section.get(key)  # TOML has no null: None is a key not given
+    if value is None:
+        return default()
+    return Path(value) if isinstance(value, str) else None
