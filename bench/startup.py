@@ -63,8 +63,14 @@ async def measure() -> dict[str, Any]:
 
 
 def table(f: dict[str, Any]) -> list[str]:
-    rows = ["| | bxctl | `python -c pass` | difference |", "| --- | --- | --- | --- |"]
+    rows = [
+        "| | bxctl | `python -c pass` | difference | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, what in (("help", "`bxctl --help`"), ("status", "`bxctl status`")):
         mine, base = f[f"{name}_ms"], f[f"{name}_base_ms"]
-        rows.append(f"| {what} | {mine:.0f} ms | {base:.0f} ms | {mine - base:.0f} ms |")
+        rows.append(
+            f"| {what} | {mine:.0f} ms | {base:.0f} ms | {mine - base:.0f} ms "
+            f"| {mine / base:.1f}x |"
+        )
     return rows

@@ -17,7 +17,8 @@ import pytest
 import trio
 from rich.console import Console
 
-from bxctl.view import TurnView, as_tree
+from bxctl.text import as_tree
+from bxctl.view import TurnView
 from loopd.actors import Core, SessionHandle, Subscription, TurnDone, TurnFailed, open_core
 from loopd.config import AgentsConfig, Config, LoopConfig, Policy
 from loopd.infer import Client

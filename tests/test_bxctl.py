@@ -19,14 +19,30 @@ import trio
 from rich.console import Console
 
 from bxctl.chat import _think
+from bxctl.oneshot import read_message, status_lines
 from bxctl.view import TurnView
 from conftest import StartDaemon, Unstarted
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
 from loopd.session.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
 from loopd.session.store import Store
 from loopd.session.transcript import transcript
-from loopd.wire.events import CacheLoss, ToolCallStarted, ToolResult, TurnEvent
-from loopd.wire.proto import Event, SessionFailed, TurnDone, TurnFailed, Usage
+from loopd.wire.events import (
+    ApprovalNeeded,
+    CacheLoss,
+    ToolCallStarted,
+    ToolResult,
+    TurnEvent,
+)
+from loopd.wire.proto import (
+    Event,
+    SessionFailed,
+    SlotInfo,
+    Status,
+    TurnDone,
+    TurnFailed,
+    Usage,
+    dump,
+)
 from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 
@@ -159,6 +175,95 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "you: remember this" in out
     assert "model: Logged answer." in out
     assert "cached" in out
+
+
+async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
+    daemon: StartDaemon,
+) -> None:
+    """`bxctl status` and `bxctl sessions` ask a real loopd over a plain socket: none of the
+    full client's imports, which cost ten times the interpreter's start. The session marked is
+    the one `chat --continue` takes."""
+    d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two")]))
+    for text in ("first", "second"):
+        assert (await bxctl(d, "chat", "-m", text))[0] == 0
+    code = (
+        "import sys\n"
+        "from bxctl.cli import main\n"
+        f"codes = [main(['--config', {str(d.config)!r}, c]) for c in ('status', 'sessions')]\n"
+        "print(codes, sorted({m.split('.')[0] for m in sys.modules} & {'trio','pydantic','rich'}))"
+    )
+    done = await trio.run_process([sys.executable, "-c", code], capture_stdout=True)
+    *shown, loaded = done.stdout.decode().splitlines()
+    assert loaded == "[0, 0] []"
+    assert re.fullmatch(r"session  \S+ \(1 turns\)", shown[0])
+    listed = [line for line in shown if line.startswith(("* ", "  "))]
+    assert len(listed) == 2
+    assert listed[1].startswith(f"* {Store(d.home / 'sessions').latest()}  ")
+
+
+async def test_status_of_a_session_loopd_does_not_know_is_refused(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([]))
+    code, out, err = await bxctl(d, "status", "--in", "nosuch")
+    assert (code, out) == (2, "")
+    assert err.startswith("bxctl: ")
+    assert "nosuch" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_status_reads_the_wire_models_as_plain_json() -> None:
+    """The plain reading of a `status` line renders as its model does: every field `bxctl
+    status` prints is named as proto.py names it."""
+    asking = ApprovalNeeded.model_validate(
+        {
+            "call": 3,
+            "session": "sub",
+            "tool": "write_file",
+            "arguments": {"path": "a.txt", "lines": [{"n": 1}]},
+            "class": "private",
+            "untrusted": False,
+            "timeout": 60.0,
+        }
+    )
+    status = Status(
+        session="s1",
+        server="http://a",
+        model="m.gguf",
+        slot=0,
+        busy=True,
+        queue=1,
+        turns=2,
+        last_usage=Usage(
+            prompt_n=10,
+            cache_n=90,
+            predicted_n=5,
+            prompt_ms=1.0,
+            predicted_ms=2.0,
+            reasoning_tokens=0,
+            thinking_capped=False,
+        ),
+        context=100,
+        past_reasoning=25,
+        pending=[Event(id="t", event=asking)],
+        slots=[
+            SlotInfo(server="http://a", slot=0, session="s1", tokens=100, busy=True),
+            SlotInfo(server="http://b", slot=0, session=None, tokens=None, busy=False),
+        ],
+    )
+    plain = status_lines(read_message(dump(status)))  # type: ignore[arg-type] # read as its model
+    assert plain == status_lines(status)
+    assert plain == [
+        "session  s1 (2 turns)",
+        "server   http://a  model m.gguf  slot 0",
+        "turn     running, 1 waiting",
+        "slot http://a 0   busy, session s1, 100 tokens",
+        "slot http://b 0   idle, free",
+        "last     10 prompt tokens processed, 90 cached, 5 generated",
+        "context  100 tokens in the slot, 25 of them past reasoning (25%)",
+        (
+            'waiting  call 3: write_file {"path": "a.txt", "lines": [{"n": 1}]} '
+            "(bxctl approve 3 --once|--session|--deny --in s1 --sub-agent sub)"
+        ),
+    ]
 
 
 # -- rendering, without a terminal -----------------------------------------------------------

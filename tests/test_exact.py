@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bxctl.view import context_line
+from bxctl.text import context_line
 from loopd.infer import ChatFormat, FormatError, ToolCall, ToolCallFormat
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "loopd.inbox",
         "loopd.supervise",
         "loopd.server_proc",
+        "loopd.locations",
         "loopd.wire.lines",
     ),
     ("loopd.infer",),

@@ -24,17 +24,14 @@ from rich.text import Text
 
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
+from bxctl.text import as_tree, context_line, session_line, unreadable_line
 from bxctl.view import (
     APPROVAL_KEYS,
     DEMO_MODELS,
     DEMO_NOTE,
     TurnView,
     approval_panel,
-    as_tree,
-    context_line,
     instructions_line,
-    session_line,
-    unreadable_line,
 )
 from loopd.backoff import RECONNECT
 from loopd.session.records import RECORD

@@ -169,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help()
         return EXIT_OK
-    # Here, not above: `--help` and a usage error need none of what the commands import.
+    # Here, not above: `--help` and a usage error need none of what the commands import, and
+    # `status` and `sessions` most often only a plain socket.
+    if args.command in ("status", "sessions"):
+        from bxctl.oneshot import run as plainly  # noqa: PLC0415
+
+        if (code := plainly(args)) is not None:
+            return code
     from bxctl.commands import run  # noqa: PLC0415
 
     return run(args)

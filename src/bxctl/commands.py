@@ -4,8 +4,6 @@ a command is to run)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -22,17 +20,17 @@ from bxctl.cli import (
     EXIT_USAGE,
     FAILURE_EXIT,
 )
-from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.connection import Connection
+from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter
-from bxctl.view import as_tree, context_line, session_line, unreadable_line
+from bxctl.text import approve_command
 from loopd.config import ConfigError, load_config
-from loopd.groups import innermost
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
 from loopd.wire.events import ApprovalNeeded
-from loopd.wire.proto import Error, Event, Sessions, Status, TurnDone, TurnFailed, Undone
+from loopd.wire.proto import Error, Event, TurnDone, TurnFailed, Undone
 
 __all__ = ["run"]
 
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
         if args.command == "chat":
             return _chat(args, path, starter)
         if args.command == "status":
-            return trio.run(_status, path, args.where)
+            return status(path, args.where)
         if args.command == "approve":
             return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
         if args.command == "undo":
@@ -63,25 +61,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             trio.run(serve, path, starter)
             return EXIT_OK
         if args.command == "sessions":
-            return trio.run(_sessions, path, Store(config.store.directory))
+            store = Store(config.store.directory)
+            code = sessions(path, store.directory)
+            return trio.run(_stored_sessions, store) if code is None else code
         return _log(Store(config.store.directory), args.session)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
-        return _exit_for(innermost(e))
-
-
-def _exit_for(error: BaseException) -> int:
-    if isinstance(error, SessionRefused):
-        print(f"bxctl: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if isinstance(error, Unreachable):
-        print(f"bxctl: {error}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    if isinstance(error, BrokenPipeError):  # the reader of our output left: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
-    if isinstance(error, KeyboardInterrupt):
-        return EXIT_FAILED
-    raise error
+        return exit_for(e)
 
 
 def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
@@ -139,7 +124,7 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             if not approve:
                 print(
                     f"\nbxctl: call {asking.call} ({asking.tool}) waits for approval; answer "
-                    f"it with `{_approve_command(asking, connection.session)}`, or run with "
+                    f"it with `{approve_command(asking, connection.session)}`, or run with "
                     "--yes",
                     file=sys.stderr,
                 )
@@ -162,47 +147,6 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             return FAILURE_EXIT.get(what, EXIT_FAILED)
     print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
     return EXIT_UNREACHABLE
-
-
-def _approve_command(asking: ApprovalNeeded, session: str | None) -> str:
-    command = f"bxctl approve {asking.call} --once|--session|--deny --in {session}"
-    return f"{command} --sub-agent {asking.session}" if asking.session else command
-
-
-async def _status(path: Path, where: str) -> int:
-    connection = await Connection.open(path)
-    await connection.hello(where)
-    status = await connection.request({"type": "status"}, "status")
-    await connection.aclose()
-    if not isinstance(status, Status):
-        raise Unreachable(f"loopd answered {status.type}, not status")
-    console = Console()
-    console.print(f"session  {status.session} ({status.turns} turns)")
-    slot = "none" if status.slot is None else status.slot
-    console.print(f"server   {status.server}  model {status.model or '?'}  slot {slot}")
-    console.print(f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting")
-    for view in status.slots:
-        held = "free" if view.session is None else f"session {view.session}"
-        tokens = "" if view.tokens is None else f", {view.tokens} tokens"
-        server = f"{view.server} " if len({v.server for v in status.slots}) > 1 else ""
-        state = "busy" if view.busy else "idle"
-        console.print(f"slot {server}{view.slot}   {state}, {held}{tokens}")
-    if status.last_usage:
-        u = status.last_usage
-        console.print(
-            f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
-            f"{u.predicted_n} generated"
-        )
-    if status.context is not None:
-        console.print(f"context  {context_line(status.context, status.past_reasoning)}")
-    for line in status.pending:
-        if isinstance(asking := line.event, ApprovalNeeded):
-            console.print(
-                f"waiting  call {asking.call}: {asking.tool} {json.dumps(asking.arguments)} "
-                f"({_approve_command(asking, status.session)})",
-                markup=False,
-            )
-    return EXIT_OK
 
 
 async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:
@@ -234,29 +178,12 @@ async def _undo(path: Path, call: int | None, where: str) -> int:
     return EXIT_OK
 
 
-async def _sessions(path: Path, store: Store) -> int:
-    """The sessions, oldest first, each sub-agent's under the session that started it; the
-    latest (the one `chat --continue` takes) marked."""
-    try:
-        connection = await Connection.open(path)
-    except Unreachable:
-        listing = await store.listing()
-        listed = [proto.SessionInfo.of(s) for s in listing.sessions]
-        unreadable = [proto.Unreadable.of(u) for u in listing.unreadable]
-        current = None
-    else:
-        answer = await connection.request({"type": "sessions"}, "sessions")
-        await connection.aclose()
-        if not isinstance(answer, Sessions):
-            raise Unreachable(f"loopd answered {answer.type}, not sessions")
-        listed, current, unreadable = answer.sessions, answer.current, answer.unreadable
-    current = current or store.latest()  # asking put this client in no session
-    for depth, s in as_tree(listed):
-        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
-    for bad in unreadable:
-        print(unreadable_line(bad.id, bad.reason))
-    if not listed and not unreadable:
-        print(f"no sessions in {store.directory}")
+async def _stored_sessions(store: Store) -> int:
+    """The sessions as the store holds them, when no loopd answers."""
+    listing = await store.listing()
+    listed = [proto.SessionInfo.of(s) for s in listing.sessions]
+    unreadable = [proto.Unreadable.of(u) for u in listing.unreadable]
+    print_sessions(listed, unreadable, None, store.directory)
     return EXIT_OK
 
 

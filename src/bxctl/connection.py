@@ -3,34 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import trio
 from pydantic import ValidationError
 
-from loopd import __version__
+from bxctl.oneshot import (
+    MAX_LINE,
+    SessionRefused,
+    Unreachable,
+    check_owner,
+    connection_closed,
+    hello,
+    not_running,
+)
 from loopd.wire.events import SessionContinued
-from loopd.wire.lines import LineReader, TooLong
-from loopd.wire.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
+from loopd.wire.lines import TooLong
+from loopd.wire.proto import DAEMON_MESSAGE, DaemonMessage, Error, Event, Welcome
+from loopd.wire.reader import LineReader
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
-
-# The daemon's lines can be long (a history page, a big tool result preview).
-MAX_LINE = 64 * 1024 * 1024
-
-
-class Unreachable(Exception):
-    """No daemon answers on the socket."""
-
-
-class SessionRefused(Exception):
-    """loopd would not open the session; the message says why."""
-
-    def __init__(self, error: Error) -> None:
-        super().__init__(error.message)
-        self.code = error.code
 
 
 class Connection:
@@ -47,14 +40,11 @@ class Connection:
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
-        _check_owner(path)
+        check_owner(path)
         try:
             stream = await trio.open_unix_socket(str(path))
         except OSError as e:
-            raise Unreachable(
-                f"loopd is not running at {path} ({e.strerror}): start it with `loopd serve`"
-                " (or `just serve`)"
-            ) from None
+            raise not_running(path, e) from None
         return cls(stream, path)
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -65,19 +55,11 @@ class Connection:
     ) -> str:
         """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`); the
         session's id. Raises `SessionRefused` when loopd cannot open it."""
-        await self.send(
-            {
-                "type": "hello",
-                "protocol": PROTOCOL,
-                "client": f"{client} {__version__}",
-                "session": session,
-                "cwd": cwd,
-            }
-        )
+        await self.send(hello(session, cwd, client))
         while True:
             message = await self.receive()
             if message is None:
-                raise Unreachable(f"loopd at {self.path} closed the connection")
+                raise connection_closed(self.path)
             if isinstance(message, Error):
                 raise SessionRefused(message)
             if isinstance(message, Welcome):
@@ -108,19 +90,7 @@ class Connection:
         while (got := await self.receive()) is not None:
             if got.type in (answer, "error"):
                 return got
-        raise Unreachable(f"loopd at {self.path} closed the connection")
+        raise connection_closed(self.path)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
-
-
-def _check_owner(path: Path) -> None:
-    """Talk only to a socket of this user's: another user's could be anyone's daemon."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return  # nothing there: connecting says so
-    if info.st_uid != os.getuid():
-        raise Unreachable(
-            f"{path} belongs to another user (uid {info.st_uid}), not to you: not connecting"
-        )

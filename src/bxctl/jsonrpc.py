@@ -19,7 +19,8 @@ from typing import Any
 import trio
 from pydantic import BaseModel, ValidationError
 
-from loopd.wire.lines import LineReader, TooLong
+from loopd.wire.lines import TooLong
+from loopd.wire.reader import LineReader
 
 __all__ = [
     "INTERNAL_ERROR",

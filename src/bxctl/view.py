@@ -11,7 +11,6 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
@@ -55,11 +54,8 @@ __all__ = [
     "TurnView",
     "agent_line",
     "approval_panel",
-    "as_tree",
-    "context_line",
     "instructions_line",
     "session_failed",
-    "session_line",
     "usage_line",
 ]
 
@@ -391,62 +387,3 @@ def usage_line(usage: Usage) -> Text:
     if usage.thinking_capped:
         text += "; thinking capped"
     return Text(text, style="dim")
-
-
-def session_line(  # noqa: PLR0913 - one line says all of these
-    session_id: str,
-    turns: int,
-    last_activity: str,
-    current: str | None,
-    continues: str | None = None,
-    *,
-    depth: int = 0,
-) -> str:
-    """One session in a list; the one loopd serves is starred, one that continues another (a
-    compaction) names it, and a sub-agent's is drawn `depth` levels under its parent."""
-    mark = "*" if session_id == current else " "
-    name = f"{'   ' * (depth - 1)}└─ {session_id}" if depth else session_id
-    line = f"{mark} {name}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
-    return f"{line}  continues {continues}" if continues else line
-
-
-def unreadable_line(session_id: str, reason: str) -> str:
-    """A log in the store that does not read, in a list of sessions, and why."""
-    return f"! {session_id}  does not read: {reason}"
-
-
-class _Listed(Protocol):
-    @property
-    def id(self) -> str: ...
-    @property
-    def parent(self) -> str | None: ...
-
-
-L = TypeVar("L", bound=_Listed)
-
-
-def as_tree(sessions: Sequence[L], *, newest_first: bool = False) -> list[tuple[int, L]]:
-    """The sessions with their depth, each sub-agent's under the session that started it
-    (oldest first there); the top sessions in order, or newest first."""
-    ids = {s.id for s in sessions}
-    children: dict[str, list[L]] = {}
-    for s in sessions:
-        if s.parent in ids:
-            children.setdefault(s.parent, []).append(s)
-    tops = [s for s in sessions if s.parent not in ids]
-    tree: list[tuple[int, L]] = []
-    stack = [(0, s) for s in (tops if newest_first else reversed(tops))]
-    while stack:
-        depth, s = stack.pop()
-        tree.append((depth, s))
-        stack += [(depth + 1, c) for c in reversed(children.get(s.id, []))]
-    return tree
-
-
-def context_line(context: int, past_reasoning: int | None) -> str:
-    """How full the slot is, and how much of it is past reasoning (a cost a user can cut with
-    `/think off` or `[loop] thinking = false`)."""
-    if past_reasoning is None:
-        return f"{context} tokens in the slot (history sent as messages)"
-    share = past_reasoning / context if context else 0.0
-    return f"{context} tokens in the slot, {past_reasoning} of them past reasoning ({share:.0%})"

@@ -12,9 +12,7 @@ config directory (`~/.config/loopd/` on Linux) when it exists.
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -33,6 +31,7 @@ from pydantic import (
     ValidationError,
 )
 
+from loopd.locations import APP, config_path, default_socket, default_store
 from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT
 from loopd.session.records import DataClass
 
@@ -61,8 +60,6 @@ __all__ = [
     "private_paths",
     "user_instructions",
 ]
-
-APP = "loopd"
 
 Action = Literal["allow", "ask", "deny"]
 
@@ -248,21 +245,8 @@ class AgentsConfig(_Table):
         )
 
 
-def _default_socket() -> Path:
-    # $XDG_RUNTIME_DIR is private to the user; without one, a per-user folder in /tmp that the
-    # channel server creates 0700 (platformdirs' own fallback comes with a warning).
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / APP / "loopd.sock"
-    return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}" / "loopd.sock"
-
-
-def _default_store() -> Path:
-    return platformdirs.user_state_path(APP) / "sessions"
-
-
 class ChannelConfig(_Table):
-    socket: Path = Field(default_factory=_default_socket)
+    socket: Path = Field(default_factory=default_socket)
     """The Unix socket clients connect to (made 0600, in a 0700 directory)."""
     max_line: PositiveInt = 1 << 20
     """The longest line a client may send, in bytes."""
@@ -278,7 +262,7 @@ class ChannelConfig(_Table):
 
 
 class StoreConfig(_Table):
-    directory: Path = Field(default_factory=_default_store)
+    directory: Path = Field(default_factory=default_store)
     """Where session logs live, one `<id>.jsonl` each."""
 
 
@@ -429,16 +413,6 @@ def user_instructions() -> Path:
     """The user's own `AGENTS.md`, which every new session's baseline carries where it exists
     (`$XDG_CONFIG_HOME/loopd/AGENTS.md`)."""
     return platformdirs.user_config_path(APP) / "AGENTS.md"
-
-
-def config_path(explicit: Path | None = None) -> tuple[Path | None, bool]:
-    """The file to read, and whether the user named it (then it must exist)."""
-    if explicit is not None:
-        return explicit, True
-    if named := os.environ.get("LOOPD_CONFIG"):
-        return Path(named), True
-    default = platformdirs.user_config_path(APP) / "config.toml"
-    return (default, False) if default.is_file() else (None, False)
 
 
 def load_config(explicit: Path | None = None) -> tuple[Config, Path | None]:

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from loopd.actors import Core, Subscription
 from loopd.config import ChannelConfig
 from loopd.wire import proto
-from loopd.wire.lines import LineReader, TooLong
+from loopd.wire.lines import TooLong
+from loopd.wire.reader import LineReader
 
 from ._handlers import Client, DaemonInfo, handle
 

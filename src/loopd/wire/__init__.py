@@ -1,3 +1,11 @@
 """What goes over loopd's socket: the messages (`proto`), the events of a turn (`events`) and
-the framing of JSON lines under a cap (`lines`). A client imports this and `loopd.session`'s
-records, and nothing of the daemon."""
+the framing of JSON lines under a cap (`lines`, read from a trio stream by `reader`). A client
+imports this and `loopd.session`'s records, and nothing of the daemon.
+
+The protocol version is here, apart from the models, for a client that reads the lines as
+plain JSON (`bxctl status`)."""
+
+__all__ = ["PROTOCOL"]
+
+PROTOCOL = 2
+"""The channel protocol's version (`loopd.wire.proto`'s docstring says how it changes)."""

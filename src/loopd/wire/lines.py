@@ -3,19 +3,16 @@
 The one framing of every line protocol here: loopd's socket (both ends) and `bxctl acp`'s
 stdin. A line over the cap is reported as soon as it is known to be one, before more of it
 is kept; the reader decides what that means (the socket closes the connection, the ACP agent
-answers an error and goes on past the line's end).
+answers an error and goes on past the line's end). Sans-IO, and free of trio: `bxctl
+status` frames its blocking socket's bytes with it too; `loopd.wire.reader` reads a trio
+stream through it.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-import trio
-
-__all__ = ["LineReader", "Lines", "TooLong"]
-
-READ_SIZE = 1 << 16
+__all__ = ["Lines", "TooLong"]
 
 
 @dataclass(frozen=True)
@@ -58,25 +55,3 @@ class Lines:
                 found.append(TooLong(self.cap))
             elif line.strip():
                 found.append(line)
-
-
-class LineReader:
-    """One line at a time from a stream."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream, cap: int) -> None:
-        self.stream = stream
-        self._lines = Lines(cap)
-        self._ready: deque[bytes | TooLong] = deque()
-
-    async def next(self) -> bytes | TooLong | None:
-        """The next line; None when the stream ended (half a line left over is dropped) or
-        broke."""
-        while not self._ready:
-            try:
-                data = await self.stream.receive_some(READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return None
-            if not data:
-                return None
-            self._ready.extend(self._lines.feed(data))
-        return self._ready.popleft()

@@ -15,6 +15,7 @@ from loopd.session.records import Decision, FailureKind, UsageRecord
 from loopd.session.store import SessionInfo as StoredSession
 from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
+from loopd.wire import PROTOCOL
 from loopd.wire.events import TurnEvent
 
 __all__ = [
@@ -57,8 +58,6 @@ __all__ = [
     "dump",
     "json_schema",
 ]
-
-PROTOCOL = 2
 
 SessionFault = WriteFault | Literal["error"]
 """Why a session failed: its log could not be written, or `error`, a bug in loopd."""
