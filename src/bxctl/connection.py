@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,15 @@ from pydantic import ValidationError
 from loopd import __version__
 from loopd.wire.events import SessionContinued
 from loopd.wire.lines import LineReader, TooLong
-from loopd.wire.proto import DAEMON_MESSAGE, PROTOCOL, DaemonMessage, Error, Event, Welcome
+from loopd.wire.proto import (
+    DAEMON_MESSAGE,
+    PROTOCOL,
+    DaemonMessage,
+    Error,
+    Event,
+    McpServer,
+    Welcome,
+)
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
 
@@ -61,10 +70,16 @@ class Connection:
         await self.stream.send_all(json.dumps(message).encode() + b"\n")
 
     async def hello(
-        self, session: str = "new", *, cwd: str | None = None, client: str = "bxctl"
+        self,
+        session: str = "new",
+        *,
+        cwd: str | None = None,
+        servers: Sequence[McpServer] = (),
+        client: str = "bxctl",
     ) -> str:
-        """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`); the
-        session's id. Raises `SessionRefused` when loopd cannot open it."""
+        """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`), giving
+        it MCP servers of its own; the session's id. Raises `SessionRefused` when loopd cannot
+        open it."""
         await self.send(
             {
                 "type": "hello",
@@ -72,6 +87,7 @@ class Connection:
                 "client": f"{client} {__version__}",
                 "session": session,
                 "cwd": cwd,
+                "mcp_servers": [server.model_dump() for server in servers],
             }
         )
         while True:
