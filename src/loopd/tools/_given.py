@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from loopd.config import McpServer, Policy, ToolsConfig
+from loopd.groups import innermost
 from loopd.session.records import GivenServer
 from loopd.supervise import RESTARTS, Restarts
 from loopd.wire import proto
@@ -59,10 +60,15 @@ async def given_tools(
             continue
         spec = McpServer(command=server.command, env=server.env, policy=GIVEN_POLICY)
         sources.append(McpSource(server.name, spec, registry, config, restarts))
-    async with trio.open_nursery() as nursery:
-        await start_sources(nursery, sources)
-        yield port.scoped(registry, {s.name: s for s in sources}), tuple(given)
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await start_sources(nursery, sources)
+            yield port.scoped(registry, {s.name: s for s in sources}), tuple(given)
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The sources' supervisors raise nothing of their own: the block's error (a session
+        # that failed) goes on as it came, not in the nursery's group.
+        raise innermost(group) from None
 
 
 def _refusal(name: str, config: ToolsConfig, shared: Registry, earlier: list[str]) -> str | None:
