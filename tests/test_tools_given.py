@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from loopd.config import McpServer, Policy, ToolsConfig
@@ -129,3 +130,16 @@ def test_a_registry_over_another_offers_both_and_sees_the_others_changes() -> No
     assert own.sources() == {"builtin", "notes", "web"}
     own.set_source("builtin", [entry("read_file", "builtin-shadow")])
     assert own.get("read_file") == entry("read_file", "builtin")  # loopd's own wins
+
+
+async def test_an_error_of_the_session_stops_its_servers_and_passes_as_it_came(
+    tmp_path: Path,
+) -> None:
+    """The session's actor failing (its registry catches `SessionFailed` by its type)."""
+    pid_file = tmp_path / "pid"
+    config = ToolsConfig(timeout=10)
+    async with open_tool_port(config) as port:
+        with pytest.raises(KeyError, match="the session failed"):
+            async with given_tools(port, config, [given("notes", pid_file)]):
+                raise KeyError("the session failed")
+    assert await gone(int(pid_file.read_text()))
