@@ -4,8 +4,9 @@
                │                 MCP servers)
                ├─ slot pool     (owns the server's slots; lends one to a session for a turn)
                └─ sessions      (a session actor per live conversation: its log, its turns,
-                                 their events; the registry opens and stops them; a turn's
-                                 `delegate` calls run sub-agents in the calls' tasks)
+                                 their events; the registry opens and stops them, each with
+                                 the MCP servers its client gave it; a turn's `delegate`
+                                 calls run sub-agents in the calls' tasks)
 
 Each actor has one inbox: a memory channel of typed messages, with a reply channel where an
 answer is needed, reached through its handle. They start in that order, each before the next
