@@ -29,12 +29,15 @@ from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from conftest import Unstarted
 from loopd.infer import slot_tokens
 from loopd.session.baseline import make_baseline
-from loopd.session.records import UsageRecord
+from loopd.session.records import GivenServer, McpServersRecord, ToolResultRecord, UsageRecord
 from loopd.session.store import ParentCall, SessionLocked, Store
 from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
+from test_hands import call as call_tool
 from test_hands import notes_folder, write
 from test_sessions import assert_no_loss, embedded, records
+from test_tools_given import gone
+from test_tools_mcp import SERVER
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
 
@@ -469,6 +472,13 @@ class Raw:
         await self.send(json.dumps(message).encode())
         return await self.receive()
 
+    async def answer(self, id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
+        """The answer to a request, past the notifications that come before it."""
+        answer = await self.request(id, method, params)
+        while answer.get("id") != id:
+            answer = await self.receive()
+        return answer
+
 
 async def raw_acp(d: Daemon, *args: str) -> Raw:
     command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "acp", *args]
@@ -680,6 +690,76 @@ async def test_with_no_roots_a_folder_too_wide_or_holding_loopds_files_is_refuse
     assert f"{Path.home()} is your home folder" in home
     assert f"{tmp_path} holds loopd's own files" in holds
     assert f"{d.home / 'sessions'} is inside loopd's own files" in inside
+
+
+async def test_the_editors_mcp_server_serves_its_session_alone_and_stops_when_it_closes(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes, pid_file = notes_folder(tmp_path), tmp_path / "pid"
+    script = [
+        call_tool("notes.read_note", {"title": "groceries"}),
+        Reply(content="Eggs."),
+        call_tool("notes.list_notes", {}),  # in another session
+        Reply(content="No notes here."),
+        Reply(tool_calls=(("c1", "find_tool", '{"query": "read a note"}'),)),
+        Reply(content="None found."),
+        Reply(content="Still here."),  # in a session whose server could not start
+    ]
+    allow = 'policies.notes = { action = "allow" }'
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]\n{allow}')
+    server = {
+        "name": "notes",
+        "command": sys.executable,
+        "args": [SERVER],
+        "env": [{"name": "NOTES_PID_FILE", "value": str(pid_file)}],
+    }
+    broken = {"name": "broken", "command": str(tmp_path / "no-such-server"), "args": []}
+    acp = await raw_acp(d)
+
+    async def session(id: int, servers: list[dict[str, Any]]) -> str:  # noqa: A002
+        new = {"cwd": str(notes), "mcpServers": servers}
+        answer = await acp.answer(id, "session/new", new)
+        return str(answer["result"]["sessionId"])
+
+    async def prompt(id: int, session: str) -> str:  # noqa: A002
+        params = {"sessionId": session, "prompt": [{"type": "text", "text": "notes?"}]}
+        return str((await acp.answer(id, "session/prompt", params))["result"]["stopReason"])
+
+    try:
+        mine = await session(1, [server])
+        assert await prompt(2, mine) == "end_turn"
+        other = await session(3, [])
+        assert await prompt(4, other) == "end_turn"
+        assert await prompt(5, other) == "end_turn"
+        pid = int(pid_file.read_text())
+        assert (await acp.answer(6, "session/close", {"sessionId": mine}))["result"] == {}
+        assert await gone(pid)
+        working = await session(7, [{**broken, "env": []}])
+        assert await prompt(8, working) == "end_turn"
+        web = {"type": "http", "name": "web", "url": "http://localhost:1", "headers": []}
+        refused = await acp.answer(9, "session/new", {"cwd": str(notes), "mcpServers": [web]})
+    finally:
+        await acp.close()
+    results = [r for r in records(d, mine) if isinstance(r, ToolResultRecord)]
+    assert [r.content for r in results] == ["eggs, milk, bread"]
+    given = [r for r in records(d, mine) if isinstance(r, McpServersRecord)]
+    assert given == [
+        McpServersRecord(
+            time=given[0].time,
+            servers=(GivenServer(name="notes", command=(sys.executable, SERVER)),),
+        )
+    ]
+    assert str(pid_file) not in (d.home / "sessions" / f"{mine}.jsonl").read_text()
+    elsewhere = [r.content for r in records(d, other) if isinstance(r, ToolResultRecord)]
+    assert elsewhere[0].startswith("There is no tool named 'notes.list_notes'")
+    assert "notes." not in elsewhere[1]
+    assert elsewhere[1].startswith("Tools for 'read a note'")
+    assert [r.content for r in records(d, working) if isinstance(r, ToolResultRecord)] == []
+    assert refused["error"]["code"] == INVALID_PARAMS
+    assert (
+        "MCP server 'web' is over http: loopd runs MCP servers over stdio only"
+        in (refused["error"]["message"])
+    )
 
 
 def _rpc(id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002

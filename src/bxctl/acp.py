@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,14 @@ from pydantic import ValidationError
 from bxctl.acp_map import (
     BadCursor,
     Command,
+    EditorServer,
+    NotStdio,
     Update,
     command_of,
     commands_update,
     decision_of,
     listed,
+    mcp_servers,
     permission_request,
     replayed,
     status_text,
@@ -57,6 +61,7 @@ from loopd.wire.proto import (
     Error,
     Event,
     History,
+    McpServer,
     SessionFailed,
     Sessions,
     Status,
@@ -114,6 +119,8 @@ class _Session:
     asked: _Asked | None = None
     asking: trio.Lock = field(default_factory=trio.Lock)
     """One request of that kind at a time."""
+    servers: list[McpServer] = field(default_factory=list)
+    """The editor's MCP servers for it: given again when loopd comes back."""
 
 
 class Agent:
@@ -190,13 +197,13 @@ class Agent:
         )
 
     async def new_session(self, request: schema.NewSessionRequest) -> schema.NewSessionResponse:
-        session = await self._open("new", request.cwd)
+        session = await self._open("new", request.cwd, request.mcp_servers)
         return schema.NewSessionResponse(session_id=session.id)
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
         if (old := self.sessions.pop(request.session_id, None)) is not None:
             await self._close(old)
-        session = await self._open(request.session_id, None, follow=False)
+        session = await self._open(request.session_id, None, request.mcp_servers, follow=False)
         start = 0
         while True:  # the whole history, a page at a time, before the answer
             page = await session.connection.request(
@@ -219,7 +226,7 @@ class Agent:
         back as a loaded session's does."""
         if (old := self.sessions.pop(request.session_id, None)) is not None:
             await self._close(old)
-        await self._open(request.session_id, None)
+        await self._open(request.session_id, None, request.mcp_servers)
         return schema.ResumeSessionResponse()
 
     async def close_session(
@@ -273,24 +280,40 @@ class Agent:
             async with self._starting:
                 await self.starter.ensure()
 
-    async def _connect(self, which: str, cwd: str | None = None) -> tuple[Connection, str]:
-        """A connection to loopd in session `which` (`new` in folder `cwd`), and the session's
-        id; closed again when loopd refuses it (`SessionRefused`)."""
+    async def _connect(
+        self, which: str, cwd: str | None = None, servers: Sequence[McpServer] = ()
+    ) -> tuple[Connection, str]:
+        """A connection to loopd in session `which` (`new` in folder `cwd`) with the editor's
+        MCP servers for it, and the session's id; closed again when loopd refuses it
+        (`SessionRefused`)."""
         await self._loopd()
         connection = await Connection.open(self.socket)
         try:
-            return connection, await connection.hello(which, cwd=cwd, client="bxctl acp")
+            return connection, await connection.hello(
+                which, cwd=cwd, servers=servers, client="bxctl acp"
+            )
         except BaseException:
             await connection.aclose()
             raise
 
-    async def _open(self, which: str, cwd: str | None, *, follow: bool = True) -> _Session:
+    async def _open(
+        self,
+        which: str,
+        cwd: str | None,
+        given: Sequence[EditorServer] | None,
+        *,
+        follow: bool = True,
+    ) -> _Session:
         try:
-            connection, loopd_id = await self._connect(which, cwd)
+            servers = mcp_servers(given)
+        except NotStdio as e:
+            raise RpcError(INVALID_PARAMS, str(e)) from None
+        try:
+            connection, loopd_id = await self._connect(which, cwd, servers)
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None
-        session = self.sessions[loopd_id] = _Session(loopd_id, connection)
+        session = self.sessions[loopd_id] = _Session(loopd_id, connection, servers=servers)
         status = await connection.request({"type": "status"}, "status")
         session.window = status.context_size if isinstance(status, Status) else None
         if follow:
@@ -379,7 +402,7 @@ class Agent:
     async def _reconnect(self, session: _Session) -> None:
         """A new connection to loopd, in the session the old one was in last."""
         try:
-            connection, _ = await self._connect(session.connection.session)
+            connection, _ = await self._connect(session.connection.session, servers=session.servers)
         except SessionRefused as e:
             raise RpcError(
                 INTERNAL_ERROR, f"loopd is back but would not open the session: {e}"

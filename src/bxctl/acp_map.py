@@ -26,18 +26,21 @@ from loopd.wire.events import (
     ToolResult,
     WaitingForServer,
 )
-from loopd.wire.proto import SessionInfo, Status, TurnFailed, Undone, Usage
+from loopd.wire.proto import McpServer, SessionInfo, Status, TurnFailed, Undone, Usage
 
 __all__ = [
     "COMMANDS",
     "LIST_PAGE",
     "BadCursor",
     "Command",
+    "EditorServer",
+    "NotStdio",
     "Update",
     "command_of",
     "commands_update",
     "decision_of",
     "listed",
+    "mcp_servers",
     "permission_request",
     "replayed",
     "status_text",
@@ -291,6 +294,31 @@ def undone_text(undone: Undone) -> str:
 
 LIST_PAGE = 50
 """Sessions in one `session/list` answer at most."""
+
+
+EditorServer = (
+    schema.McpServerStdio | schema.HttpMcpServer | schema.SseMcpServer | schema.AcpMcpServer
+)
+
+
+class NotStdio(ValueError):
+    """An MCP server the editor gave that is not over stdio, the one transport loopd runs."""
+
+
+def mcp_servers(servers: Sequence[EditorServer] | None) -> list[McpServer]:
+    """The editor's MCP servers (`mcpServers`) as loopd's `mcp_servers`. Raises `NotStdio`
+    for one over http, sse or acp: the capabilities `initialize` answered say loopd has none
+    of those."""
+    given = []
+    for server in servers or ():
+        if not isinstance(server, schema.McpServerStdio):
+            raise NotStdio(
+                f"MCP server {server.name!r} is over {server.type}: loopd runs MCP servers over "
+                "stdio only (its mcpCapabilities say http and sse are not supported)"
+            )
+        env = {variable.name: variable.value for variable in server.env}
+        given.append(McpServer(name=server.name, command=[server.command, *server.args], env=env))
+    return given
 
 
 class BadCursor(ValueError):

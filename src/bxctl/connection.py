@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from bxctl.oneshot import (
 )
 from loopd.wire.events import SessionContinued
 from loopd.wire.lines import TooLong
-from loopd.wire.proto import DAEMON_MESSAGE, DaemonMessage, Error, Event, Welcome
+from loopd.wire.proto import DAEMON_MESSAGE, DaemonMessage, Error, Event, McpServer, Welcome
 from loopd.wire.reader import LineReader
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
@@ -51,11 +52,19 @@ class Connection:
         await self.stream.send_all(json.dumps(message).encode() + b"\n")
 
     async def hello(
-        self, session: str = "new", *, cwd: str | None = None, client: str = "bxctl"
+        self,
+        session: str = "new",
+        *,
+        cwd: str | None = None,
+        servers: Sequence[McpServer] = (),
+        client: str = "bxctl",
     ) -> str:
-        """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`); the
-        session's id. Raises `SessionRefused` when loopd cannot open it."""
-        await self.send(hello(session, cwd, client))
+        """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`), giving
+        it MCP servers of its own; the session's id. Raises `SessionRefused` when loopd cannot
+        open it."""
+        greeting = hello(session, cwd, client)
+        greeting["mcp_servers"] = [server.model_dump() for server in servers]
+        await self.send(greeting)
         while True:
             message = await self.receive()
             if message is None:

@@ -4,8 +4,9 @@
                │                 MCP servers)
                ├─ slot pool     (owns the server's slots; lends one to a session for a turn)
                └─ sessions      (a session actor per live conversation: its log, its turns,
-                                 their events; the registry opens and stops them; a turn's
-                                 `delegate` calls run sub-agents in the calls' tasks)
+                                 their events; the registry opens and stops them, each with
+                                 the MCP servers its client gave it; a turn's `delegate`
+                                 calls run sub-agents in the calls' tasks)
 
 Each actor has one inbox: a memory channel of typed messages, with a reply channel where an
 answer is needed, reached through its handle. They start in that order, each before the next
@@ -18,7 +19,7 @@ caches the slots hold are saved to the sessions' slot files.
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from loopd.session.compact import Compactor
 from loopd.session.records import Baseline
 from loopd.session.store import Session, Store
 from loopd.supervise import RESTARTS, Restarts
-from loopd.tools import Roots, delegate_entry, open_tool_port, secrets
+from loopd.tools import PortHandle, Roots, delegate_entry, given_tools, open_tool_port, secrets
 from loopd.turn import Runtime
 from loopd.turn.changes import Blobs, Hands
 from loopd.turn.exact import ExactHistory
@@ -155,13 +156,13 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
         if config.agents.depth > 0:
             port.registry.set_source(AGENTS, [delegate_entry(config.tools, AGENTS)])
 
-        def actor(session: Session, hooks: SessionHooks) -> SessionActor:
+        def actor(session: Session, hooks: SessionHooks, tools: PortHandle) -> SessionActor:
             return SessionActor(
                 session,
                 store=store,
                 baseline=baseline,
-                runtime=runtime,
-                port=port,
+                runtime=replace(runtime, port=tools, registry=tools.registry),
+                port=tools,
                 pool=pool,
                 files=files,
                 compactor=Compactor(
@@ -180,6 +181,7 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
                 store,
                 baseline,
                 actor,
+                partial(given_tools, port, config.tools, restarts=restarts),
                 max_live=config.session.max_live,
                 roots=Roots(
                     config.tools.roots, [*private, *secrets(config.tools.run)], own=private

@@ -10,7 +10,8 @@ for a session to open or to stop, in the caller's task.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import trio
 
 from loopd.session.closing import close_interrupted_turn, turn_open
 from loopd.session.instructions import with_instructions
-from loopd.session.records import Baseline
+from loopd.session.records import Baseline, GivenServer, McpServersRecord
 from loopd.session.store import (
     Listing,
     Session,
@@ -29,7 +30,8 @@ from loopd.session.store import (
     UnknownSession,
     fault_of,
 )
-from loopd.tools import FolderRefused, Roots
+from loopd.tools import FolderRefused, PortHandle, Roots
+from loopd.wire.proto import McpServer
 
 from ._agents import Agents
 from ._errors import (
@@ -78,7 +80,13 @@ class _Hooks(SessionHooks):
         self.registry.renamed(self.live, old, new)
 
 
-ActorFactory = Callable[[Session, SessionHooks], SessionActor]
+ActorFactory = Callable[[Session, SessionHooks, PortHandle], SessionActor]
+"""Makes a session's actor, whose calls go through the port handle given."""
+GivenTools = Callable[
+    [Sequence[McpServer]], AbstractAsyncContextManager[tuple[PortHandle, tuple[GivenServer, ...]]]
+]
+"""Runs the MCP servers a client gave a session while the block lasts (`tools.given_tools`):
+the port as that session sees it, and what became of each server."""
 
 
 class SessionRegistry:
@@ -88,6 +96,7 @@ class SessionRegistry:
         store: Store,
         baseline: Callable[[], Baseline],
         actor: ActorFactory,
+        tools: GivenTools,
         *,
         max_live: int,
         roots: Roots,
@@ -95,7 +104,7 @@ class SessionRegistry:
         instructions: InstructionReader | None = None,
     ) -> None:
         self._nursery, self.store, self._baseline = nursery, store, baseline
-        self._actor, self.max_live = actor, max_live
+        self._actor, self._tools, self.max_live = actor, tools, max_live
         self.roots = roots
         """`[tools] roots`: a new session's own folder must be inside one of them."""
         self._agents = agents
@@ -111,9 +120,12 @@ class SessionRegistry:
     def live(self) -> int:
         return len(set(self._by_id.values()))
 
-    async def attach(self, which: str, cwd: str | None = None) -> tuple[SessionHandle, str]:
+    async def attach(
+        self, which: str, cwd: str | None = None, servers: Sequence[McpServer] = ()
+    ) -> tuple[SessionHandle, str]:
         """The session `which` (an id, `latest` or `new`) for one more client: its handle and
-        id; `cwd`: a new session's own folder (an existing one keeps its own). Raises
+        id; `cwd`: a new session's own folder (an existing one keeps its own); `servers`: MCP
+        servers for it alone, started if this opens it (a live one keeps its own). Raises
         `TooManySessions`, `FolderNotAllowed`, `NoSuchSession` or `SessionUnavailable`."""
         try:
             folder = self.roots.folder(cwd) if cwd is not None and which == NEW else None
@@ -127,6 +139,8 @@ class SessionRegistry:
             key = LATEST if which == NEW else which
         while which != NEW:
             if (live := self._by_id.get(which)) is not None and live.handle is not None:
+                if servers:
+                    log.info("session %s is live: the MCP servers given are not started", which)
                 live.clients += 1
                 return live.handle, which
             if (pending := self._pending.get(which)) is None:
@@ -137,16 +151,18 @@ class SessionRegistry:
                 f"loopd serves {self.max_live} sessions at once ([session] max_live); leave "
                 "one, or wait for its turn to end"
             )
-        return await self._open(which, key, folder)
+        return await self._open(which, key, folder, servers)
 
     def instructions(self, session: str) -> tuple[str, ...]:
         """The paths of the `AGENTS.md` files the baseline of live session `session` carries."""
         live = self._by_id.get(session)
         return live.instructions if live is not None else ()
 
-    async def _open(self, which: str, key: str, cwd: Path | None) -> tuple[SessionHandle, str]:
-        """Open `which` (an id, or `new` in folder `cwd`); others asking for `key` meanwhile
-        wait for it."""
+    async def _open(
+        self, which: str, key: str, cwd: Path | None, servers: Sequence[McpServer]
+    ) -> tuple[SessionHandle, str]:
+        """Open `which` (an id, or `new` in folder `cwd`) with `servers`; others asking for
+        `key` meanwhile wait for it."""
         opened = trio.Event()
         if key != NEW:
             self._pending[key] = opened
@@ -161,7 +177,7 @@ class SessionRegistry:
                 )
             files = session.header.instructions.files if session.header.instructions else ()
             live = _Live({session.id}, tuple(f.path for f in files))
-            live.handle = await self._nursery.start(self._serve, session, live)
+            live.handle = await self._nursery.start(self._serve, session, live, servers)
         finally:
             self._pending.pop(key, None)
             opened.set()
@@ -217,14 +233,23 @@ class SessionRegistry:
         )
 
     async def _serve(
-        self, session: Session, live: _Live, *, task_status: trio.TaskStatus[SessionHandle]
+        self,
+        session: Session,
+        live: _Live,
+        servers: Sequence[McpServer],
+        *,
+        task_status: trio.TaskStatus[SessionHandle],
     ) -> None:
-        """Supervise one session actor: its failure closes that session alone, and is
-        forgotten, so the next client to ask for the session opens it again."""
-        actor = self._actor(session, _Hooks(self, live))
+        """Supervise one session actor, and the MCP servers it was given, which stop with it:
+        its failure closes that session alone, and is forgotten, so the next client to ask
+        for the session opens it again."""
         try:
             with live.scope:
-                await actor.run(task_status=task_status)
+                async with self._tools(servers) as (port, given):
+                    if given:
+                        await _record(session, given)
+                    actor = self._actor(session, _Hooks(self, live), port)
+                    await actor.run(task_status=task_status)
         except SessionFailed as e:
             log.error("%s; it is closed, every other session goes on", e)  # noqa: TRY400 - no bug
             self._forget_failed(live)
@@ -297,6 +322,17 @@ class SessionRegistry:
                 del self._pending[info.id]
                 done.set()
         return closed
+
+
+async def _record(session: Session, given: tuple[GivenServer, ...]) -> None:
+    """Write which servers the session was given; a log that cannot take it is not opened."""
+    try:
+        await session.append(McpServersRecord(servers=given))
+    except StoreError as e:
+        session.close()
+        why = f"session {session.id} cannot be opened: {fault_of(e)[1]}"
+        log.warning("%s", why)
+        raise SessionUnavailable(why) from None
 
 
 async def close_interrupted(store: Store, session: Session) -> bool:

@@ -6,7 +6,7 @@ actors.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,10 +85,13 @@ class Client:
         assert self.session is not None  # noqa: S101 - move attached it
         return self.session
 
-    async def move(self, which: str, cwd: str | None = None) -> str:
-        """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`), leaving
-        the one it was in; the session's id. Raises a `SessionError`."""
-        handle, session = await self.core.sessions.attach(which, cwd)
+    async def move(
+        self, which: str, cwd: str | None = None, servers: Sequence[proto.McpServer] = ()
+    ) -> str:
+        """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`) with the MCP
+        servers it gives it, leaving the one it was in; the session's id. Raises a
+        `SessionError`."""
+        handle, session = await self.core.sessions.attach(which, cwd, servers)
         subscription = await handle.subscribe(self.buffer)
         old, old_subscription = self.session, self.subscription
         self.session, self.subscription = handle, subscription
@@ -127,12 +130,17 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
             message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
             f"{message.protocol}: update the older of the two",
         )
-    await _move(client, message.session, message.cwd)
+    await _move(client, message.session, message.cwd, message.mcp_servers)
     return None
 
 
-async def _move(client: Client, which: str, cwd: str | None = None) -> None:
-    session = await client.move(which, cwd)
+async def _move(
+    client: Client,
+    which: str,
+    cwd: str | None = None,
+    servers: Sequence[proto.McpServer] = (),
+) -> None:
+    session = await client.move(which, cwd, servers)
     instructions = list(client.core.sessions.instructions(session))
     client.say(proto.Welcome(daemon=__version__, session=session, instructions=instructions))
 
@@ -220,11 +228,11 @@ async def _history(client: Client, message: proto.HistoryRequest) -> None:
 
 
 async def _new_session(client: Client, message: proto.NewSession) -> None:
-    await _move(client, "new", message.cwd)
+    await _move(client, "new", message.cwd, message.mcp_servers)
 
 
 async def _open_session(client: Client, message: proto.OpenSession) -> None:
-    await _move(client, message.id)
+    await _move(client, message.id, servers=message.mcp_servers)
 
 
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:

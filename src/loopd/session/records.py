@@ -33,8 +33,10 @@ __all__ = [
     "Decision",
     "FailureKind",
     "FileChangeRecord",
+    "GivenServer",
     "InstructionFile",
     "Instructions",
+    "McpServersRecord",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -52,11 +54,12 @@ __all__ = [
     "open_approvals",
 ]
 
-FORMAT = 5
+FORMAT = 6
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
 records (a session that continues another); 5 added `file_change` and `undo` records, an
-approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`)."""
+approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
+`mcp_servers` records."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -273,6 +276,27 @@ class UndoRecord(_Record):
     paths: tuple[str, ...]
 
 
+class GivenServer(BaseModel):
+    """An MCP server a client gave the session, as its log keeps it: never its environment,
+    which may hold tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    command: tuple[str, ...]
+    """Its command line."""
+    refused: str | None = None
+    """Why it was not started (its name is taken); None: it was."""
+
+
+class McpServersRecord(_Record):
+    """The MCP servers a client gave the session as it opened it (an editor's `mcpServers`):
+    their tools are offered to it alone while it is live. Produces no message."""
+
+    kind: Literal["mcp_servers"] = "mcp_servers"
+    servers: tuple[GivenServer, ...]
+
+
 class ApprovalRecord(_Record):
     """How an approval ended; produces no message (the call's result says it to the model)."""
 
@@ -319,7 +343,8 @@ Record = Annotated[
     | ApprovalRecord
     | SummaryRecord
     | FileChangeRecord
-    | UndoRecord,
+    | UndoRecord
+    | McpServersRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

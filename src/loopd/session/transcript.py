@@ -4,6 +4,8 @@ when it joins a session."""
 
 from __future__ import annotations
 
+import shlex
+
 from rich.text import Text
 
 from loopd.session.records import (
@@ -11,6 +13,8 @@ from loopd.session.records import (
     ApprovalRequestRecord,
     AssistantRecord,
     CacheLossRecord,
+    GivenServer,
+    McpServersRecord,
     Record,
     SummaryRecord,
     ToolResultRecord,
@@ -77,6 +81,16 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch 
             left_out = f", the first {record.omitted} characters left out" if record.omitted else ""
             said = f"summary of session {record.session}{left_out}: "
             lines.append(Text.assemble((said, "bold magenta"), record.text))
+        elif isinstance(record, McpServersRecord):
+            lines.extend(_given_line(server) for server in record.servers)
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines
+
+
+def _given_line(server: GivenServer) -> Text:
+    """An MCP server the session was given, and whether it was started."""
+    line = f"  MCP server {server.name} for this session: {shlex.join(server.command)}"
+    if server.refused is not None:
+        return Text(f"{line} (not started: {server.refused})", style="yellow")
+    return Text(line, style="dim")

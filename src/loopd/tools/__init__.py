@@ -31,7 +31,8 @@ from ._dispatch import (
     requested_tool,
 )
 from ._entry import ToolEntry
-from ._mcp import McpSource
+from ._given import given_tools
+from ._mcp import McpSource, start_sources
 from ._port import (
     Answered,
     Approval,
@@ -120,6 +121,7 @@ __all__ = [
     "find_tool_text",
     "folder_of",
     "for_the_model",
+    "given_tools",
     "open_tool_port",
     "plan",
     "policy_for",
@@ -153,16 +155,12 @@ async def open_tool_port(
             bound = process_bound(config.run)
             level = logging.WARNING if bound.startswith("NO") else logging.INFO
             log.log(level, "run_command: sandboxed by bubblewrap; %s", bound)
-    executors: dict[str, Executor] = {BUILTIN: builtins}
     sources = [
         McpSource(name, server, registry, config, restarts) for name, server in config.mcp.items()
     ]
+    executors: dict[str, Executor] = {BUILTIN: builtins, **{s.name: s for s in sources}}
     async with trio.open_nursery() as nursery:
-        for source in sources:
-            executors[source.name] = source
-            nursery.start_soon(source.supervise)
-        for source in sources:
-            await source.first_start.wait()
+        await start_sources(nursery, sources)
         async with run_tool_port(
             registry,
             executors,

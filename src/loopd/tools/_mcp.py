@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,7 +41,7 @@ from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import Registry, policy_for
 
-__all__ = ["McpSource"]
+__all__ = ["McpSource", "start_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class McpSource:
                     description=description,
                     schema=dict(tool.input_schema),
                     source=self.name,
-                    policy=policy_for(self.config, name, self.name),
+                    policy=policy_for(self.config, name, self.name, self.server.policy),
                 )
             )
         return entries
@@ -225,6 +226,15 @@ class McpSource:
             raise ToolFailure(f"{entry.name}: {e}") from None
         text = "\n".join(_text_of(block) for block in result.content)
         return ToolOutput(text, is_error=result.is_error)
+
+
+async def start_sources(nursery: trio.Nursery, sources: Sequence[McpSource]) -> None:
+    """Supervise `sources` in `nursery`, side by side; return once each has had its first
+    start (or failed it), so that their tools are in the registry from the first turn on."""
+    for source in sources:
+        nursery.start_soon(source.supervise)
+    for source in sources:
+        await source.first_start.wait()
 
 
 def _text_of(block: Any) -> str:

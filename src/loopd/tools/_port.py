@@ -234,6 +234,9 @@ _Note = Asking | outcome.Outcome[Verdict]
 class _Call:
     request: ToolRequest
     reply: trio.MemorySendChannel[_Note]
+    registry: Registry
+    """The tools its caller sees (a session's own MCP servers' too): the call is decided on
+    these."""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -283,6 +286,13 @@ class PortHandle:
         """Read by `find_tool` and the dispatch checks; only the port's sources change it."""
         self._executors, self._timeout = executors, timeout
 
+    def scoped(self, registry: Registry, executors: dict[str, Executor]) -> PortHandle:
+        """The same port, for a caller that sees `registry` (laid over this one's) and whose
+        calls of its sources run on `executors`: a session's own MCP servers, which no other
+        caller's call can reach."""
+        every = {**self._executors, **executors}
+        return PortHandle(self._inbox, registry, every, self._timeout)
+
     async def call(
         self,
         request: ToolRequest,
@@ -309,7 +319,7 @@ class PortHandle:
         """The port's decision on `request`; `on_asking` hears first if it waits for a
         person."""
         send, receive = trio.open_memory_channel[_Note](2)
-        job = _Call(request, send)
+        job = _Call(request, send, self.registry)
         try:
             try:
                 await self._inbox.send(job)
@@ -372,13 +382,9 @@ PORT = "the tool port"
 
 class _PortActor:
     def __init__(
-        self,
-        registry: Registry,
-        executors: dict[str, Executor],
-        approval_timeout: float,
-        restarts: Restarts,
+        self, executors: dict[str, Executor], approval_timeout: float, restarts: Restarts
     ) -> None:
-        self.registry, self.executors = registry, executors
+        self.executors = executors
         """The executors: here for their previews only."""
         self.approval_timeout, self.restarts = approval_timeout, restarts
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -430,7 +436,7 @@ class _PortActor:
 
     async def _decide(self, job: _Call) -> Verdict:
         request = job.request
-        entry = self.registry.get(request.tool)
+        entry = job.registry.get(request.tool)
         if entry is None:
             return Verdict(None, Failed(f"the tool {request.tool} is no longer there"))
         policy = entry.policy
@@ -496,7 +502,7 @@ async def run_tool_port(
     # Unbounded, and safe so: every message is a call or a question whose sender waits for the
     # answer, so at most one per turn, sub-agent or client task waits in it.
     send, receive = trio.open_memory_channel[_PortMessage](math.inf)
-    actor = _PortActor(registry, executors, approval_timeout, restarts)
+    actor = _PortActor(executors, approval_timeout, restarts)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run, receive)
         async with send:

@@ -3,6 +3,9 @@
 Entries come from sources: `builtin`, and one per MCP server (its tools named
 `<server>.<tool>`). A source's entries are replaced as a whole when it (re)connects, and marked
 unavailable while it is down, so `find_tool` can say so instead of offering a dead tool.
+
+A session given MCP servers of its own (an editor's) sees a registry of their tools laid over
+loopd's (`base`): what the base offers, and theirs; no other session sees them.
 """
 
 from __future__ import annotations
@@ -26,17 +29,20 @@ ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command"})
 """Built-in tools that change the world: they ask unless their own policy says otherwise."""
 
 
-def policy_for(config: ToolsConfig, name: str, source: str) -> Policy:
+def policy_for(config: ToolsConfig, name: str, source: str, server: Policy | None = None) -> Policy:
     """The policy of a tool: each key from the most specific table that sets it (the tool's
-    own, else its source's: `[tools.policies.<source>]`, then an MCP server's `policy`), else
-    its default; then made as strict as `[tools] class_actions` asks for its data class.
+    own, else its source's: `[tools.policies.<source>]`, then its MCP server's `policy`:
+    `server`, or `[tools.mcp.<source>] policy`), else its default; then made as strict as
+    `[tools] class_actions` asks for its data class.
 
     The tools in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
     table may make them deny, never allow; a table that sets only a class keeps them asking."""
     own = config.policies.get(name)
     tables = [t for t in (own, config.policies.get(source)) if t is not None]
-    if source in config.mcp:
-        tables.append(config.mcp[source].policy)
+    if server is None and source in config.mcp:
+        server = config.mcp[source].policy
+    if server is not None:
+        tables.append(server)
 
     def first(key: str, *, default: Any) -> Any:
         return next((getattr(t, key) for t in tables if key in t.model_fields_set), default)
@@ -61,38 +67,54 @@ def _at_least(policy: Policy, least: Action) -> Policy:
 
 
 class Registry:
-    def __init__(self, entries: Iterable[ToolEntry] = ()) -> None:
+    def __init__(self, entries: Iterable[ToolEntry] = (), base: Registry | None = None) -> None:
         self._entries = {entry.name: entry for entry in entries}
-        self._index: SearchIndex | None = None
+        self._base = base
+        """What this registry offers besides its own entries (which never shadow the base's)."""
+        self._changes = 0
+        self._index: tuple[tuple[int, ...], SearchIndex] | None = None
+        """The search index, and the changes it was built after."""
 
-    def _changed(self) -> None:
-        self._index = None  # rebuilt on the next search
+    def version(self) -> tuple[int, ...]:
+        """Changes so far, here and in the base: an index is stale once they differ."""
+        return (self._changes, *(self._base.version() if self._base else ()))
 
     def search(self, query: str, limit: int) -> list[ToolEntry]:
-        if self._index is None:
-            self._index = SearchIndex(self.entries())
-        return self._index.search(query, limit)
+        version = self.version()
+        if self._index is None or self._index[0] != version:
+            self._index = (version, SearchIndex(self.entries()))
+        return self._index[1].search(query, limit)
 
     def get(self, name: str) -> ToolEntry | None:
-        return self._entries.get(name)
+        found = self._base.get(name) if self._base else None
+        return found or self._entries.get(name)
+
+    def _all(self) -> dict[str, ToolEntry]:
+        shared = self._base.entries() if self._base else []
+        return {**self._entries, **{entry.name: entry for entry in shared}}
 
     def entries(self) -> list[ToolEntry]:
         """All entries, by name."""
-        return [self._entries[name] for name in sorted(self._entries)]
+        every = self._all()
+        return [every[name] for name in sorted(every)]
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._all())
+
+    def sources(self) -> set[str]:
+        """The sources that offer entries here now (the base's too)."""
+        return {entry.source for entry in self._all().values()}
 
     def set_source(self, source: str, entries: Iterable[ToolEntry]) -> None:
         """Replace everything a source offers."""
         kept = {n: e for n, e in self._entries.items() if e.source != source}
         kept.update((e.name, e) for e in entries)
         self._entries = kept
-        self._changed()
+        self._changes += 1
 
     def set_available(self, source: str, available: bool) -> None:
         self._entries = {
             n: replace(e, available=available) if e.source == source else e
             for n, e in self._entries.items()
         }
-        self._changed()
+        self._changes += 1

@@ -36,6 +36,7 @@ __all__ = [
     "Hello",
     "History",
     "HistoryRequest",
+    "McpServer",
     "NewSession",
     "OpenSession",
     "Send",
@@ -73,6 +74,23 @@ class _Message(BaseModel):
 # -- client to daemon ------------------------------------------------------------------------
 
 
+class McpServer(_Message):
+    """An MCP server over stdio that a client gives the session it goes into (an editor's
+    own): loopd runs it for that session, whose model alone is offered its tools, named
+    `<name>.<tool>`, until the session stops (docs/editors.md)."""
+
+    name: str = Field(min_length=1, max_length=200)
+    """Refused (not started) when `[tools] mcp`, loopd's own tools or an earlier server of
+    the same list have it already."""
+    command: list[str] = Field(min_length=1)
+    """Its command line; it runs as the user, unsandboxed."""
+    env: dict[str, str] = {}
+    """Variables added to loopd's environment for it; never written to the log."""
+
+
+McpServers = Annotated[list[McpServer], Field(max_length=64)]
+
+
 class Hello(_Message):
     """Optional first line; the daemon answers `welcome`. A client that sends none is in the
     latest session from its first message on."""
@@ -86,6 +104,9 @@ class Hello(_Message):
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     """With `new`: the one folder the new session's file tools work in (an absolute path
     inside one of `[tools] roots`); without it, they work in all of `[tools] roots`."""
+    mcp_servers: McpServers = []
+    """MCP servers for this session alone, started as it goes live; a session live already
+    keeps those it has, and these are not started."""
 
 
 class Send(_Message):
@@ -132,6 +153,8 @@ class NewSession(_Message):
     type: Literal["new_session"] = "new_session"
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     """As `hello`'s: the one folder the new session's file tools work in."""
+    mcp_servers: McpServers = []
+    """As `hello`'s."""
 
 
 class OpenSession(_Message):
@@ -142,6 +165,8 @@ class OpenSession(_Message):
     type: Literal["open_session"] = "open_session"
     id: str = Field(min_length=1, max_length=200)
     """A session id, or `latest`."""
+    mcp_servers: McpServers = []
+    """As `hello`'s."""
 
 
 class SessionsRequest(_Message):
