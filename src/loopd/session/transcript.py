@@ -11,6 +11,7 @@ from loopd.session.records import (
     ApprovalRequestRecord,
     AssistantRecord,
     CacheLossRecord,
+    ModeRecord,
     Record,
     SummaryRecord,
     ToolResultRecord,
@@ -19,7 +20,7 @@ from loopd.session.records import (
     UserRecord,
 )
 
-__all__ = ["approval_line", "flags", "transcript"]
+__all__ = ["approval_line", "flags", "mode_words", "transcript"]
 
 _DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 _BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
@@ -29,6 +30,12 @@ def flags(data_class: str, untrusted: bool, truncated: bool) -> str:
     """`private, untrusted, truncated`: what a tool result is, in a few words."""
     marks = [name for name, on in (("untrusted", untrusted), ("truncated", truncated)) if on]
     return ", ".join([data_class, *marks])
+
+
+def mode_words(record: ModeRecord) -> str:
+    """`read_only, thinking off`: a `mode` record in a few words."""
+    thinking = {True: "on", False: "off", None: "as [loop] thinking"}[record.thinking]
+    return f"{record.mode}, thinking {thinking}"
 
 
 def approval_line(call: int, tool: str, decision: str, by: str) -> Text:
@@ -77,6 +84,8 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch 
             left_out = f", the first {record.omitted} characters left out" if record.omitted else ""
             said = f"summary of session {record.session}{left_out}: "
             lines.append(Text.assemble((said, "bold magenta"), record.text))
+        elif isinstance(record, ModeRecord):
+            lines.append(Text(f"  (mode set: {mode_words(record)})", style="magenta"))
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines
