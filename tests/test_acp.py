@@ -29,11 +29,19 @@ from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 from conftest import Unstarted
 from loopd.infer import slot_tokens
 from loopd.session.baseline import make_baseline
-from loopd.session.records import GivenServer, McpServersRecord, ToolResultRecord, UsageRecord
+from loopd.session.records import (
+    GivenServer,
+    McpServersRecord,
+    ModeRecord,
+    ToolResultRecord,
+    UsageRecord,
+)
 from loopd.session.store import ParentCall, SessionLocked, Store
+from loopd.tools import read_only_refusal
 from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
-from test_hands import call as call_tool
+from test_bxctl import bxctl
+from test_hands import call as tool_call
 from test_hands import notes_folder, write
 from test_sessions import assert_no_loss, embedded, records
 from test_tools_given import gone
@@ -468,9 +476,12 @@ class Raw:
         return answer
 
     async def request(self, id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
+        """Its answer, past the notifications before it."""
         message = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
         await self.send(json.dumps(message).encode())
-        return await self.receive()
+        while "id" not in (answer := await self.receive()):
+            pass
+        return answer
 
     async def answer(self, id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
         """The answer to a request, past the notifications that come before it."""
@@ -697,9 +708,9 @@ async def test_the_editors_mcp_server_serves_its_session_alone_and_stops_when_it
 ) -> None:
     notes, pid_file = notes_folder(tmp_path), tmp_path / "pid"
     script = [
-        call_tool("notes.read_note", {"title": "groceries"}),
+        tool_call("notes.read_note", {"title": "groceries"}),
         Reply(content="Eggs."),
-        call_tool("notes.list_notes", {}),  # in another session
+        tool_call("notes.list_notes", {}),  # in another session
         Reply(content="No notes here."),
         Reply(tool_calls=(("c1", "find_tool", '{"query": "read a note"}'),)),
         Reply(content="None found."),
@@ -764,3 +775,168 @@ async def test_the_editors_mcp_server_serves_its_session_alone_and_stops_when_it
 
 def _rpc(id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
     return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+# -- config options: the mode and thinking -----------------------------------------------------
+
+
+def current(options: list[Any]) -> dict[str, str]:
+    """Each config option's current value, by its id."""
+    return {o.id: o.current_value for o in options}
+
+
+async def set_option(conn: Any, session: str, config_id: str, value: str) -> dict[str, str]:
+    answer = await conn.set_config_option(config_id=config_id, session_id=session, value=value)
+    return current(answer.config_options)
+
+
+async def test_read_only_refuses_writes_unasked_and_accept_edits_asks_only_to_run(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    tea = write("today.md", "buy tea\n")
+    wipe = tool_call("run_command", {"command": "rm today.md"})
+    script = [tea, Reply(content="No."), tea, Reply(content="Done."), wipe, Reply(content="No.")]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def turns(conn: Any, editor: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        sid = session.session_id
+        offered = session.config_options
+        read_only = await set_option(conn, sid, "mode", "read_only")
+        await conn.prompt(session_id=sid, prompt=[text_block("tea")])
+        refused = ((notes / "today.md").read_text(), len(editor.asked), editor.shown()[1])
+        accepting = await set_option(conn, sid, "mode", "accept_edits")
+        await conn.prompt(session_id=sid, prompt=[text_block("tea")])
+        written = ((notes / "today.md").read_text(), len(editor.asked))
+        await conn.prompt(session_id=sid, prompt=[text_block("clean up")])
+        return offered, read_only, refused, accepting, written
+
+    editor = Editor("deny")
+    offered, read_only, refused, accepting, written = await with_editor(d, turns, editor)
+    assert [(o.id, o.category, o.current_value) for o in offered] == [
+        ("mode", "mode", "ask"),
+        ("thought_level", "thought_level", "on"),
+    ]
+    assert [v.value for v in offered[0].options] == ["ask", "accept_edits", "read_only"]
+    assert [v.value for v in offered[1].options] == ["on", "off"]
+    assert read_only == {"mode": "read_only", "thought_level": "on"}
+    text, asked, result = refused
+    assert (text, asked) == ("buy milk\n", 0)  # untouched, and nobody was asked
+    assert result.status == "failed"
+    said = f"The call was denied: {read_only_refusal('write_file')}"
+    assert said.startswith(result.content[0].content.text)  # its first line, cut
+    assert accepting == {"mode": "accept_edits", "thought_level": "on"}
+    assert written == ("buy tea\n", 0)
+    assert [a.title for a in editor.asked] == ["run_command"]  # still asked, and denied
+    assert (notes / "today.md").read_text() == "buy tea\n"
+
+
+async def test_the_mode_and_thinking_hold_after_closing_and_a_loopd_restart(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    fake = FakeLlama([write("today.md", "buy tea\n"), Reply(content="Cannot.")])
+    d = await daemon(fake, tools=f'roots = ["{notes}"]')
+
+    async def first(conn: Any, _: Editor) -> str:
+        session = await conn.new_session(cwd=str(notes))
+        await set_option(conn, session.session_id, "mode", "read_only")
+        await set_option(conn, session.session_id, "thought_level", "off")
+        await conn.close_session(session_id=session.session_id)
+        return str(session.session_id)
+
+    session = await with_editor(d, first)
+    await d.stop()
+    await d.start()
+
+    async def again(conn: Any, _: Editor) -> Any:
+        resumed = await conn.resume_session(cwd=str(notes), session_id=session)
+        await conn.prompt(session_id=session, prompt=[text_block("tea")])
+        loaded = await conn.load_session(cwd=str(notes), session_id=session)
+        return current(resumed.config_options), current(loaded.config_options)
+
+    editor = Editor()
+    resumed, loaded = await with_editor(d, again, editor)
+    assert resumed == loaded == {"mode": "read_only", "thought_level": "off"}
+    assert editor.asked == []
+    assert (notes / "today.md").read_text() == "buy milk\n"
+    thinking = [b["chat_template_kwargs"]["enable_thinking"] for b in fake.bodies]
+    assert thinking == [False, False]
+    modes = [(r.mode, r.thinking) for r in records(d, session) if isinstance(r, ModeRecord)]
+    assert modes == [("read_only", None), ("read_only", False)]
+    _, shown, _ = await bxctl(d, "log", session)
+    assert "(mode set: read_only, thinking off)" in shown
+
+
+async def test_a_plain_socket_client_cannot_get_past_a_read_only_mode(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """The editor made the session read-only; another client of loopd's socket, in the same
+    session, tries to get a write and a command through: approvals sent ahead for the calls,
+    fields no message has. Nothing is asked, nothing runs."""
+    notes = notes_folder(tmp_path)
+    script = [
+        write("today.md", "owned\n"),
+        tool_call("run_command", {"command": "rm today.md"}, "c2"),
+        Reply(content="Tried."),
+    ]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+
+    async def read_only(conn: Any, _: Editor) -> str:
+        session = await conn.new_session(cwd=str(notes))
+        await set_option(conn, session.session_id, "mode", "read_only")
+        return str(session.session_id)
+
+    session = await with_editor(d, read_only)
+    hostile = await d.connect()
+    await hostile.send({"type": "hello", "session": session, "mode": "accept_edits"})
+    await hostile.until("welcome")
+    await hostile.send({"type": "subscribe"})
+    send = {"type": "send", "id": "t1", "content": "go", "mode": "accept_edits", "grants": ["*"]}
+    await hostile.send(send)
+    for number in (1, 2):
+        await hostile.send({"type": "approve", "call": number, "decision": "session"})
+    lines = await hostile.until("turn_done")
+    events = [line["event"]["kind"] for line in lines if line["type"] == "event"]
+    assert "approval_needed" not in events
+    assert {line["code"] for line in lines if line["type"] == "error"} == {"unknown_call"}
+    assert (notes / "today.md").read_text() == "buy milk\n"
+    results = [r.content for r in records(d, session) if isinstance(r, ToolResultRecord)]
+    assert results == [
+        f"The call was denied: {read_only_refusal(tool)}" for tool in ("write_file", "run_command")
+    ]
+
+
+async def test_an_unknown_option_or_value_is_invalid_params_saying_why(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    d = await daemon(FakeLlama([]), tools=f'roots = ["{notes}"]')
+    acp = await raw_acp(d)
+    try:
+        new = await acp.request(1, "session/new", {"cwd": str(notes), "mcpServers": []})
+        sid = new["result"]["sessionId"]
+        (mode, _) = new["result"]["configOptions"]
+        assert (mode["type"], mode["id"], mode["currentValue"]) == ("select", "mode", "ask")
+        method = "session/set_config_option"
+        asks: list[tuple[dict[str, Any], str]] = [
+            ({"configId": "speed", "value": "fast"}, "no config option 'speed'"),
+            ({"configId": "mode", "value": "yolo"}, "mode has no value 'yolo'"),
+            ({"configId": "thought_level", "value": "high"}, "it is on or off"),
+            ({"configId": "mode", "type": "boolean", "value": True}, "value: "),
+        ]
+        for n, (params, why) in enumerate(asks, start=2):
+            answer = await acp.request(n, method, {"sessionId": sid, **params})
+            assert answer["error"]["code"] == INVALID_PARAMS
+            assert why in answer["error"]["message"]
+        answer = await acp.request(
+            9, method, {"sessionId": "x", "configId": "mode", "value": "ask"}
+        )
+        assert answer["error"]["code"] == RESOURCE_NOT_FOUND
+        answer = await acp.request(
+            10, method, {"sessionId": sid, "configId": "mode", "value": "ask"}
+        )
+        assert [o["currentValue"] for o in answer["result"]["configOptions"]] == ["ask", "on"]
+    finally:
+        await acp.close()

@@ -574,3 +574,28 @@ async def test_a_duplicate_id_and_a_log_that_does_not_read_are_answered_with_the
     assert f"{broken.stem}  does not read: {why}" in by_loopd.stdout.splitlines()
     by_bxctl = await run([sys.executable, "-m", "bxctl", "--config", str(d.config), "sessions"])
     assert f"! {broken.stem}  does not read: {why}" in by_bxctl.stdout.splitlines()
+
+
+async def test_set_mode_is_answered_with_the_mode_and_a_bad_one_changes_nothing(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon(FakeLlama([]), loop="thinking = false")
+    client = await d.connect()
+    await client.send({"type": "hello", "session": "new"})
+    session = (await client.until("welcome"))[-1]["session"]
+    await client.send({"type": "set_mode"})
+    asked = (await client.until("mode"))[-1]
+    assert asked == {"type": "mode", "session": session, "mode": "ask", "thinking": False}
+    await client.send({"type": "set_mode", "mode": "yolo"})
+    assert (await client.until("error"))[-1]["code"] == "bad_message"
+    await client.send({"type": "set_mode", "mode": "accept_edits"})
+    assert (await client.until("mode"))[-1]["mode"] == "accept_edits"
+    await client.send({"type": "set_mode", "thinking": True})
+    assert (await client.until("mode"))[-1] == {
+        "type": "mode",
+        "session": session,
+        "mode": "accept_edits",
+        "thinking": True,
+    }
+    logged = [r for r in Store(d.home / "sessions").read(session)[1] if r.kind == "mode"]
+    assert len(logged) == 2  # asking, and the bad one, wrote nothing

@@ -51,6 +51,7 @@ from loopd.tools import (
     ToolRequest,
     builtin_entries,
     digest,
+    read_only_refusal,
     sandbox_missing,
 )
 from loopd.tools._builtin import PREVIEW_CHARS
@@ -711,3 +712,40 @@ async def test_a_long_diff_is_cut_for_approval(tmp_path: Path) -> None:
     assert preview.text.startswith("--- a/today.md\n+++ b/today.md\n")
     assert preview.text.endswith(" more characters of the diff]")
     assert len(preview.text) < PREVIEW_CHARS + 100
+
+
+async def test_a_read_only_sessions_sub_agents_change_nothing(tmp_path: Path) -> None:
+    """They start in its mode, and one set while they run holds for their next call: the
+    child's first write asked before the parent went read-only, its second is refused."""
+    scripts = {
+        "Plan it.": [
+            delegate("Write the plan."),
+            Reply(content="planned"),
+            delegate("Write it again."),
+            Reply(content="refused"),
+        ],
+        "Write the plan.": [
+            write("a.md", "a\n"),
+            write("b.md", "b\n", "c2"),
+            Reply(content="wrote a"),
+        ],
+        "Write it again.": [write("c.md", "c\n"), Reply(content="could not")],
+    }
+    async with scripted(tmp_path, scripts) as s:
+        await s.parent.send("t1", "Plan it.")
+        with trio.fail_after(10):
+            needed = await next_of(s.events, ApprovalNeeded)
+        assert (await s.parent.set_mode("read_only")).mode == "read_only"
+        assert await s.parent.decide(needed.call, "once", needed.session)
+        with trio.fail_after(10):
+            await collect(s.events, 1)
+        items = await s.turn("t2", "Plan again.")
+    assert not any(isinstance(i, ApprovalNeeded) for i in items)
+    first, second = s.children()
+    assert s.header(first).mode == "ask"
+    assert s.header(second).mode == "read_only"
+    refused = f"The call was denied: {read_only_refusal('write_file')}"
+    assert s.results(first)[1:] == [refused]
+    assert s.results(second) == [refused]
+    notes = tmp_path / "notes"
+    assert [p.name for p in sorted(notes.iterdir())] == ["a.md", "today.md"]

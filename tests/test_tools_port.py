@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import pytest
 import trio
 
-from loopd.config import Policy
-from loopd.session.records import Decision
+from loopd.config import Config, Policy
+from loopd.session.records import Decision, Mode
 from loopd.supervise import ActorFailed, GaveUp, Restarts
 from loopd.tools import (
+    BUILTIN,
     Answered,
     Approval,
     Asking,
@@ -26,6 +28,8 @@ from loopd.tools import (
     ToolFailure,
     ToolOutput,
     ToolRequest,
+    builtin_entries,
+    read_only_refusal,
     run_tool_port,
 )
 from loopd.tools._port import _Decide, _ListPending, _PortActor
@@ -282,3 +286,76 @@ async def test_a_port_that_keeps_failing_gives_up_saying_why(
             with contextlib.suppress(ActorFailed):
                 await p.pending("s")
             await trio.sleep_forever()  # the port stops
+
+
+# -- a session's mode ------------------------------------------------------------------------
+
+
+async def outcome_in_mode(
+    nursery: trio.Nursery,
+    tools: dict[str, object],
+    mode: Mode,
+    tool: str,
+    granted: frozenset[str] = frozenset(),
+) -> tuple[str, object]:
+    """Call a built-in tool in a session of `mode` under `[tools]` as `tools` says: whether
+    it ran, asked (and was approved) or was refused without asking, and its answer."""
+    config = Config.model_validate({"tools": {"roots": ["/tmp"], **tools}}).tools  # noqa: S108
+    executor = Scripted()
+    p = await start_port(nursery, Registry(builtin_entries(config)), {BUILTIN: executor})
+    asked: list[Asking] = []
+
+    async def on_asking(asking: Asking) -> None:
+        asked.append(asking)
+        nursery.start_soon(p.decide, "s", 1, "once")
+
+    call = replace(request(tool, granted=granted), mode=mode)
+    answered = (await p.call(call, on_asking)).answer
+    what = "asked" if asked else "ran" if executor.ran else "refused"
+    return what, answered
+
+
+EXPLICIT_ASK: dict[str, object] = {"policies": {"write_file": {"action": "ask"}}}
+
+
+@pytest.mark.parametrize(
+    ("tools", "mode", "tool", "expected"),
+    [
+        ({}, "ask", "write_file", "asked"),
+        ({}, "ask", "read_file", "ran"),
+        ({}, "accept_edits", "write_file", "ran"),
+        ({}, "accept_edits", "edit_file", "ran"),
+        ({}, "accept_edits", "run_command", "asked"),
+        ({}, "read_only", "read_file", "ran"),
+        ({}, "read_only", "write_file", "refused"),
+        ({}, "read_only", "edit_file", "refused"),
+        ({}, "read_only", "run_command", "refused"),
+        # What the user configured holds: a mode only drops the built-in default.
+        ({"policies": {"write_file": {"action": "deny"}}}, "accept_edits", "write_file", "refused"),
+        (EXPLICIT_ASK, "accept_edits", "write_file", "asked"),
+        ({"policies": {"builtin": {"action": "ask"}}}, "accept_edits", "edit_file", "asked"),
+        (
+            {"policies": {"write_file": {"class": "secret"}}, "class_actions": {"secret": "ask"}},
+            "accept_edits",
+            "write_file",
+            "asked",
+        ),
+        ({"policies": {"write_file": {"action": "allow"}}}, "read_only", "write_file", "refused"),
+        ({"policies": {"read_file": {"action": "ask"}}}, "read_only", "read_file", "refused"),
+    ],
+)
+async def test_a_sessions_mode_decides_with_the_configured_policies(
+    nursery: trio.Nursery, tools: dict[str, object], mode: Mode, tool: str, expected: str
+) -> None:
+    what, answered = await outcome_in_mode(nursery, tools, mode, tool)
+    assert what == expected
+    if what == "refused" and mode == "read_only" and "deny" not in str(tools):
+        assert answered == Denied(read_only_refusal(tool))
+
+
+async def test_read_only_refuses_a_tool_approved_for_the_session(nursery: trio.Nursery) -> None:
+    """A grant from before the session went read-only lets nothing through."""
+    granted = frozenset({"write_file", "run_command"})
+    for tool in granted:
+        what, answered = await outcome_in_mode(nursery, {}, "read_only", tool, granted)
+        assert (what, answered) == ("refused", Denied(read_only_refusal(tool)))

@@ -28,6 +28,7 @@ import trio
 from acp import PROTOCOL_VERSION, schema
 from pydantic import ValidationError
 
+from bxctl.acp_config import BadOption, ConfigOption, config_options, set_mode_of
 from bxctl.acp_map import (
     BadCursor,
     Command,
@@ -62,6 +63,7 @@ from loopd.wire.proto import (
     Event,
     History,
     McpServer,
+    ModeSet,
     SessionFailed,
     Sessions,
     Status,
@@ -121,6 +123,12 @@ class _Session:
     """One request of that kind at a time."""
     servers: list[McpServer] = field(default_factory=list)
     """The editor's MCP servers for it: given again when loopd comes back."""
+    mode: ModeSet | None = None
+    """Its mode and thinking, as loopd last said (its config options)."""
+
+    def options(self) -> list[ConfigOption]:
+        assert self.mode is not None  # noqa: S101 - `Agent._open` asked for it
+        return config_options(self.mode)
 
 
 class Agent:
@@ -144,6 +152,10 @@ class Agent:
                 "session/list": (schema.ListSessionsRequest, self.list_sessions),
                 "session/resume": (schema.ResumeSessionRequest, self.resume_session),
                 "session/close": (schema.CloseSessionRequest, self.close_session),
+                "session/set_config_option": (
+                    schema.SetSessionConfigOptionSelectRequest,
+                    self.set_config_option,
+                ),
             },
             notifications={"session/cancel": (schema.CancelNotification, self.cancel)},
             errors={Unreachable: LOOPD_UNREACHABLE},
@@ -198,7 +210,7 @@ class Agent:
 
     async def new_session(self, request: schema.NewSessionRequest) -> schema.NewSessionResponse:
         session = await self._open("new", request.cwd, request.mcp_servers)
-        return schema.NewSessionResponse(session_id=session.id)
+        return schema.NewSessionResponse(session_id=session.id, config_options=session.options())
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
         if (old := self.sessions.pop(request.session_id, None)) is not None:
@@ -217,7 +229,7 @@ class Agent:
                 break
             start += len(page.records)
         self._follow(session)
-        return schema.LoadSessionResponse()
+        return schema.LoadSessionResponse(config_options=session.options())
 
     async def resume_session(
         self, request: schema.ResumeSessionRequest
@@ -226,8 +238,26 @@ class Agent:
         back as a loaded session's does."""
         if (old := self.sessions.pop(request.session_id, None)) is not None:
             await self._close(old)
-        await self._open(request.session_id, None, request.mcp_servers)
-        return schema.ResumeSessionResponse()
+        session = await self._open(request.session_id, None, request.mcp_servers)
+        return schema.ResumeSessionResponse(config_options=session.options())
+
+    async def set_config_option(
+        self, request: schema.SetSessionConfigOptionSelectRequest
+    ) -> schema.SetSessionConfigOptionResponse:
+        """Set the session's mode or thinking in loopd, which keeps it in the session's log
+        and enforces it; answered with every option as it is now."""
+        session = self._session(request.session_id)
+        try:
+            message = set_mode_of(request.config_id, request.value)
+        except BadOption as e:
+            raise RpcError(INVALID_PARAMS, str(e)) from None
+        if session.connection.closed:  # loopd went away: it may be back
+            await self._reconnect(session)
+        answer = await self._ask(session, message, "mode")
+        if not isinstance(answer, ModeSet):
+            raise RpcError(INTERNAL_ERROR, f"loopd did not set the mode: {answer}")
+        session.mode = answer
+        return schema.SetSessionConfigOptionResponse(config_options=session.options())
 
     async def close_session(
         self, request: schema.CloseSessionRequest
@@ -316,6 +346,10 @@ class Agent:
         session = self.sessions[loopd_id] = _Session(loopd_id, connection, servers=servers)
         status = await connection.request({"type": "status"}, "status")
         session.window = status.context_size if isinstance(status, Status) else None
+        mode = await connection.request({"type": "set_mode"}, "mode")
+        if not isinstance(mode, ModeSet):
+            raise RpcError(INTERNAL_ERROR, f"loopd did not say the session's mode: {mode}")
+        session.mode = mode
         if follow:
             self._follow(session)
         return session
@@ -324,14 +358,18 @@ class Agent:
         assert self._nursery is not None  # noqa: S101 - serve set it
         self._nursery.start_soon(self._relay, session)
 
-    async def prompt(self, request: schema.PromptRequest) -> schema.PromptResponse:
-        session = self.sessions.get(request.session_id)
+    def _session(self, session_id: str) -> _Session:
+        session = self.sessions.get(session_id)
         if session is None:
             raise RpcError(
                 RESOURCE_NOT_FOUND,
-                f"no session {request.session_id} here: session/new, session/load or "
+                f"no session {session_id} here: session/new, session/load or "
                 "session/resume it first",
             )
+        return session
+
+    async def prompt(self, request: schema.PromptRequest) -> schema.PromptResponse:
+        session = self._session(request.session_id)
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
         text = text_of(request.prompt)

@@ -106,8 +106,11 @@ class FakeLlama:
     replies: list[Reply]
     slot: bytes = b""
     prompts: list[bytes] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    """Every request's body, as sent."""
 
     def __call__(self, request: Any) -> Exchange:
+        self.bodies.append(request)
         reply = self.replies.pop(0) if self.replies else Reply(content="(the script ran out)")
         if reply.kind == "context_full":
             return load("context_full")[0]

@@ -153,7 +153,10 @@ class _Delegation:
             parent=call,
             cwd=self.session.cwd,
             instructions=instructions,
+            mode=self.session.mode,
+            thinking=self.session.thinking,
         )
+        child.follows = self.session  # a mode set while it runs holds for it too
         log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
         agents.running[child.id] = self.session.id
         news = _News(child, call, on_event)

@@ -71,6 +71,8 @@ class Compaction:
                 grants=old.granted,
                 cwd=old.cwd,
                 instructions=instructions,
+                mode=old.mode,
+                thinking=old.thinking,
             )
             on_continued(new)
             old.close()

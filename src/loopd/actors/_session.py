@@ -1,8 +1,8 @@
 """The session actor: owns one live conversation (its log, its turns, its subscribers). Everything
 reaches it through its inbox (`_session_inbox`): messages to send, cancels, history pages,
-status, subscriptions, approval decisions and undos. Turns run one at a time, in order, in a task of
-its own, each on a slot lent by the slot pool (`_pool`); every event of a turn is published,
-tagged with the turn, to whoever subscribed.
+status, subscriptions, approval decisions, undos and modes. Turns run one at a time, in order,
+in a task of its own, each on a slot lent by the slot pool (`_pool`); every event of a turn is
+published, tagged with the turn, to whoever subscribed.
 
 Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
 subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
@@ -21,7 +21,7 @@ import trio
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
-from loopd.session.records import Baseline, UndoRecord
+from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
@@ -49,11 +49,13 @@ from ._session_inbox import (
     Fanout,
     History,
     HistoryPage,
+    ModeState,
     Published,
     Send,
     SessionHandle,
     SessionMessage,
     SessionStatus,
+    SetMode,
     Status,
     Subscribe,
     TurnFailed,
@@ -164,6 +166,8 @@ class SessionActor:
             reply_value(message.reply, self._fanout.subscribe(message.buffer))
         elif isinstance(message, Undo):
             reply_value(message.reply, await self._undo(message.call))
+        elif isinstance(message, SetMode):
+            reply_value(message.reply, await self._set_mode(message.mode, message.thinking))
         elif isinstance(message, Unsubscribe):
             self._fanout.unsubscribe(message.subscription)
             reply_value(message.reply, None)
@@ -214,6 +218,20 @@ class SessionActor:
         record = await undo(self.session, hands, call)
         log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
         return record
+
+    async def _set_mode(self, mode: Mode | None, thinking: bool | None) -> ModeState:
+        """Write the session's new mode to its log, if it changes; a running turn's next tool
+        call is decided by it, its next turn thinks by it."""
+        session = self.session
+        record = ModeRecord(
+            mode=session.own_mode if mode is None else mode,
+            thinking=session.thinking if thinking is None else thinking,
+        )
+        if (record.mode, record.thinking) != (session.own_mode, session.thinking):
+            await session.append(record)
+            log.info("session %s: mode %s, thinking %s", session.id, record.mode, record.thinking)
+        think = self.runtime.loop.thinking if session.thinking is None else session.thinking
+        return ModeState(session.id, session.mode, think)
 
     async def _status(self) -> SessionStatus:
         session, usage = self.session, self.session.last_usage()

@@ -15,7 +15,7 @@ from typing import TypeVar
 import trio
 
 from loopd.inbox import Reply, ask, reply_error
-from loopd.session.records import Decision, FailureKind, Record, UndoRecord, UsageRecord
+from loopd.session.records import Decision, FailureKind, Mode, Record, UndoRecord, UsageRecord
 from loopd.turn import TurnOutcome
 from loopd.wire.events import TurnEvent
 from loopd.wire.proto import HISTORY_PAGE
@@ -26,6 +26,7 @@ __all__ = [
     "HISTORY_PAGE",
     "Fanout",
     "HistoryPage",
+    "ModeState",
     "Published",
     "SessionHandle",
     "SessionMessage",
@@ -207,8 +208,26 @@ class Undo:
     reply: Reply[UndoRecord]
 
 
+@dataclass(frozen=True)
+class ModeState:
+    """A session's mode, and whether its turns think (`[loop] thinking` where it says none)."""
+
+    session: str
+    mode: Mode
+    thinking: bool
+
+
+@dataclass(frozen=True)
+class SetMode:
+    mode: Mode | None
+    """None: as it is."""
+    thinking: bool | None
+    """None: as it is."""
+    reply: Reply[ModeState]
+
+
 SessionMessage = (
-    Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide | Undo
+    Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide | Undo | SetMode
 )
 
 
@@ -263,6 +282,11 @@ class SessionHandle:
         `Busy` while a turn runs, `CannotUndo` when there is nothing to undo or a file changed
         since."""
         return await self._ask(lambda r: Undo(call, r))
+
+    async def set_mode(self, mode: Mode | None = None, thinking: bool | None = None) -> ModeState:
+        """Set the session's mode and whether its turns think (None: as it is), written to its
+        log; what they are now."""
+        return await self._ask(lambda r: SetMode(mode, thinking, r))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);

@@ -248,6 +248,11 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
     return None
 
 
+async def _set_mode(client: Client, message: proto.SetMode) -> None:
+    state = await (await client.attached()).set_mode(message.mode, message.thinking)
+    client.say(proto.ModeSet(session=state.session, mode=state.mode, thinking=state.thinking))
+
+
 async def _undo(client: Client, message: proto.Undo) -> None:
     record = await (await client.attached()).undo(message.call)
     client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
@@ -279,6 +284,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.OpenSession: _open_session,
     proto.Approve: _approve,
     proto.Undo: _undo,
+    proto.SetMode: _set_mode,
 }
 
 

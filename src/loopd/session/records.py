@@ -37,6 +37,8 @@ __all__ = [
     "InstructionFile",
     "Instructions",
     "McpServersRecord",
+    "Mode",
+    "ModeRecord",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -52,6 +54,7 @@ __all__ = [
     "granted_tools",
     "now",
     "open_approvals",
+    "stricter",
 ]
 
 FORMAT = 6
@@ -59,13 +62,19 @@ FORMAT = 6
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
 records (a session that continues another); 5 added `file_change` and `undo` records, an
 approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
-`mcp_servers` records."""
+`mcp_servers` and `mode` records and the header's `mode` and `thinking`."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
 FailureKind = Literal["turn_limit", "session_full", "infer", "cancelled", "error"]
 """How a turn that did not answer ended, as clients are told: `infer` when llama-server
 could not answer (its log says `error`)."""
+Mode = Literal["ask", "accept_edits", "read_only"]
+"""What a session's tools may do without asking (docs/editors.md, "Modes"): `ask`: the
+configured policies; `accept_edits`: write_file and edit_file run without asking where they
+ask by loopd's default alone; `read_only`: write_file, edit_file, run_command and every call
+that would ask are refused, without asking."""
+_LOOSEST_FIRST: tuple[Mode, ...] = ("accept_edits", "ask", "read_only")
 Decision = Literal["once", "session", "deny"]
 """A person's answer to an approval: run this call, run this tool for the rest of the
 session without asking, or do not run it."""
@@ -153,6 +162,10 @@ class SessionHeader(_Record):
     """The `AGENTS.md` files its system prompt carries (`loopd.session.instructions`): each
     one's path and SHA-256, read when the session was made and carried unchanged by the
     sessions that continue it and by its sub-agents. None: none (and in logs older than it)."""
+    mode: Mode = "ask"
+    """The mode it starts in: that of the session it continues, or that delegated to it."""
+    thinking: bool | None = None
+    """Whether its turns think, as it starts (carried as `mode` is); None: `[loop] thinking`."""
 
 
 class UserRecord(_Record):
@@ -325,6 +338,17 @@ class SummaryRecord(_Record):
     """Characters of the old transcript's start left out so that it fit the slot's context."""
 
 
+class ModeRecord(_Record):
+    """A client set the session's mode; it holds from here until the next. Produces no
+    message."""
+
+    kind: Literal["mode"] = "mode"
+    mode: Mode
+    thinking: bool | None = None
+    """Whether its turns think (a `send` may still say otherwise for one turn); None:
+    `[loop] thinking`."""
+
+
 class TurnEndRecord(_Record):
     kind: Literal["turn_end"] = "turn_end"
     reason: TurnEndReason
@@ -344,7 +368,8 @@ Record = Annotated[
     | SummaryRecord
     | FileChangeRecord
     | UndoRecord
-    | McpServersRecord,
+    | McpServersRecord
+    | ModeRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)
@@ -386,6 +411,11 @@ def granted_tools(records: Sequence[Record]) -> frozenset[str]:
     return frozenset(
         r.tool for r in records if isinstance(r, ApprovalRecord) and r.decision == "session"
     )
+
+
+def stricter(a: Mode, b: Mode) -> Mode:
+    """The mode that allows less of the two."""
+    return max(a, b, key=_LOOSEST_FIRST.index)
 
 
 def open_approvals(records: Sequence[Record]) -> list[ApprovalRequestRecord]:

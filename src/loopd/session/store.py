@@ -39,6 +39,8 @@ from loopd.session.records import (
     ApprovalRequestRecord,
     Baseline,
     Instructions,
+    Mode,
+    ModeRecord,
     Record,
     SessionHeader,
     ToolResultRecord,
@@ -47,6 +49,7 @@ from loopd.session.records import (
     dump,
     granted_tools,
     now,
+    stricter,
 )
 
 __all__ = [
@@ -206,6 +209,34 @@ class Session:
             default=0,
         )
         self._granted = set(header.grants) | granted_tools(records)
+        self._mode, self._thinking = header.mode, header.thinking
+        for record in records:
+            self._note(record)
+        self.follows: Session | None = None
+        """A running sub-agent's: the session that delegated to it, whose mode holds for it
+        too while it runs (`mode`)."""
+
+    def _note(self, record: Record) -> None:
+        if isinstance(record, ModeRecord):
+            self._mode, self._thinking = record.mode, record.thinking
+
+    @property
+    def mode(self) -> Mode:
+        """What its tools may do without asking: its last `mode` record's, else its header's;
+        for a running sub-agent, the stricter of that and its parent's."""
+        if self.follows is not None:
+            return stricter(self._mode, self.follows.mode)
+        return self._mode
+
+    @property
+    def own_mode(self) -> Mode:
+        """Its mode as its log says, whoever it follows."""
+        return self._mode
+
+    @property
+    def thinking(self) -> bool | None:
+        """Whether its turns think; None: `[loop] thinking`."""
+        return self._thinking
 
     @property
     def id(self) -> str:
@@ -256,6 +287,7 @@ class Session:
             await trio.to_thread.run_sync(self._write, line, limiter=self._thread)
             self._records.append(record)
             self._granted |= granted_tools([record])
+            self._note(record)
 
     def _write(self, line: bytes) -> None:
         if self._fd is None:
@@ -338,13 +370,16 @@ class Store:
         cwd: Path | None = None,
         *,
         instructions: Instructions | None = None,
+        mode: Mode = "ask",
+        thinking: bool | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
         the tools approved for the rest of that session (`grants`); `parent`: for a
         sub-agent, the call that starts it; `cwd`: the one folder its file tools work in;
-        `instructions`: the `AGENTS.md` files `baseline`'s system prompt carries."""
+        `instructions`: the `AGENTS.md` files `baseline`'s system prompt carries; `mode` and
+        `thinking`: what it starts with (those of the session it continues or of its parent)."""
         return await trio.to_thread.run_sync(
-            partial(self._create, instructions=instructions),
+            partial(self._create, instructions=instructions, mode=mode, thinking=thinking),
             baseline,
             continues,
             grants,
@@ -411,6 +446,8 @@ class Store:
         cwd: Path | None,
         *,
         instructions: Instructions | None = None,
+        mode: Mode = "ask",
+        thinking: bool | None = None,
     ) -> Session:
         created = _Millis.after_last(now())  # ids sort in the order sessions are made
         header = SessionHeader(
@@ -426,6 +463,8 @@ class Store:
             call_id=parent.call_id if parent else None,
             cwd=str(cwd) if cwd else None,
             instructions=instructions,
+            mode=mode,
+            thinking=thinking,
         )
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"

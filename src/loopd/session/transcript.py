@@ -15,6 +15,7 @@ from loopd.session.records import (
     CacheLossRecord,
     GivenServer,
     McpServersRecord,
+    ModeRecord,
     Record,
     SummaryRecord,
     ToolResultRecord,
@@ -23,7 +24,7 @@ from loopd.session.records import (
     UserRecord,
 )
 
-__all__ = ["approval_line", "flags", "transcript"]
+__all__ = ["approval_line", "flags", "mode_words", "transcript"]
 
 _DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 _BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
@@ -35,13 +36,19 @@ def flags(data_class: str, untrusted: bool, truncated: bool) -> str:
     return ", ".join([data_class, *marks])
 
 
+def mode_words(record: ModeRecord) -> str:
+    """`read_only, thinking off`: a `mode` record in a few words."""
+    thinking = {True: "on", False: "off", None: "as [loop] thinking"}[record.thinking]
+    return f"{record.mode}, thinking {thinking}"
+
+
 def approval_line(call: int, tool: str, decision: str, by: str) -> Text:
     """How an approval ended, in a few words."""
     style = "red" if decision == "deny" else "green"
     return Text(f"  {_DECISIONS[decision]}{_BY[by]}: {tool} (call {call})", style=style)
 
 
-def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch per record kind
+def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - one branch per record kind
     """A readable transcript: messages, tool calls and results, each request's cache figures."""
     lines: list[Text] = []
     for record in records:
@@ -83,6 +90,8 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901 - one branch 
             lines.append(Text.assemble((said, "bold magenta"), record.text))
         elif isinstance(record, McpServersRecord):
             lines.extend(_given_line(server) for server in record.servers)
+        elif isinstance(record, ModeRecord):
+            lines.append(Text(f"  (mode set: {mode_words(record)})", style="magenta"))
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines

@@ -53,6 +53,7 @@ from ._port import (
     ToolPort,
     ToolRequest,
     for_the_model,
+    read_only_refusal,
     run_tool_port,
 )
 from ._registry import BUILTIN, Registry, policy_for
@@ -126,6 +127,7 @@ __all__ = [
     "plan",
     "policy_for",
     "process_bound",
+    "read_only_refusal",
     "replace_in",
     "requested_tool",
     "run_tool_port",

@@ -172,6 +172,7 @@ def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
             BUILTIN,
             policy_for(config, name, BUILTIN),
             timeout=config.run.timeout + RUN_MARGIN if name == "run_command" else None,
+            accepting=policy_for(config, name, BUILTIN, mode="accept_edits"),
         )
         for name in names
         for summary, description, schema in [_TOOLS[name]]

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loopd.session.records import DataClass
+from loopd.session.records import DataClass, Mode
 from loopd.wire.events import FileChange
 
 from ._dispatch import Local, dispatch
@@ -47,6 +47,8 @@ class CallOrigin:
     """Tools a person approved for the rest of the session."""
     cwd: Path | None = None
     """The session's own folder; None: all of `[tools] roots`."""
+    mode: Mode = "ask"
+    """The session's mode."""
 
 
 CallerTool = Callable[[dict[str, Any], Asking | None], Awaitable[ToolOutput]]
@@ -84,7 +86,13 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
         if isinstance(routed, Local):
             return ModelAnswer(routed.text)
         request = ToolRequest(
-            origin.session, origin.number, routed.tool, routed.arguments, origin.granted, origin.cwd
+            origin.session,
+            origin.number,
+            routed.tool,
+            routed.arguments,
+            origin.granted,
+            origin.cwd,
+            origin.mode,
         )
         run = (own or {}).get(routed.tool)
         runner = run and partial(run, routed.arguments)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopd.config import Policy
+from loopd.session.records import Mode
 
 __all__ = ["ToolEntry"]
 
@@ -26,3 +27,11 @@ class ToolEntry:
     available: bool = True
     timeout: float | None = None
     """Seconds a call may take, when not `[tools] timeout` (a command's own bound)."""
+    accepting: Policy | None = None
+    """Its policy in a session whose mode is `accept_edits`; None: as `policy`."""
+
+    def policy_in(self, mode: Mode) -> Policy:
+        """Its policy in a session of mode `mode` (`read_only` is the port's to apply)."""
+        if mode == "accept_edits" and self.accepting is not None:
+            return self.accepting
+        return self.policy

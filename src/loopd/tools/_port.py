@@ -13,6 +13,11 @@ message; the daemon never goes down with a tool.
     client ── Decide(call) ───▶ port
                                 port ── Verdict ──▶ caller ── runs the tool
 
+A session's mode (`ToolRequest.mode`) is applied here, so no client gets more than it allows:
+`accept_edits` takes each tool's `ToolEntry.policy_in` that mode; `read_only` refuses the
+tools that change the world, and every call that would ask, without asking. `deny` always
+wins.
+
 A call its caller runs itself (a `Runner`) is handed the `Asking` it waited on: what the
 person approved, so that a write applies only the change they were shown.
 
@@ -36,12 +41,12 @@ import outcome
 import trio
 
 from loopd.inbox import Reply, answer, ask, reply_error, reply_value, run_for
-from loopd.session.records import DataClass, Decision
+from loopd.session.records import DataClass, Decision, Mode
 from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
 from loopd.wire.events import FileChange
 
 from ._entry import ToolEntry
-from ._registry import Registry
+from ._registry import ASK_BY_DEFAULT, BUILTIN, Registry
 
 __all__ = [
     "Answered",
@@ -63,6 +68,7 @@ __all__ = [
     "ToolRequest",
     "Verdict",
     "for_the_model",
+    "read_only_refusal",
     "run_tool_port",
 ]
 
@@ -83,6 +89,8 @@ class ToolRequest:
     """Tools a person approved for the rest of this session (from its log)."""
     cwd: Path | None = None
     """The session's own folder, the only one its file tools work in; None: all roots."""
+    mode: Mode = "ask"
+    """The session's mode when the call was made (`loopd.session.records.Mode`)."""
 
 
 @dataclass(frozen=True)
@@ -439,9 +447,12 @@ class _PortActor:
         entry = job.registry.get(request.tool)
         if entry is None:
             return Verdict(None, Failed(f"the tool {request.tool} is no longer there"))
-        policy = entry.policy
+        policy = entry.policy_in(request.mode)
         if policy.action == "deny":
             return Verdict(entry, Denied(f"the policy for {entry.name} is deny"))
+        changes = entry.source == BUILTIN and entry.name in ASK_BY_DEFAULT
+        if request.mode == "read_only" and (changes or policy.action == "ask"):
+            return Verdict(entry, Denied(read_only_refusal(entry.name)))
         if policy.action == "ask" and entry.name not in request.granted:
             asking = await self._asking(entry, request)
             approval = await self._approval(job, asking)
@@ -452,7 +463,7 @@ class _PortActor:
         return Verdict(entry)
 
     async def _asking(self, entry: ToolEntry, request: ToolRequest) -> Asking:
-        policy = entry.policy
+        policy = entry.policy_in(request.mode)
         asking = Asking(
             request.call,
             entry.name,
@@ -480,6 +491,15 @@ class _PortActor:
         if not waiting.decided.is_set():
             return Approval(asking.tool, "deny", "timeout")
         return Approval(asking.tool, waiting.decision, "user")
+
+
+def read_only_refusal(tool: str) -> str:
+    """Why a session in mode `read_only` does not run `tool`: the model reads it."""
+    return (
+        f"this session is read-only (its mode is read_only), so {tool} is refused: you may "
+        "read and search files, not change them or run commands; say what you would change "
+        "instead"
+    )
 
 
 def _refusal(approval: Approval, timeout: float) -> str:

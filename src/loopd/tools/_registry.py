@@ -15,11 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 from loopd.config import Action, Policy, ToolsConfig
+from loopd.session.records import Mode
 
 from ._entry import ToolEntry
 from ._search import SearchIndex
 
-__all__ = ["BUILTIN", "Registry", "ToolEntry", "policy_for"]
+__all__ = ["ASK_BY_DEFAULT", "BUILTIN", "EDIT_TOOLS", "Registry", "ToolEntry", "policy_for"]
 
 BUILTIN = "builtin"
 
@@ -27,16 +28,26 @@ BUILTIN = "builtin"
 _STRICTNESS: tuple[Action, ...] = ("allow", "ask", "deny")
 ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command"})
 """Built-in tools that change the world: they ask unless their own policy says otherwise."""
+EDIT_TOOLS = frozenset({"write_file", "edit_file"})
+"""What a session in mode `accept_edits` runs without asking, where only the default asks."""
 
 
-def policy_for(config: ToolsConfig, name: str, source: str, server: Policy | None = None) -> Policy:
+def policy_for(
+    config: ToolsConfig,
+    name: str,
+    source: str,
+    server: Policy | None = None,
+    mode: Mode = "ask",
+) -> Policy:
     """The policy of a tool: each key from the most specific table that sets it (the tool's
     own, else its source's: `[tools.policies.<source>]`, then its MCP server's `policy`:
     `server`, or `[tools.mcp.<source>] policy`), else its default; then made as strict as
     `[tools] class_actions` asks for its data class.
 
     The tools in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
-    table may make them deny, never allow; a table that sets only a class keeps them asking."""
+    table may make them deny, never allow; a table that sets only a class keeps them asking.
+    In `mode` `accept_edits` that default is dropped for the `EDIT_TOOLS`: what a table or
+    their data class asks for still holds."""
     own = config.policies.get(name)
     tables = [t for t in (own, config.policies.get(source)) if t is not None]
     if server is None and source in config.mcp:
@@ -55,7 +66,8 @@ def policy_for(config: ToolsConfig, name: str, source: str, server: Policy | Non
         }
     )
     says_action = own is not None and "action" in own.model_fields_set
-    if source == BUILTIN and name in ASK_BY_DEFAULT and not says_action:
+    accepted = mode == "accept_edits" and name in EDIT_TOOLS
+    if source == BUILTIN and name in ASK_BY_DEFAULT and not says_action and not accepted:
         policy = _at_least(policy, "ask")
     return _at_least(policy, config.class_actions.get(policy.data_class, "allow"))
 

@@ -217,7 +217,8 @@ class ToolCalls:
 
     async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
         records = _CallRecords(self.session, call, number, self.on_event)
-        origin = CallOrigin(self.session.id, number, self.session.granted, self.session.cwd)
+        session = self.session
+        origin = CallOrigin(session.id, number, session.granted, session.cwd, session.mode)
         own: dict[str, Any] = {}
         if self.delegate is not None:
             parent = ParentCall(self.session.id, number, call.id)

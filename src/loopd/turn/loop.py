@@ -148,11 +148,12 @@ async def run_turn(
     *,
     thinking: bool | None = None,
 ) -> TurnOutcome:
-    """One turn; `thinking` overrides `[loop] thinking` for this turn only."""
+    """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
+    and `[loop] thinking` for this turn only."""
     await session.append(UserRecord(content=content))
     reason: TurnEndReason = "error"
     try:
-        think = rt.loop.thinking if thinking is None else thinking
+        think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
         turn = _Turn(session, rt, on_event, think)
         with trio.move_on_after(rt.loop.turn_timeout):
             outcome = await turn.run()

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
-from loopd.session.records import Decision, FailureKind, UsageRecord
+from loopd.session.records import Decision, FailureKind, Mode, UsageRecord
 from loopd.session.store import SessionInfo as StoredSession
 from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
@@ -37,6 +37,7 @@ __all__ = [
     "History",
     "HistoryRequest",
     "McpServer",
+    "ModeSet",
     "NewSession",
     "OpenSession",
     "Send",
@@ -45,6 +46,7 @@ __all__ = [
     "SessionInfo",
     "Sessions",
     "SessionsRequest",
+    "SetMode",
     "SlotInfo",
     "Status",
     "StatusRequest",
@@ -205,6 +207,20 @@ class Undo(_Message):
     call: int | None = None
 
 
+class SetMode(_Message):
+    """Set the session's mode and whether its turns think; answered with `mode`, which a
+    `set_mode` with neither field only asks for. Written to the session's log (a `mode`
+    record), so it holds when the session is opened again, and for the sessions that continue
+    it and its sub-agents. A running turn's next tool call is decided by the new mode."""
+
+    type: Literal["set_mode"] = "set_mode"
+    mode: Mode | None = None
+    """`ask`, `accept_edits` or `read_only` (docs/editors.md, "Modes"); absent: as it is."""
+    thinking: bool | None = None
+    """Whether its turns think (a `send`'s `thinking` still decides for its own turn);
+    absent: as it is."""
+
+
 ClientMessage = Annotated[
     Hello
     | Send
@@ -217,7 +233,8 @@ ClientMessage = Annotated[
     | SessionsRequest
     | HistoryRequest
     | Approve
-    | Undo,
+    | Undo
+    | SetMode,
     Discriminator("type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
@@ -408,6 +425,18 @@ class Undone(_Message):
     paths: list[str]
 
 
+class ModeSet(_Message):
+    """The answer to `set_mode`: the session's mode now."""
+
+    type: Literal["mode"] = "mode"
+    session: str
+    mode: Mode
+    """What its tool calls may do (a running sub-agent's: the stricter of its own and its
+    parent's)."""
+    thinking: bool
+    """Whether its turns think (where no `set_mode` said: `[loop] thinking`)."""
+
+
 class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
@@ -478,6 +507,7 @@ DaemonMessage = Annotated[
     | History
     | Approved
     | Undone
+    | ModeSet
     | Error
     | Bye,
     Discriminator("type"),
