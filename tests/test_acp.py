@@ -380,17 +380,14 @@ async def test_an_unknown_session_is_not_found(daemon: StartDaemon) -> None:
     assert await with_editor(d, unknown) == ["-32002", "-32002"]
 
 
-async def terminal_session(d: Daemon, cwd: Path | None, prompt: str | None = None) -> str:
-    """A session made as a terminal client makes one (`hello`, then a `send`), in `cwd`."""
-    client = await d.connect()
-    await client.send(
-        {"type": "hello", "client": "bxctl chat", "session": "new", "cwd": cwd and str(cwd)}
-    )
-    session = str((await client.until("welcome"))[-1]["session"])
-    if prompt is not None:
-        await client.send({"type": "send", "id": "t1", "content": prompt})
-        await client.until("turn_done")
-    return session
+async def terminal_session(d: Daemon, cwd: Path, prompt: str) -> str:
+    """A session made by `bxctl chat -m PROMPT` run in folder `cwd`; its id."""
+    logs = d.home / "sessions"
+    before = set(logs.glob("*.jsonl"))
+    code, _, said = await bxctl(d, "chat", "-m", prompt, cwd=cwd)
+    assert code == 0, said
+    (made,) = set(logs.glob("*.jsonl")) - before
+    return made.stem
 
 
 async def test_list_gives_a_folders_sessions_latest_first_a_page_at_a_time(
@@ -398,7 +395,7 @@ async def test_list_gives_a_folders_sessions_latest_first_a_page_at_a_time(
 ) -> None:
     notes, other = notes_folder(tmp_path), tmp_path / "other"
     other.mkdir()
-    script = [Reply(content="From here."), Reply(content="Tea it is.")]
+    script = [Reply(content=said) for said in ("Here.", "There.", "Nowhere.", "Tea it is.")]
     d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}", "{other}"]')
     store = Store(d.home / "sessions")
     older = []
@@ -412,8 +409,8 @@ async def test_list_gives_a_folders_sessions_latest_first_a_page_at_a_time(
         compacted = made.id
     with await store.create(make_baseline(), parent=ParentCall(compacted, 1, "c1"), cwd=notes):
         pass
-    elsewhere = await terminal_session(d, other)
-    await terminal_session(d, None, "nowhere")
+    elsewhere = await terminal_session(d, other, "over there")
+    await terminal_session(d, tmp_path, "nowhere")  # outside the roots: a session of no folder
     logs = len(list((d.home / "sessions").glob("*.jsonl")))
 
     async def listing(conn: Any, _: Editor) -> Any:

@@ -47,11 +47,20 @@ from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 
 
-async def bxctl(d: Daemon, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+async def bxctl(
+    d: Daemon, *args: str, stdin: bytes | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """Run bxctl against `d`, in folder `cwd` (default: loopd's test home, where a new
+    session's folder is refused as loopd's own, so it has none)."""
     command = [sys.executable, "-m", "bxctl", "--config", str(d.config), *args]
     with trio.fail_after(60):
         done = await trio.run_process(
-            command, stdin=stdin, capture_stdout=True, capture_stderr=True, check=False
+            command,
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=cwd or d.home,
         )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
@@ -599,3 +608,18 @@ def test_an_answer_cut_in_a_loop_says_so() -> None:
     view.feed(Event(id="t", event=Content(text="She loves her cat. " * 3)))
     view.feed(Event(id="t", event=Repeating(period=19, span=2000)))
     assert "said the same 19 characters over and over (2000 characters): cut" in render(view)
+
+
+async def test_chat_works_in_its_folder_or_in_none_where_loopd_refuses_it(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    here = tmp_path / "project"
+    here.mkdir()
+    d = await daemon(FakeLlama([Reply(content="Seen.")] * 2), tools=f'roots = ["{here}"]')
+    logs = Store(d.home / "sessions")
+    for folder, cwd in ((here, str(here)), (tmp_path, None)):  # tmp_path: outside the roots
+        code, out, _ = await bxctl(d, "chat", "-m", "where am I?", cwd=folder)
+        assert (code, out) == (0, "Seen.\n")
+        made = logs.latest()
+        assert made is not None
+        assert logs.read(made)[0].cwd == cwd

@@ -54,7 +54,7 @@ REFRESH = 1 / 12
 HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
 at the prompt, Ctrl-C or Ctrl-D quits. A call that needs your approval is shown with its
 arguments: y runs it, n does not, a runs it and every later call of that tool in this session.
-  /new        start a fresh session (the old one stays on disk)
+  /new        start a fresh session, in this folder (the old one stays on disk)
   /sessions   list the sessions, numbered
   /resume N   go on with session N of that list (or an id, or `latest`), its cache restored
   /compact    go on in a new session that starts from the model's summary of this one
@@ -97,10 +97,16 @@ async def interactive(
     """The chat until the user leaves (True), or gives up on a daemon that went away (False),
     in session `session` (an id, `latest`, or `new`)."""
     connection = await Connection.open(path)
-    session = await connection.hello(session)
+    note = None
+    if session == "new":
+        session, note = await connection.here(lambda cwd: connection.hello("new", cwd=cwd))
+    else:
+        session = await connection.hello(session)
     console.print(
         Text.assemble(("loopd ", "bold"), f"session {session}", ("  /help for help", "dim"))
     )
+    if note:
+        console.print(note, style="yellow")
     if connection.instructions:
         console.print(instructions_line(connection.instructions))
     await _recent(connection, console)
@@ -246,13 +252,18 @@ def _think(text: str, console: Console, current: bool | None) -> bool | None:
     return choice[words]
 
 
-def _new(answer: object) -> Text:
-    if not isinstance(answer, Welcome):
-        return Text("new session ?", style="green")
-    text = Text(f"new session {answer.session}", style="green")
-    if answer.instructions:
-        text.append("\n").append(instructions_line(answer.instructions))
-    return text
+async def _new(_: list[str], connection: Connection, console: Console) -> None:
+    """`/new`: a fresh session, in the folder bxctl runs in where loopd allows it."""
+    try:
+        session, note = await connection.here(connection.new_session)
+    except SessionRefused as e:
+        console.print(str(e), style="red")
+        return
+    console.print(Text(f"new session {session}", style="green"))
+    if note:
+        console.print(note, style="yellow")
+    if connection.instructions:
+        console.print(instructions_line(connection.instructions))
 
 
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
@@ -332,13 +343,13 @@ async def _undo(words: list[str], connection: Connection, console: Console) -> N
 
 _LOCAL = {
     "/approve": _approve,
+    "/new": _new,
     "/sessions": _list_sessions,
     "/resume": _resume,
     "/undo": _undo,
 }
 
 _COMMANDS = {
-    "/new": ("new_session", "welcome", _new),
     "/status": ("status", "status", _status),
 }
 

@@ -94,7 +94,10 @@ def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
 
 async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
     connection = await Connection.open(path)
-    await connection.hello(args.session or "new")
+    if args.session:
+        await connection.hello(args.session)
+    else:  # a folder loopd refuses leaves the session without one, silently: stderr is the script's
+        await connection.here(lambda cwd: connection.hello("new", cwd=cwd))
     turn = f"bxctl-{id(connection):x}"
     await connection.send({"type": "send", "id": turn, "content": text})
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,31 @@ class Connection:
                 raise SessionRefused(message)
             if isinstance(message, Welcome):
                 return message.session
+
+    async def new_session(self, cwd: str | None = None) -> str:
+        """Go on in a new session (in folder `cwd`); its id. Raises `SessionRefused`."""
+        answer = await self.request({"type": "new_session", "cwd": cwd}, "welcome")
+        if isinstance(answer, Error):
+            raise SessionRefused(answer)
+        return self.session
+
+    async def here(self, start: Callable[[str | None], Awaitable[str]]) -> tuple[str, str | None]:
+        """Start a new session as a terminal client does (`start(cwd)`: `hello` or
+        `new_session`): in the folder bxctl runs in, as a coding agent works in its folder,
+        so the session is listed as that folder's (an editor's history shows it too). Where
+        loopd refuses that folder (outside `[tools] roots`, the home folder, `/`), the
+        session has no folder of its own. The id, and the note that says so (or None)."""
+        folder = str(Path.cwd())
+        try:
+            return await start(folder), None
+        except SessionRefused as e:
+            if e.code != "folder_refused":
+                raise
+            note = (
+                f"not working in {folder}: {e}; this session has no folder of its own "
+                "(its file tools work in [tools] roots, if any)"
+            )
+            return await start(None), note
 
     async def receive(self) -> DaemonMessage | None:
         """The next message, or None when the daemon closed the connection."""

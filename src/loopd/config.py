@@ -350,7 +350,8 @@ class ToolsConfig(_Table):
     always does) is refused any folder outside them. Unset, such a folder is that session's
     one root, as a coding agent's working folder is: any folder but `/`, the home folder
     itself, one inside the user's keys, or one that holds or is in loopd's own files; a
-    session opened with no folder (`bxctl chat`) has no file tools that work. The hidden paths
+    session opened with no folder (`bxctl chat` run in a folder loopd refuses) has no file tools
+    that work. The hidden paths
     (loopd's own files, the keys, `[tools.run] deny_read`), `.git` kept from writes and the
     command sandbox apply the same either way."""
     timeout: PositiveFloat = 30.0
