@@ -80,6 +80,10 @@ gate: setup
 llama-server: setup
     @{{py}} scripts/assets.py server-path
 
+# Print Zed's settings for loopd (this checkout's bxctl, the bundled llama-server and model)
+zed: setup
+    @{{py}} scripts/assets.py zed-settings
+
 # Print the bundled model's path
 model: setup
     @{{py}} scripts/assets.py model-path

@@ -11,11 +11,13 @@ because results are moved into place only when complete.
     python scripts/assets.py chat-cases-path  llama.cpp's own parser test cases, as JSON lines
     python scripts/assets.py candidate-path NAME  another model, for `just bench models`
     python scripts/assets.py acpx-path     acpx, the ACP client `bxctl acp` is tested with (npm)
+    python scripts/assets.py zed-settings  Zed's `agent_servers` entry for this checkout, as JSON
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -301,6 +303,23 @@ def ensure_acpx() -> Path:
     return binary
 
 
+BUNDLED_TEMPERATURE = "0"
+"""The bundled model's sampling temperature (the justfile's `temperature`): SmolLM2-135M answers
+simple questions right only near 0."""
+
+
+def zed_settings() -> dict[str, object]:
+    """Zed's `agent_servers` entry: this checkout's `bxctl acp`, with the bundled llama-server
+    and model for the loopd it starts. Pasted into Zed's settings, nothing else is needed."""
+    bxctl = Path(sys.executable).parent / "bxctl"
+    env = {
+        "LOOPD_LLAMA_SERVER": str(server_path()),
+        "LOOPD_MODEL": str(MODEL_PATH),
+        "LLAMA_ARG_TEMPERATURE": BUNDLED_TEMPERATURE,
+    }
+    return {"agent_servers": {"loopd": {"command": str(bxctl), "args": ["acp"], "env": env}}}
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "ensure"
     if command == "ensure":
@@ -316,6 +335,8 @@ def main(argv: list[str]) -> int:
         print(ensure_chat_cases())
     elif command == "acpx-path":
         print(ensure_acpx())
+    elif command == "zed-settings":
+        print(json.dumps(zed_settings(), indent=2))
     elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
         print(ensure_candidate(argv[2]))
     else:

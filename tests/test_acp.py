@@ -5,7 +5,10 @@ lines on its stdin, for what no well-behaved client sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from acp.schema import (
 from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE, RESOURCE_NOT_FOUND
 from bxctl.acp_map import LIST_PAGE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
-from conftest import Unstarted
+from conftest import ROOT, Unstarted
 from loopd.infer import slot_tokens
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
@@ -594,6 +597,52 @@ async def test_a_loaded_session_finds_its_whole_history_in_the_cache(tmp_path: P
     assert answer.usage.cached_read_tokens == usages[1].cache_n == slot_tokens(usages[0])
     assert "restored the slot of session" in d.log.read_text()
     assert_no_loss(d, session)
+
+
+@pytest.mark.llama
+async def test_zeds_settings_from_just_zed_need_nothing_else(tmp_path: Path) -> None:
+    """The entry `just zed` prints, run as Zed runs it: its command, args and env in a fresh
+    home with no loopd config and no loopd running, in a project folder. The first prompt is
+    answered by the bundled model, through a loopd that `bxctl acp` started itself."""
+    shown = await trio.run_process(
+        [sys.executable, str(ROOT / "scripts" / "assets.py"), "zed-settings"], capture_stdout=True
+    )
+    zed = json.loads(shown.stdout)["agent_servers"]["loopd"]
+    home, run = tmp_path / "home", tmp_path / "run"
+    project = home / "project"
+    project.mkdir(parents=True)
+    run.mkdir(mode=0o700)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_RUNTIME_DIR": str(run)}
+
+    async def chat() -> Any:
+        editor = Editor()
+        agent = spawn_agent_process(
+            editor,  # type: ignore[arg-type]
+            zed["command"],
+            *zed["args"],
+            env=env | zed["env"],
+            cwd=project,
+        )
+        async with agent as (conn, _):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            answer = await conn.prompt(
+                session_id=session.session_id,
+                prompt=[text_block("What is the capital of France?")],
+            )
+            return answer, editor.said()
+
+    pid_file = home / ".local" / "state" / "loopd" / "loopd.pid"
+    try:
+        answer, said = await trio.to_thread.run_sync(
+            lambda: asyncio.run(asyncio.wait_for(chat(), 240))
+        )
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    assert answer.stop_reason == "end_turn"
+    assert "Paris" in said
 
 
 # -- loopd started on demand, and the editor's folder with no [tools] roots ----------------
