@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from loopd.config import Policy, ToolsConfig
-from loopd.tools import Registry, ToolEntry, find_tool_text, policy_for
+from loopd.session.records import Mode
+from loopd.tools import Registry, ToolEntry, builtin_entries, find_tool_text, policy_for
 from loopd.tools._search import tokens
 
 TOOLS = {
@@ -188,3 +189,21 @@ def test_a_policy_comes_from_the_tool_then_its_source_then_is_raised_by_its_clas
     assert policy_for(config, "mail.send", "mail") == Policy(action="ask")
     assert policy_for(config, "diary.read", "diary").action == "deny"  # stricter than ask
     assert policy_for(config, "other", "elsewhere") == Policy()
+
+
+def test_what_find_tool_says_of_a_tool_follows_the_sessions_mode() -> None:
+    """The model learns from find_tool what a call will meet in its session: a write asks in
+    `ask`, runs in `accept_edits`, and is refused in `read_only`, as the port decides."""
+    r = Registry(builtin_entries(ToolsConfig()))
+
+    def said(tool: str, mode: Mode) -> str:
+        (line,) = [s for s in find_tool_text(r, tool, 10, mode).splitlines() if f". {tool}" in s]
+        return line.split(": ", 1)[0].removeprefix(line.split(" ", 1)[0] + f" {tool}").strip()
+
+    assert [said("write_file", m) for m in ("ask", "accept_edits", "read_only")] == [
+        "(asks the user before it runs)",
+        "",
+        "(refused in this read-only session)",
+    ]
+    assert said("run_command", "accept_edits") == "(asks the user before it runs)"
+    assert said("read_file", "read_only") == ""

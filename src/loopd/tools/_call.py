@@ -82,7 +82,7 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
     name (the port still applies their policy); `on_decided`: hears a person's answer before
     the call runs."""
     try:
-        routed = dispatch(registry, name, arguments, find_limit=find_limit)
+        routed = dispatch(registry, name, arguments, find_limit=find_limit, mode=origin.mode)
         if isinstance(routed, Local):
             return ModelAnswer(routed.text)
         request = ToolRequest(

@@ -21,8 +21,9 @@ from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
 
 from loopd.canonical import canonical
+from loopd.session.records import Mode
 
-from ._registry import Registry
+from ._registry import Registry, read_only_refuses
 
 __all__ = [
     "MAX_ARGUMENT_BYTES",
@@ -45,6 +46,8 @@ _POLICY_NOTES = {
     "ask": " (asks the user before it runs)",
     "deny": " (never runs: the user's policy denies it)",
 }
+
+_READ_ONLY_NOTE = " (refused in this read-only session)"
 
 USAGE = (
     'Use find_tool {"query": "..."} to find a tool, then '
@@ -70,8 +73,10 @@ class Port:
 Dispatch = Local | Port
 
 
-def dispatch(registry: Registry, name: str, arguments: str, *, find_limit: int = 5) -> Dispatch:
-    """`name` and `arguments` exactly as the model sent them."""
+def dispatch(
+    registry: Registry, name: str, arguments: str, *, find_limit: int = 5, mode: Mode = "ask"
+) -> Dispatch:
+    """`name` and `arguments` exactly as the model sent them, in a session of mode `mode`."""
     if name not in ("find_tool", "call_tool"):
         hint = ""
         if registry.get(name) is not None:
@@ -84,7 +89,7 @@ def dispatch(registry: Registry, name: str, arguments: str, *, find_limit: int =
         query = parsed.get("query")
         if not isinstance(query, str) or not query.strip():
             return Local('find_tool needs {"query": "<what you want to do>"}.')
-        return Local(find_tool_text(registry, query, find_limit))
+        return Local(find_tool_text(registry, query, find_limit, mode))
     return _call_tool(registry, parsed)
 
 
@@ -170,8 +175,9 @@ def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
 
 
-def find_tool_text(registry: Registry, query: str, limit: int) -> str:
-    """What the model reads back from `find_tool`: names, summaries, argument schemas."""
+def find_tool_text(registry: Registry, query: str, limit: int, mode: Mode = "ask") -> str:
+    """What the model reads back from `find_tool`: names, summaries, argument schemas, and
+    what a call of each meets in a session of mode `mode`."""
     matches = registry.search(query, limit)
     if not matches:
         names = ", ".join(registry.names()[:20]) or "none"
@@ -179,7 +185,10 @@ def find_tool_text(registry: Registry, query: str, limit: int) -> str:
     lines = [f"Tools for {query!r}, best first:"]
     for number, entry in enumerate(matches, start=1):
         status = "" if entry.available else " (unavailable now: its server is down)"
-        status += _POLICY_NOTES.get(entry.policy.action, "")
+        if mode == "read_only" and read_only_refuses(entry):
+            status += _READ_ONLY_NOTE
+        else:
+            status += _POLICY_NOTES.get(entry.policy_in(mode).action, "")
         lines.append(f"{number}. {entry.name}{status}: {entry.summary}")
         if entry.description != entry.summary:
             lines.append(f"   {entry.description}")

@@ -46,7 +46,7 @@ from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
 from loopd.wire.events import FileChange
 
 from ._entry import ToolEntry
-from ._registry import ASK_BY_DEFAULT, BUILTIN, Registry
+from ._registry import Registry, read_only_refuses
 
 __all__ = [
     "Answered",
@@ -450,8 +450,7 @@ class _PortActor:
         policy = entry.policy_in(request.mode)
         if policy.action == "deny":
             return Verdict(entry, Denied(f"the policy for {entry.name} is deny"))
-        changes = entry.source == BUILTIN and entry.name in ASK_BY_DEFAULT
-        if request.mode == "read_only" and (changes or policy.action == "ask"):
+        if request.mode == "read_only" and read_only_refuses(entry):
             return Verdict(entry, Denied(read_only_refusal(entry.name)))
         if policy.action == "ask" and entry.name not in request.granted:
             asking = await self._asking(entry, request)

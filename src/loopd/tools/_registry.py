@@ -32,6 +32,13 @@ EDIT_TOOLS = frozenset({"write_file", "edit_file"})
 """What a session in mode `accept_edits` runs without asking, where only the default asks."""
 
 
+def read_only_refuses(entry: ToolEntry) -> bool:
+    """Whether a session in mode `read_only` refuses a call to `entry` without asking: the
+    built-in tools that change the world, and any tool whose policy would ask."""
+    changes = entry.source == BUILTIN and entry.name in ASK_BY_DEFAULT
+    return changes or entry.policy_in("read_only").action == "ask"
+
+
 def policy_for(
     config: ToolsConfig,
     name: str,
