@@ -2,7 +2,8 @@
 
 Both are tools of the set-up, not dependencies of loopd: loopd finds the binary and the model
 by path. Each step is idempotent and quick once done; a half-finished step never looks done,
-because results are moved into place only when complete.
+because results are moved into place only when complete, and two set-ups at once take turns
+on a lock in `.cache/`.
 
     python scripts/assets.py ensure        build/fetch what is missing
     python scripts/assets.py server-path   print the llama-server binary's path
@@ -16,6 +17,8 @@ because results are moved into place only when complete.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,28 +324,42 @@ def zed_settings() -> dict[str, object]:
     return {"agent_servers": {"loopd": {"command": str(bxctl), "args": ["acp"], "env": env}}}
 
 
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """Hold the cache's lock: two set-ups at once (two `just` commands in two terminals, a
+    test that runs `just chat` beside another) would each clear the other's half-built
+    folder; the second waits, then finds the work done."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / "assets.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "ensure"
-    if command == "ensure":
-        ensure_server()
-        ensure_model()
-    elif command == "server-path":
+    if command == "server-path":
         print(server_path())
-    elif command == "model-path":
+        return 0
+    if command == "model-path":
         print(MODEL_PATH)
-    elif command == "templates-path":
-        print(ensure_templates())
-    elif command == "chat-cases-path":
-        print(ensure_chat_cases())
-    elif command == "acpx-path":
-        print(ensure_acpx())
-    elif command == "zed-settings":
-        print(json.dumps(zed_settings(), indent=2))
-    elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
-        print(ensure_candidate(argv[2]))
-    else:
-        print(__doc__, file=sys.stderr)
-        return 2
+        return 0
+    with _one_at_a_time():
+        if command == "ensure":
+            ensure_server()
+            ensure_model()
+        elif command == "templates-path":
+            print(ensure_templates())
+        elif command == "chat-cases-path":
+            print(ensure_chat_cases())
+        elif command == "acpx-path":
+            print(ensure_acpx())
+        elif command == "zed-settings":
+            print(json.dumps(zed_settings(), indent=2))
+        elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:
+            print(ensure_candidate(argv[2]))
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
     return 0
 
 
