@@ -38,7 +38,9 @@ chat *ARGS: setup
     export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
     export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
     export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}"
-    exec .venv/bin/bxctl chat "$@"
+    # A new session works in the folder `just chat` was run from, as `bxctl chat` run there.
+    cd "{{invocation_directory()}}"
+    exec "{{justfile_directory()}}/.venv/bin/bxctl" chat "$@"
 
 # Stop the loopd that `just chat` (or another bxctl) started
 stop:

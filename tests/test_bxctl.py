@@ -432,9 +432,9 @@ class Tmux:
         when it ends, and keeps the pane open."""
         bxctl = f"{sys.executable} -m bxctl --config {d.config} chat"
         command = f"env XDG_STATE_HOME={state} {bxctl}; echo BXCTL-EXIT-$?; sleep 60"
-        await self.run(
-            "new-session", "-d", "-s", self.name, "-x", str(columns), "-y", str(rows), command
-        )
+        size = ("-x", str(columns), "-y", str(rows))
+        # In loopd's test home, where a new session's folder is refused: it has none.
+        await self.run("new-session", "-d", "-s", self.name, *size, "-c", str(d.home), command)
 
     async def wait_for(self, *texts: str, timeout: float = 30) -> str:
         """The screen, once any of `texts` is on it."""
@@ -462,7 +462,12 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
     tmux = Tmux(f"bxctl-{id(d):x}")
     await tmux.chat(d, tmp_path / "state")
     try:
-        await tmux.wait_for("/help for help")
+        screen = await tmux.wait_for("no folder of its own")
+        assert f"not working in {d.home}:" in " ".join(screen.split())  # loopd's own folder
+        await tmux.keys("/mode read_only", "Enter")
+        await tmux.wait_for("mode: read_only (thinking on)")
+        await tmux.keys("/mode sideways", "Enter")
+        await tmux.wait_for("/mode alone, or /mode ask|accept_edits|read_only")
         await tmux.keys("which tool tells the time?", "Enter")
         screen = await tmux.wait_for("Use current_time for that.")
         assert "⚙ find_tool (call 1)" in screen

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import get_args
 
 import platformdirs
 import trio
@@ -34,12 +35,13 @@ from bxctl.view import (
     instructions_line,
 )
 from loopd.backoff import RECONNECT
-from loopd.session.records import RECORD
+from loopd.session.records import RECORD, Mode
 from loopd.session.transcript import transcript
 from loopd.wire.events import ApprovalNeeded
 from loopd.wire.proto import (
     Error,
     History,
+    ModeSet,
     SessionFailed,
     Sessions,
     Status,
@@ -61,6 +63,9 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
   /undo [N]    put back the files the last turn (or call N) changed
+  /mode [ask|accept_edits|read_only]   what this session's calls may do: ask before
+              each change (the default), write and edit without asking, or change nothing;
+              kept in the session's log (/mode alone: the mode now)
   /approve N once|session|deny [SESSION]   answer call N, which waits for approval (of
               the sub-agent SESSION, when the prompt names one)
   /think off  let the model answer without reasoning first (/think on: with; /think: as
@@ -266,6 +271,23 @@ async def _new(_: list[str], connection: Connection, console: Console) -> None:
         console.print(instructions_line(connection.instructions))
 
 
+async def _mode(words: list[str], connection: Connection, console: Console) -> None:
+    """`/mode [MODE]`: set the session's mode, or show it."""
+    modes = get_args(Mode)
+    if len(words) > 1 or (words and words[0] not in modes):
+        console.print(f"/mode alone, or /mode {'|'.join(modes)}", style="red")
+        return
+    message: dict[str, object] = {"type": "set_mode"}
+    if words:
+        message["mode"] = words[0]
+    answer = await connection.request(message, "mode")
+    if isinstance(answer, ModeSet):
+        thinking = "on" if answer.thinking else "off"
+        console.print(f"mode: {answer.mode} (thinking {thinking})", style="green")
+    elif isinstance(answer, Error):
+        console.print(answer.message, style="red")
+
+
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
     """The sessions, newest first and numbered for `/resume N`."""
     answer = await connection.request({"type": "sessions"}, "sessions")
@@ -344,6 +366,7 @@ async def _undo(words: list[str], connection: Connection, console: Console) -> N
 _LOCAL = {
     "/approve": _approve,
     "/new": _new,
+    "/mode": _mode,
     "/sessions": _list_sessions,
     "/resume": _resume,
     "/undo": _undo,
