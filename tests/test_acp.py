@@ -231,6 +231,34 @@ async def test_cancel_ends_the_prompt_as_cancelled(daemon: StartDaemon, tmp_path
     assert answer.stop_reason == "cancelled"
 
 
+async def test_a_commands_output_shows_in_its_call_while_it_runs(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    command = "for i in 1 2 3; do echo line $i; sleep 0.4; done"
+    script = [tool_call("run_command", {"command": command}), Reply(content="Ran it.")]
+    allow = '[tools.policies.run_command]\naction = "allow"'
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]\n{allow}')
+
+    async def turn(conn: Any, _: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        await conn.prompt(session_id=session.session_id, prompt=[text_block("run it")])
+        return session.session_id
+
+    editor = Editor()
+    session = await with_editor(d, turn, editor)
+    updates = editor.told("tool_call_update")
+    running = updates[:-1]
+    assert len(running) >= 2  # the sleeps part the output
+    assert [u.status for u in updates] == ["in_progress"] * len(running) + ["completed"]
+    # Each carries the output so far, the last all of it.
+    shown = [u.content[0].content.text for u in running]
+    assert shown[0].startswith("```\nline 1")
+    assert shown[-1] == "```\nline 1\nline 2\nline 3\n```"
+    (result,) = [r for r in records(d, session) if isinstance(r, ToolResultRecord)]
+    assert result.content == "exit status 0\nline 1\nline 2\nline 3\n"
+
+
 async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_path: Path) -> None:
     notes = notes_folder(tmp_path)
     script = [write("today.md", "buy tea\n"), Reply(content="Tea it is."), Reply(content="Sure.")]

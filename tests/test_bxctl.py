@@ -30,6 +30,7 @@ from loopd.wire.events import (
     ApprovalNeeded,
     CacheLoss,
     ToolCallStarted,
+    ToolOutputChunk,
     ToolResult,
     TurnEvent,
 )
@@ -333,6 +334,32 @@ def test_a_turn_renders_tools_content_cache_loss_and_figures() -> None:
     assert (
         "last request: 20 prompt tokens processed, 100 cached; 4 generated at 80 tokens/s" in text
     )
+
+
+def test_a_running_commands_last_lines_show_under_it_until_its_result() -> None:
+    view = TurnView()
+    started = ToolCallStarted(name="call_tool", call=4, tool="run_command")
+    printed = "".join(f"step {n}\n" for n in range(1, 9)) + "compiling 10%\rcompiling 90%"
+    chunks = [ToolOutputChunk(call=4, text=t) for t in (printed[:30], printed[30:])]
+    events: list[TurnEvent] = [started, *chunks]
+    for event in events:
+        view.feed(Event(id="t", event=event))
+    lines = render(view, live=True).splitlines()
+    at = lines.index("⚙ call_tool → run_command (call 4)")
+    shown = ["step 5", "step 6", "step 7", "step 8", "compiling 90%"]
+    assert lines[at + 1 : at + 6] == [f"    │ {line}" for line in shown]
+    assert "step 4" not in render(view, live=True)
+    result = ToolResult(
+        name="call_tool",
+        call=4,
+        data_class="public",
+        untrusted=False,
+        truncated=False,
+        preview="exit status 0",
+    )
+    view.feed(Event(id="t", event=result))
+    assert "step 8" not in render(view, live=True)
+    assert "↳ exit status 0" in render(view, live=True)
 
 
 def test_reasoning_is_shown_while_thinking_and_whole_with_the_flag() -> None:

@@ -40,6 +40,7 @@ from bxctl.acp_map import (
     decision_of,
     listed,
     mcp_servers,
+    output_update,
     permission_request,
     replayed,
     status_text,
@@ -55,7 +56,7 @@ from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
 from bxctl.start import Starter
 from loopd import __version__
 from loopd.session.records import RECORD
-from loopd.wire.events import ApprovalNeeded
+from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult
 from loopd.wire.proto import (
     HISTORY_PAGE,
     DaemonMessage,
@@ -125,6 +126,14 @@ class _Session:
     """The editor's MCP servers for it: given again when loopd comes back."""
     mode: ModeSet | None = None
     """Its mode and thinking, as loopd last said (its config options)."""
+    output: dict[int, str] = field(default_factory=dict)
+    """The output so far of each command that runs, by call: an update replaces a call's
+    content, so each carries all of it (loopd sends a bounded amount live)."""
+
+    def printed(self, chunk: ToolOutputChunk) -> str:
+        """The output so far of `chunk`'s call, `chunk` with it."""
+        output = self.output[chunk.call] = self.output.get(chunk.call, "") + chunk.text
+        return output
 
     def options(self) -> list[ConfigOption]:
         assert self.mode is not None  # noqa: S101 - `Agent._open` asked for it
@@ -497,16 +506,23 @@ class Agent:
             return
         turn = session.turns.get(getattr(message, "id", None) or "")
         if isinstance(message, Event):
-            if isinstance(message.event, ApprovalNeeded):
+            event = message.event
+            if isinstance(event, ApprovalNeeded):
                 assert self._nursery is not None  # noqa: S101 - serve set it
-                self._nursery.start_soon(self._approval, session, message.event)
-            elif (update := update_of(message.event, session.connection.session)) is not None:
-                await self.notify(session.id, update)
+                self._nursery.start_soon(self._approval, session, event)
+            elif isinstance(event, ToolOutputChunk):
+                await self.notify(session.id, output_update(event.call, session.printed(event)))
+            else:
+                if isinstance(event, ToolResult):
+                    session.output.pop(event.call, None)  # its result takes its place
+                if (update := update_of(event, session.connection.session)) is not None:
+                    await self.notify(session.id, update)
         elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
             if isinstance(message, TurnDone) and turn.counted:
                 await self._tell_usage(session, message)
             turn.end = message
             turn.done.set()
+            session.output.clear()  # a call cut off with its turn gets no result
 
     async def _tell_usage(self, session: _Session, done: TurnDone) -> None:
         """Where the session stands after the turn (`usage_update`), when loopd says."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "decision_of",
     "listed",
     "mcp_servers",
+    "output_update",
     "permission_request",
     "replayed",
     "status_text",
@@ -128,6 +130,21 @@ ToolContent = list[
 
 def _content(text: str) -> ToolContent:
     return [schema.ContentToolCallContent(type="content", content=_text(text))]
+
+
+def output_update(call: int, output: str) -> schema.ToolCallProgress:
+    """A running command's output so far as its call's content (an update replaces the content
+    it had): a fenced block, which an editor shows as it is, not as markdown. ACP's `terminal`
+    content is no fit: it shows a terminal the editor runs, at the agent's request."""
+    longest = max((len(run) for run in re.findall("`+", output)), default=0)
+    fence = "`" * max(3, longest + 1)  # no run of backticks in the output closes it
+    shown = output.removesuffix("\n")
+    return schema.ToolCallProgress(
+        session_update="tool_call_update",
+        tool_call_id=str(call),
+        status="in_progress",
+        content=_content(f"{fence}\n{shown}\n{fence}"),
+    )
 
 
 def _diff(change: FileChange) -> ToolContent:

@@ -41,6 +41,7 @@ from loopd.wire.events import (
     MovedToServer,
     SessionContinued,
     ToolCallStarted,
+    ToolOutputChunk,
     ToolResult,
     WaitingForServer,
 )
@@ -107,6 +108,10 @@ _Note = (
 
 MEASURABLE = 0.05
 """Seconds of streaming before a tokens/s figure means anything."""
+RUNNING_LINES = 5
+"""Lines of a running command's latest output shown under its call."""
+RUNNING_KEEP = 4096
+"""Characters of it kept: enough for those lines."""
 
 
 class Tail:
@@ -147,6 +152,8 @@ class TurnView:
     outcome: TurnDone | TurnFailed | None = None
     approval: ApprovalNeeded | None = None
     """The call that waits for the user's answer, until it is decided."""
+    running: dict[int, str] = field(default_factory=dict)
+    """The latest output of each command that runs, by call, until its result."""
 
     def feed(self, message: DaemonMessage) -> None:
         if isinstance(message, TurnDone | TurnFailed):
@@ -198,7 +205,12 @@ class TurnView:
             if event.session not in self.agents:
                 self.tools.append(event.session)
             self.agents[event.session] = event
+        elif isinstance(event, ToolOutputChunk):
+            self.running[event.call] = (self.running.get(event.call, "") + event.text)[
+                -RUNNING_KEEP:
+            ]
         elif isinstance(event, ToolResult):
+            self.running.pop(event.call, None)
             what = flags(event.data_class, event.untrusted, event.truncated)
             self.tools.append(Text(f"  ↳ {event.preview}  [{what}]", style="dim cyan"))
 
@@ -299,8 +311,20 @@ class TurnView:
             parts.append(Markdown(self.content))
         return parts
 
+    def _running(self) -> list[Text]:
+        """The last lines of each running command's output, as a terminal would leave them (a
+        line rewritten after a carriage return shows as its last version)."""
+        shown = []
+        for output in self.running.values():
+            for line in output.rstrip("\n").split("\n")[-RUNNING_LINES:]:
+                last = line.rsplit("\r", 1)[-1]
+                shown_line = Text("    │ ", style="dim cyan", no_wrap=True, overflow="ellipsis")
+                shown.append(shown_line.append_text(Text.from_ansi(last, style="dim")))
+        return shown
+
     def live(self, height: int) -> RenderableType:
         parts = self._body()
+        parts[len(self.tools) : len(self.tools)] = self._running()  # under the calls
         if self.approval is not None:
             parts.append(approval_panel(self.approval))
         body = Tail(Group(*parts), max(3, height - 4))

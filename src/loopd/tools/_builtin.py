@@ -26,7 +26,7 @@ import trio
 from loopd.config import RunConfig, ToolsConfig
 
 from ._entry import ToolEntry
-from ._port import Preview, ToolFailure, ToolOutput, ToolRequest
+from ._port import OnOutput, Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
@@ -271,7 +271,7 @@ class Builtins:
         if entry.name in _FILE_TOOLS:
             await tools.check_hidden()
         if entry.name == "run_command":
-            return await tools.run_command(request.arguments)
+            return await tools.run_command(request.arguments, request.on_output)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first
             raise ToolFailure(f"{entry.name} cannot run here: this turn keeps no file history")
         function = tools._run[entry.name]  # noqa: SLF001 - another instance of this class
@@ -300,9 +300,12 @@ class Builtins:
             f"stopped after {timeout:g} s"
         )
 
-    async def run_command(self, arguments: dict[str, Any]) -> ToolOutput:
+    async def run_command(
+        self, arguments: dict[str, Any], on_output: OnOutput | None = None
+    ) -> ToolOutput:
         folder, timeout = self.command_folder(arguments)
-        status, output = await run_command(self.sandbox, arguments["command"], folder, timeout)
+        command = arguments["command"]
+        status, output = await run_command(self.sandbox, command, folder, timeout, on_output)
         if status is None:
             stopped = f"stopped after {timeout:g} s (its timeout), and all it had started"
             return ToolOutput(f"{stopped}\n{output}")

@@ -23,6 +23,7 @@ from ._port import (
     Asking,
     OnAsking,
     OnDecided,
+    OnOutput,
     Result,
     ToolOutput,
     ToolPort,
@@ -77,10 +78,11 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
     on_asking: OnAsking,
     own: Mapping[str, CallerTool] | None = None,
     on_decided: OnDecided | None = None,
+    on_output: OnOutput | None = None,
 ) -> ModelAnswer:
     """The answer to one call as the model sent it; `own`: tools the caller runs itself, by
     name (the port still applies their policy); `on_decided`: hears a person's answer before
-    the call runs."""
+    the call runs; `on_output`: its output while it runs, where its tool streams any."""
     try:
         routed = dispatch(registry, name, arguments, find_limit=find_limit, mode=origin.mode)
         if isinstance(routed, Local):
@@ -93,6 +95,7 @@ async def answer_call(  # noqa: PLR0913 - one call's whole context
             origin.granted,
             origin.cwd,
             origin.mode,
+            on_output,
         )
         run = (own or {}).get(routed.tool)
         runner = run and partial(run, routed.arguments)

@@ -56,6 +56,7 @@ __all__ = [
     "Executor",
     "Failed",
     "OnAsking",
+    "OnOutput",
     "PortAnswer",
     "PortHandle",
     "PortStopped",
@@ -77,6 +78,9 @@ log = logging.getLogger(__name__)
 # An exception's text is for the model; a traceback is for the log.
 MESSAGE_LIMIT = 500
 
+OnOutput = Callable[[str], None]
+"""Hears a running call's output as it comes (`run_command`'s; other tools send none)."""
+
 
 @dataclass(frozen=True)
 class ToolRequest:
@@ -91,6 +95,8 @@ class ToolRequest:
     """The session's own folder, the only one its file tools work in; None: all roots."""
     mode: Mode = "ask"
     """The session's mode when the call was made (`loopd.session.records.Mode`)."""
+    on_output: OnOutput | None = field(default=None, compare=False, repr=False)
+    """Hears its output while it runs, for the people watching; None: nobody listens."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ The command runs in a process group of its own and, as root, a pids cgroup of it
 are killed whole at its timeout or when the call is cancelled, and bubblewrap's PID namespace
 takes every process it started with it. Its output is kept whole up to `KEEP_BYTES` of head
 and of tail: a bound on loopd's memory, not the cut the model sees (that is
-`[loop] tool_result_cap`, applied once to the whole result, head and tail kept).
+`[loop] tool_result_cap`, applied once to the whole result, head and tail kept). Its caller
+may hear the output as it comes too (`on_output`, through `_live`), apart from that result.
 
 With `[tools.run] sandbox = "none"` the command runs as the user, unconfined: only the
 timeout and the process group stand.
@@ -27,7 +28,8 @@ import trio
 from loopd.config import RunConfig
 
 from ._bounds import PidsCgroups, limited, seccomp_program, seccomp_unavailable
-from ._port import ToolFailure
+from ._live import LiveOutput
+from ._port import OnOutput, ToolFailure
 from ._sandbox import Sandbox
 
 __all__ = ["KEEP_BYTES", "Sandbox", "process_bound", "run_command", "sandbox_missing"]
@@ -120,13 +122,19 @@ def _output(head: bytes, tail: bytes, total: int) -> str:
 
 
 async def run_command(
-    sandbox: Sandbox, command: str, folder: Path, timeout: float
+    sandbox: Sandbox,
+    command: str,
+    folder: Path,
+    timeout: float,
+    on_output: OnOutput | None = None,
 ) -> tuple[int | None, str]:
     """Run it; its exit status (None: killed at its timeout) and its output, stdout and
-    stderr together. Cancelling the caller kills it at once."""
+    stderr together; `on_output` hears that output while it runs (`LiveOutput`). Cancelling
+    the caller kills it at once."""
     shell = ["/bin/sh", "-c", command]
+    live = on_output and LiveOutput(on_output)
     if not sandbox.enabled:
-        return await _run(shell, folder, timeout, None, ())
+        return await _run(shell, folder, timeout, None, (), live=live)
     if why := sandbox_missing():
         raise ToolFailure(why)
     program = os.memfd_create("loopd-seccomp")
@@ -147,7 +155,7 @@ async def run_command(
             # Killed with loopd from its first instant: the shell that joins the cgroup runs
             # before bubblewrap can ask for that itself.
             argv = [*_with_pdeathsig(sandbox.roots), *cgroups.joined(group, argv)]
-        status, output = await _run(argv, folder, timeout, sandbox.env, (program,))
+        status, output = await _run(argv, folder, timeout, sandbox.env, (program,), live=live)
     finally:
         os.close(program)
         if group is not None and cgroups is not None:
@@ -159,12 +167,14 @@ async def run_command(
     return status, output
 
 
-async def _run(
+async def _run(  # noqa: PLR0913 - one process's whole context
     argv: list[str],
     folder: Path,
     timeout: float,
     env: Mapping[str, str] | None,
     fds: tuple[int, ...],
+    *,
+    live: LiveOutput | None = None,
 ) -> tuple[int | None, str]:
     # Forked here, in loopd's own thread, not by trio.lowlevel.open_process, which forks in a
     # worker thread: a parent-death signal (bubblewrap's --die-with-parent, setpriv's) is
@@ -185,7 +195,9 @@ async def _run(
         assert process.stdout is not None  # noqa: S101 - asked for above
         with process.stdout:
             stdout = trio.lowlevel.FdStream(os.dup(process.stdout.fileno()))
-        async with stdout:
+        async with stdout, trio.open_nursery() as nursery:
+            if live is not None:
+                nursery.start_soon(live.flushing)
             with trio.move_on_after(timeout) as deadline:
                 while chunk := await stdout.receive_some(READ_CHUNK):
                     total += len(chunk)
@@ -193,11 +205,16 @@ async def _run(
                     head += chunk[:room]
                     if len(chunk) > room:  # the middle goes: the last KEEP_BYTES are kept
                         tail = (tail + chunk[room:])[-KEEP_BYTES:]
+                    if live is not None:
+                        live.take(chunk)
                 await _exited(process)
+            nursery.cancel_scope.cancel()
     finally:
         _kill_group(process.pid)
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             await _exited(process)
+    if live is not None:  # the last of it, before the caller reports the result
+        live.flush(final=True)
     output = _output(bytes(head), bytes(tail), total)
     if deadline.cancelled_caught:
         return None, output

@@ -47,6 +47,7 @@ from loopd.wire.events import (
     ApprovalDecided,
     ApprovalNeeded,
     ToolCallStarted,
+    ToolOutputChunk,
     ToolResult,
     TurnEvent,
 )
@@ -238,6 +239,7 @@ class ToolCalls:
             on_asking=records.on_asking,
             own=own,
             on_decided=records.on_decided,
+            on_output=lambda text: self.on_event(ToolOutputChunk(call=number, text=text)),
         )
         if records.unwritten:
             raise records.unwritten[0]

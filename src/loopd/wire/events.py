@@ -1,6 +1,6 @@
 """The events of a turn, as clients see them: the inference events passed on one to one, and
 the turn's own (a tool call starting, an approval asked for and given, its result, a cache
-loss)."""
+loss, a command's output as it runs)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ __all__ = [
     "MovedToServer",
     "SessionContinued",
     "ToolCallStarted",
+    "ToolOutputChunk",
     "ToolResult",
     "TurnEvent",
     "WaitReason",
@@ -52,6 +53,18 @@ class ToolCallStarted(_Event):
     """The session's number for this call."""
     tool: str | None = None
     """For `call_tool`: the tool it asks for, when the arguments name one."""
+
+
+class ToolOutputChunk(_Event):
+    """What a running call (`run_command`) printed since its last chunk, stdout and stderr as
+    they come: sent at most every 0.2 s, at most 32 KiB of output a call (a note says when
+    the rest is not sent). For the people watching only: the model reads the call's result,
+    which `tool_result` reports."""
+
+    kind: Literal["tool_output"] = "tool_output"
+    call: int
+    """The session's number for the call (as in `tool_call_started`)."""
+    text: str
 
 
 class FileChange(BaseModel):
@@ -235,6 +248,7 @@ TurnEvent = Annotated[
     | WaitingForServer
     | MovedToServer
     | ToolCallStarted
+    | ToolOutputChunk
     | ApprovalNeeded
     | ApprovalDecided
     | ToolResult
