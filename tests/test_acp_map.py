@@ -9,9 +9,11 @@ import pytest
 from acp import schema
 
 from bxctl.acp_map import (
+    SHOWN_OUTPUT,
     command_of,
     decision_of,
     kind_of,
+    output_update,
     permission_request,
     replayed,
     stop_reason,
@@ -200,3 +202,23 @@ def test_the_usage_update_is_what_the_slot_holds_of_the_window() -> None:
     assert update.field_meta == {"loopd": {"promptTokens": 940, "cachedTokens": 900}}
     assert usage_update(usage, None) is None  # a window loopd was not told
     assert usage_update(None, 8192) is None
+
+
+def test_a_long_running_commands_output_shows_its_tail_in_whole_lines() -> None:
+    output = "".join(f"line {n}\n" for n in range(5000))  # about 43,000 characters
+    (content,) = output_update(3, output).content or []
+    assert isinstance(content, schema.ContentToolCallContent)
+    text = content.content.text
+    assert SHOWN_OUTPUT < len(text) < SHOWN_OUTPUT + 100
+    first, cut, *_ = text.split("\n")
+    assert (first, cut.split()[0]) == ("```", "[...")
+    assert text.endswith("line 4999\n```")
+    shown = text.split("\n")[2:-1]
+    assert shown[0].startswith("line ")  # a whole line, not the end of one
+    assert int(cut.split()[1]) + len("\n".join(shown)) + 1 == len(output)
+    assert output_update(3, "short\n").content == _content_of("```\nshort\n```")
+
+
+def _content_of(text: str) -> list[schema.ContentToolCallContent]:
+    block = schema.TextContentBlock(type="text", text=text)
+    return [schema.ContentToolCallContent(type="content", content=block)]

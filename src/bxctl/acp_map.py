@@ -132,10 +132,21 @@ def _content(text: str) -> ToolContent:
     return [schema.ContentToolCallContent(type="content", content=_text(text))]
 
 
+SHOWN_OUTPUT = 8_000
+"""Characters of a running command's output one update carries at most: its tail, as a
+terminal shows it. Each update replaces the last, so the whole output every time would cost
+the editor the square of a long command's output."""
+
+
 def output_update(call: int, output: str) -> schema.ToolCallProgress:
     """A running command's output so far as its call's content (an update replaces the content
-    it had): a fenced block, which an editor shows as it is, not as markdown. ACP's `terminal`
-    content is no fit: it shows a terminal the editor runs, at the agent's request."""
+    it had): a fenced block, which an editor shows as it is, not as markdown; past
+    `SHOWN_OUTPUT`, its last whole lines. ACP's `terminal` content is no fit: it shows a
+    terminal the editor runs, at the agent's request."""
+    if len(output) > SHOWN_OUTPUT:
+        tail = output[-SHOWN_OUTPUT:]
+        tail = tail[tail.find("\n") + 1 :]
+        output = f"[... {len(output) - len(tail)} characters above]\n{tail}"
     longest = max((len(run) for run in re.findall("`+", output)), default=0)
     fence = "`" * max(3, longest + 1)  # no run of backticks in the output closes it
     shown = output.removesuffix("\n")
