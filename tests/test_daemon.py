@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import stat
 import sys
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
+from conftest import NO_SLOT_FILES, StartDaemon, StartLlama, Unstarted
 from loopd.actors import SAVE_AT_STOP
 from loopd.infer import ToolCall, slot_tokens
 from loopd.server_proc import STOP_GRACE
@@ -28,7 +29,7 @@ from loopd.session.records import (
     conversation_problems,
 )
 from loopd.session.store import Store
-from support.daemon import Daemon, LineClient, embedded
+from support.daemon import Daemon, LineClient, by_systemd, embedded
 from support.fake_llama import FakeLlama, Reply
 
 
@@ -599,3 +600,98 @@ async def test_set_mode_is_answered_with_the_mode_and_a_bad_one_changes_nothing(
     }
     logged = [r for r in Store(d.home / "sessions").read(session)[1] if r.kind == "mode"]
     assert len(logged) == 2  # asking, and the bad one, wrote nothing
+
+
+# -- systemd's socket activation ------------------------------------------------------------
+
+
+def systemd_listener(path: Path) -> socket.socket:
+    """A listening socket at `path`, as a .socket unit's `ListenStream=` makes one."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+async def welcomed(d: Daemon) -> bool:
+    """A hello on `d`'s socket is welcomed."""
+    client = await d.connect()
+    await client.send({"type": "hello", "protocol": 2, "client": "test"})
+    welcome: dict[str, object] = (await client.until("welcome", timeout=10))[-1]
+    return welcome["protocol"] == 2
+
+
+async def test_a_socket_from_systemd_is_served_and_stays_for_the_next_start(
+    unstarted: Unstarted,
+) -> None:
+    """loopd listens on the socket systemd passes (a loopd that bound its own would find this
+    one live and refuse), leaves its file in place when it stops, and a second start serves
+    on it again."""
+    d = await unstarted(FakeLlama([]))
+    with systemd_listener(d.socket) as listening:
+        inode = d.socket.stat().st_ino
+        by_systemd(d, listening.fileno())
+        for _ in range(2):
+            await d.start()
+            assert await welcomed(d)
+            assert await d.stop() == 0
+            assert d.socket.stat().st_ino == inode
+        await d.close_clients()
+    assert d.log.read_text().count(f"listening on {d.socket} (systemd's socket)") == 2
+    assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
+
+
+async def test_a_socket_systemd_passed_to_another_process_is_ignored(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """A `LISTEN_PID` not loopd's: the variables were meant for another process (sd_listen_fds
+    ignores them too), and loopd binds its own socket."""
+    d = await unstarted(FakeLlama([]))
+    elsewhere = tmp_path / "elsewhere" / "other.sock"
+    with systemd_listener(elsewhere) as listening:
+        by_systemd(d, listening.fileno(), pid=str(os.getpid()))
+        await d.start()
+        assert await welcomed(d)
+        assert await d.stop() == 0
+        await d.close_clients()
+    assert not d.socket.exists()  # its own, removed as it stops
+    assert elsewhere.exists()
+    assert "systemd's socket" not in d.log.read_text()
+
+
+BAD_ACTIVATIONS = [
+    ("two", "systemd passed LISTEN_FDS=2; loopd listens on one socket"),
+    ("file", "systemd's fd 3 is not a socket"),
+    ("bound", "systemd's fd 3 is not a listening Unix stream socket"),
+    ("tcp", "systemd's fd 3 is not a listening Unix stream socket"),
+]
+
+
+@pytest.mark.parametrize(("passed", "said"), BAD_ACTIVATIONS)
+async def test_a_socket_from_systemd_that_loopd_cannot_use_is_refused_saying_why(
+    unstarted: Unstarted, tmp_path: Path, passed: str, said: str
+) -> None:
+    d = await unstarted(FakeLlama([]))
+    with contextlib.ExitStack() as stack:
+        if passed == "file":
+            fd = stack.enter_context((tmp_path / "a-file").open("w")).fileno()
+        else:
+            family = socket.AF_INET if passed == "tcp" else socket.AF_UNIX
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            if passed == "tcp":
+                sock.bind(("127.0.0.1", 0))
+                sock.listen()
+            elif passed == "bound":
+                sock.bind(str(tmp_path / "not-listening.sock"))
+            else:
+                sock.bind(str(tmp_path / "two.sock"))
+                sock.listen()
+            fd = sock.fileno()
+        by_systemd(d, fd, count="2" if passed == "two" else "1")
+        with pytest.raises(RuntimeError, match="loopd exited"):
+            await d.start()
+    assert d.process is not None
+    assert d.process.returncode == 1
+    assert f"loopd: {said}" in d.log.read_text()
+    assert not d.socket.exists()
