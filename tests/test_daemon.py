@@ -19,6 +19,7 @@ import trio
 from conftest import NO_SLOT_FILES, StartDaemon, StartLlama, Unstarted
 from loopd.actors import SAVE_AT_STOP
 from loopd.infer import ToolCall, slot_tokens
+from loopd.locations import default_socket
 from loopd.server_proc import STOP_GRACE
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
@@ -340,6 +341,19 @@ def test_the_systemd_unit_waits_longer_than_a_stop_can_take() -> None:
     unit = (Path(__file__).parent.parent / "docs" / "loopd.service").read_text()
     (stop_seconds,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)
     assert int(stop_seconds) > SAVE_AT_STOP + STOP_GRACE
+
+
+def test_the_systemd_socket_is_where_clients_look_and_the_service_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    docs = Path(__file__).parent.parent / "docs"
+    socket_unit = (docs / "loopd.socket").read_text()
+    (listen,) = re.findall(r"^ListenStream=(.+)$", socket_unit, re.MULTILINE)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # what a user unit's %t is
+    assert Path(listen.replace("%t", str(tmp_path))) == default_socket()
+    service = (docs / "loopd.service").read_text()
+    assert re.search(r"^Requires=loopd\.socket$", service, re.MULTILINE)
+    assert re.search(r"^Also=loopd\.socket$", service, re.MULTILINE)
 
 
 async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
