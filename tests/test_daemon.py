@@ -4,6 +4,7 @@ kill -9, and a second daemon."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ from loopd.session.records import (
 from loopd.session.store import Store
 from support.daemon import Daemon, LineClient, by_systemd, embedded
 from support.fake_llama import FakeLlama, Reply
+from test_tools_mcp import SERVER as MCP_SERVER
 
 
 @dataclass
@@ -672,6 +674,31 @@ async def test_a_socket_systemd_passed_to_another_process_is_ignored(
     assert not d.socket.exists()  # its own, removed as it stops
     assert elsewhere.exists()
     assert "systemd's socket" not in d.log.read_text()
+
+
+async def test_no_child_of_an_activated_loopd_sees_the_socket_or_its_variables(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """An MCP server, started with loopd's environment, finds no `LISTEN_` variable and no
+    fd 3."""
+    seen = tmp_path / "seen"
+    probe = (
+        f"{{ env | grep ^LISTEN_; [ -e /proc/$$/fd/3 ] && echo fd 3; }} > {seen}.part; "
+        f'mv {seen}.part {seen}; exec "{sys.executable}" "{MCP_SERVER}"'
+    )
+    tools = (
+        f'roots = ["{tmp_path}"]\n[tools.mcp.probe]\ncommand = ["sh", "-c", {json.dumps(probe)}]'
+    )
+    d = await unstarted(FakeLlama([]), tools)
+    with systemd_listener(d.socket) as listening:
+        by_systemd(d, listening.fileno())
+        await d.start()
+        with trio.fail_after(30):
+            while not seen.exists():  # noqa: ASYNC110 - another process's file
+                await trio.sleep(0.05)
+        assert await d.stop() == 0
+    assert "listening on" in d.log.read_text()
+    assert seen.read_text() == ""
 
 
 BAD_ACTIVATIONS = [
