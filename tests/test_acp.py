@@ -482,6 +482,8 @@ class Raw:
     def __init__(self, process: trio.Process) -> None:
         self.process = process
         self.buffer = b""
+        self.lines: list[bytes] = []
+        """Every line it wrote on stdout, as it wrote it."""
 
     async def close(self) -> None:
         self.process.kill()
@@ -500,8 +502,21 @@ class Raw:
             while b"\n" not in self.buffer:
                 self.buffer += await self.process.stdout.receive_some(65536)
         line, self.buffer = self.buffer.split(b"\n", 1)
+        self.lines.append(line)
         answer: dict[str, Any] = json.loads(line)
         return answer
+
+    async def to_the_end(self) -> None:
+        """Close its stdin (the editor goes), and read its stdout until it exits."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        await self.process.stdin.aclose()
+        with trio.fail_after(30):
+            while data := await self.process.stdout.receive_some(65536):
+                self.buffer += data
+            await self.process.wait()
+        self.lines += self.buffer.splitlines()
+        self.buffer = b""
 
     async def request(self, id: int, method: str, params: Any) -> dict[str, Any]:  # noqa: A002
         """Its answer, past the notifications before it."""
@@ -519,10 +534,26 @@ class Raw:
         return answer
 
 
-async def raw_acp(d: Daemon, *args: str) -> Raw:
-    command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "acp", *args]
-    process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1)
+async def raw_acp(
+    d: Daemon, *args: str, bxctl: tuple[str, ...] = ("-m", "bxctl"), stderr: Any = None
+) -> Raw:
+    """`bxctl acp ARGS` on `d`'s config (`bxctl`: how Python runs it)."""
+    command = [sys.executable, *bxctl, "--config", str(d.config), "acp", *args]
+    process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1, stderr=stderr)
     return Raw(process)
+
+
+def json_rpc(line: bytes) -> bool:
+    """The line is one JSON-RPC 2.0 message: a request, a notification or an answer."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return False
+    return "method" in message or (
+        "id" in message and ("result" in message) != ("error" in message)
+    )
 
 
 async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -> None:
@@ -738,6 +769,77 @@ async def test_two_bxctl_acp_at_once_start_one_loopd_and_say_only_json_rpc(
     answers = [line for line in lines if line.get("id") == 2]
     assert [set(a) for a in answers] == [{"jsonrpc", "id", "result"}] * 2, answers
     assert len(loopds_of(d.config)) == 1
+
+
+def outputs_of(pid: int) -> set[Path]:
+    """What a process's stdout and stderr are."""
+    return {Path(f"/proc/{pid}/fd/{fd}").readlink() for fd in (1, 2)}
+
+
+async def test_a_loopd_that_bxctl_acp_starts_writes_to_its_log_never_to_the_editor(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """Through initialize, session/new and a prompt, with the loopd it started logging: every
+    line on stdout is JSON-RPC, and loopd's stdout and stderr are its log, not bxctl's pipes."""
+    notes = notes_folder(tmp_path)
+    d = await unstarted(FakeLlama([Reply(content="Hi.")]))
+    acp = await raw_acp(d)
+    try:
+        await acp.answer(1, "initialize", {"protocolVersion": 1})
+        new = await acp.answer(2, "session/new", {"cwd": str(notes), "mcpServers": []})
+        session = new["result"]["sessionId"]
+        prompt = {"sessionId": session, "prompt": [{"type": "text", "text": "hi"}]}
+        answer = await acp.answer(3, "session/prompt", prompt)
+        (pid,) = loopds_of(d.config)
+        outputs = outputs_of(pid)
+        await acp.to_the_end()
+    finally:
+        await acp.close()
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert outputs == {d.home / "loopd.log"}
+    assert "listening on" in (d.home / "loopd.log").read_text()  # it logged, to its log
+    assert acp.lines
+    assert [line for line in acp.lines if not json_rpc(line)] == []
+
+
+NOISY_BXCTL = """
+import logging, subprocess, sys, warnings
+from bxctl import acp
+from bxctl.cli import main
+
+serve = acp.Agent.serve
+
+async def noisy(self, stdin):
+    print("noise: a print")
+    warnings.warn("noise: a warning", stacklevel=1)
+    logging.getLogger("httpx").warning("noise: httpx")
+    logging.getLogger("asyncio").error("noise: asyncio")
+    subprocess.run(["echo", "noise: a child"], check=True)
+    await serve(self, stdin)
+
+acp.Agent.serve = noisy
+sys.exit(main(sys.argv[1:]))
+"""
+"""`bxctl` whose agent, once it serves, prints, warns, logs as libraries do, and runs a child
+that writes to its stdout."""
+
+
+async def test_prints_warnings_logs_and_children_of_bxctl_acp_reach_stderr_not_the_editor(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    d = await unstarted(FakeLlama([]))
+    with (tmp_path / "stderr").open("wb") as stderr:
+        acp = await raw_acp(d, "--no-start", bxctl=("-c", NOISY_BXCTL), stderr=stderr)
+        try:
+            await acp.answer(1, "initialize", {"protocolVersion": 1})
+            await acp.to_the_end()
+        finally:
+            await acp.close()
+    assert acp.lines
+    assert [line for line in acp.lines if not json_rpc(line)] == []
+    said = (tmp_path / "stderr").read_text()
+    for noise in ("a print", "a warning", "httpx", "asyncio", "a child"):
+        assert f"noise: {noise}" in said
 
 
 async def test_no_start_refuses_when_no_loopd_runs(unstarted: Unstarted, tmp_path: Path) -> None:

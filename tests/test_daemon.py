@@ -4,9 +4,11 @@ kill -9, and a second daemon."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import socket
 import stat
 import sys
 from dataclasses import dataclass
@@ -15,9 +17,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from conftest import NO_SLOT_FILES, StartDaemon, StartLlama
+from conftest import NO_SLOT_FILES, StartDaemon, StartLlama, Unstarted
 from loopd.actors import SAVE_AT_STOP
 from loopd.infer import ToolCall, slot_tokens
+from loopd.locations import default_socket
 from loopd.server_proc import STOP_GRACE
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
@@ -28,8 +31,9 @@ from loopd.session.records import (
     conversation_problems,
 )
 from loopd.session.store import Store
-from support.daemon import Daemon, LineClient, embedded
+from support.daemon import Daemon, LineClient, by_systemd, embedded
 from support.fake_llama import FakeLlama, Reply
+from test_tools_mcp import SERVER as MCP_SERVER
 
 
 @dataclass
@@ -341,6 +345,19 @@ def test_the_systemd_unit_waits_longer_than_a_stop_can_take() -> None:
     assert int(stop_seconds) > SAVE_AT_STOP + STOP_GRACE
 
 
+def test_the_systemd_socket_is_where_clients_look_and_the_service_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    docs = Path(__file__).parent.parent / "docs"
+    socket_unit = (docs / "loopd.socket").read_text()
+    (listen,) = re.findall(r"^ListenStream=(.+)$", socket_unit, re.MULTILINE)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # what a user unit's %t is
+    assert Path(listen.replace("%t", str(tmp_path))) == default_socket()
+    service = (docs / "loopd.service").read_text()
+    assert re.search(r"^Requires=loopd\.socket$", service, re.MULTILINE)
+    assert re.search(r"^Also=loopd\.socket$", service, re.MULTILINE)
+
+
 async def test_a_second_daemon_on_the_same_store_refuses(daemon: StartDaemon) -> None:
     d = await daemon("plain")
     other = Daemon(d.home.parent / "other", d.server_url, slots=NO_SLOT_FILES)
@@ -599,3 +616,123 @@ async def test_set_mode_is_answered_with_the_mode_and_a_bad_one_changes_nothing(
     }
     logged = [r for r in Store(d.home / "sessions").read(session)[1] if r.kind == "mode"]
     assert len(logged) == 2  # asking, and the bad one, wrote nothing
+
+
+# -- systemd's socket activation ------------------------------------------------------------
+
+
+def systemd_listener(path: Path) -> socket.socket:
+    """A listening socket at `path`, as a .socket unit's `ListenStream=` makes one."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+async def welcomed(d: Daemon) -> bool:
+    """A hello on `d`'s socket is welcomed."""
+    client = await d.connect()
+    await client.send({"type": "hello", "protocol": 2, "client": "test"})
+    welcome: dict[str, object] = (await client.until("welcome", timeout=10))[-1]
+    return welcome["protocol"] == 2
+
+
+async def test_a_socket_from_systemd_is_served_and_stays_for_the_next_start(
+    unstarted: Unstarted,
+) -> None:
+    """loopd listens on the socket systemd passes (a loopd that bound its own would find this
+    one live and refuse), leaves its file in place when it stops, and a second start serves
+    on it again."""
+    d = await unstarted(FakeLlama([]))
+    with systemd_listener(d.socket) as listening:
+        inode = d.socket.stat().st_ino
+        by_systemd(d, listening.fileno())
+        for _ in range(2):
+            await d.start()
+            assert await welcomed(d)
+            assert await d.stop() == 0
+            assert d.socket.stat().st_ino == inode
+        await d.close_clients()
+    assert d.log.read_text().count(f"listening on {d.socket} (systemd's socket)") == 2
+    assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
+
+
+async def test_a_socket_systemd_passed_to_another_process_is_ignored(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """A `LISTEN_PID` not loopd's: the variables were meant for another process (sd_listen_fds
+    ignores them too), and loopd binds its own socket."""
+    d = await unstarted(FakeLlama([]))
+    elsewhere = tmp_path / "elsewhere" / "other.sock"
+    with systemd_listener(elsewhere) as listening:
+        by_systemd(d, listening.fileno(), pid=str(os.getpid()))
+        await d.start()
+        assert await welcomed(d)
+        assert await d.stop() == 0
+        await d.close_clients()
+    assert not d.socket.exists()  # its own, removed as it stops
+    assert elsewhere.exists()
+    assert "systemd's socket" not in d.log.read_text()
+
+
+async def test_no_child_of_an_activated_loopd_sees_the_socket_or_its_variables(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """An MCP server, started with loopd's environment, finds no `LISTEN_` variable and no
+    fd 3."""
+    seen = tmp_path / "seen"
+    probe = (
+        f"{{ env | grep ^LISTEN_; [ -e /proc/$$/fd/3 ] && echo fd 3; }} > {seen}.part; "
+        f'mv {seen}.part {seen}; exec "{sys.executable}" "{MCP_SERVER}"'
+    )
+    tools = (
+        f'roots = ["{tmp_path}"]\n[tools.mcp.probe]\ncommand = ["sh", "-c", {json.dumps(probe)}]'
+    )
+    d = await unstarted(FakeLlama([]), tools)
+    with systemd_listener(d.socket) as listening:
+        by_systemd(d, listening.fileno())
+        await d.start()
+        with trio.fail_after(30):
+            while not seen.exists():  # noqa: ASYNC110 - another process's file
+                await trio.sleep(0.05)
+        assert await d.stop() == 0
+    assert "listening on" in d.log.read_text()
+    assert seen.read_text() == ""
+
+
+BAD_ACTIVATIONS = [
+    ("two", "systemd passed LISTEN_FDS=2; loopd listens on one socket"),
+    ("file", "systemd's fd 3 is not a socket"),
+    ("bound", "systemd's fd 3 is not a listening Unix stream socket"),
+    ("tcp", "systemd's fd 3 is not a listening Unix stream socket"),
+]
+
+
+@pytest.mark.parametrize(("passed", "said"), BAD_ACTIVATIONS)
+async def test_a_socket_from_systemd_that_loopd_cannot_use_is_refused_saying_why(
+    unstarted: Unstarted, tmp_path: Path, passed: str, said: str
+) -> None:
+    d = await unstarted(FakeLlama([]))
+    with contextlib.ExitStack() as stack:
+        if passed == "file":
+            fd = stack.enter_context((tmp_path / "a-file").open("w")).fileno()
+        else:
+            family = socket.AF_INET if passed == "tcp" else socket.AF_UNIX
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            if passed == "tcp":
+                sock.bind(("127.0.0.1", 0))
+                sock.listen()
+            elif passed == "bound":
+                sock.bind(str(tmp_path / "not-listening.sock"))
+            else:
+                sock.bind(str(tmp_path / "two.sock"))
+                sock.listen()
+            fd = sock.fileno()
+        by_systemd(d, fd, count="2" if passed == "two" else "1")
+        with pytest.raises(RuntimeError, match="loopd exited"):
+            await d.start()
+    assert d.process is not None
+    assert d.process.returncode == 1
+    assert f"loopd: {said}" in d.log.read_text()
+    assert not d.socket.exists()

@@ -5,8 +5,9 @@ client of loopd, with one connection to loopd's socket per ACP session, since a 
 in one session at a time. When no loopd answers it starts one (`bxctl.start`), in the
 background from the first moment, so the editor's first `session/new` finds it up sooner;
 that and every later connection wait for the start, and one that finds loopd gone starts it
-again. Nothing of loopd's reaches stdout, which carries JSON-RPC alone. What each method does is in
-docs/editors.md; how loopd's events become ACP's is `acp_map`.
+again. stdout carries JSON-RPC alone: nothing of loopd's reaches it, and once `serve` holds it
+fd 1 is stderr, so a print, a warning, a library's log or a child's output goes there. What
+each method does is in docs/editors.md; how loopd's events become ACP's is `acp_map`.
 
 The `agent-client-protocol` package's models are the schema: each request's params are read
 with them and each answer and notification is built from them. Its connections are not used:
@@ -575,6 +576,7 @@ async def serve(socket: Path, starter: Starter | None = None) -> None:
     loopd when none answers (None: say so instead)."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # all but JSON-RPC: to stderr
     async with stdin, stdout:
         try:
             await Agent(socket, stdout, starter).serve(stdin)

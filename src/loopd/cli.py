@@ -15,7 +15,7 @@ from rich.console import Console
 from loopd import __version__
 from loopd.actors import AGENTS
 from loopd.canonical import canonical
-from loopd.channel import DaemonRunning, UnsafeSocket
+from loopd.channel import BadActivation, DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
 from loopd.daemon import StartupError, Unusable, serve
 from loopd.groups import innermost
@@ -203,7 +203,16 @@ def _serve(config: Config, args: argparse.Namespace, source: Path | None) -> int
     except BaseException as e:
         error = innermost(e)
         if not isinstance(
-            error, (DaemonRunning, StartupError, StoreError, Unusable, UnsafeSocket, OSError)
+            error,
+            (
+                BadActivation,
+                DaemonRunning,
+                StartupError,
+                StoreError,
+                Unusable,
+                UnsafeSocket,
+                OSError,
+            ),
         ):
             raise
         print(f"loopd: {error}", file=sys.stderr)

@@ -247,7 +247,9 @@ class AgentsConfig(_Table):
 
 class ChannelConfig(_Table):
     socket: Path = Field(default_factory=default_socket)
-    """The Unix socket clients connect to (made 0600, in a 0700 directory)."""
+    """The Unix socket clients connect to (made 0600, in a 0700 directory). Started by systemd's
+    socket activation, loopd listens on the socket systemd passes instead: make its
+    `ListenStream=` this path."""
     max_line: PositiveInt = 1 << 20
     """The longest line a client may send, in bytes."""
     subscriber_buffer: PositiveInt = 1024

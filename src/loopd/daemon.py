@@ -6,11 +6,13 @@
            └─ open_core ── channel server
 
 Start-up fails early and clearly: a live daemon on the socket, no llama-server or model to
-start. Shutdown cancels the running turns (their logs stay valid), saves the caches the slots
-hold, says `bye` to every client, removes the socket, and exits 0. Only what leaves loopd unable
-to serve anyone stops it otherwise (`Unusable`): its own files gone, or the slot pool or the
-tool port failing past their restart bound (`loopd.supervise`); a session that fails closes
-alone (`actors`).
+start. Started by systemd's socket activation, it listens on the socket systemd passes
+(`loopd.channel.systemd_socket`) instead of binding its own. Shutdown cancels the running turns
+(their logs stay valid), saves the caches the slots hold, says `bye` to every client, removes
+the socket it bound (systemd's stays, for the next activation), and exits 0. Only what leaves
+loopd unable to serve anyone stops it otherwise (`Unusable`): its own files gone, or the slot
+pool or the tool port failing past their restart bound (`loopd.supervise`); a session that
+fails closes alone (`actors`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import trio
 
 from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
-from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket
+from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket, systemd_socket
 from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import Client, InferError, RetryPolicy, Timeouts
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
@@ -182,13 +184,23 @@ async def serve(config: Config, socket_path: Path, config_file: Path | None = No
     """Serve until SIGINT or SIGTERM, heard from the first moment: a signal while the embedded
     llama-server starts stops loopd as cleanly as one later. `config_file`: where `config` came
     from, hidden from the tools like the rest of loopd's own files."""
+    activated = systemd_socket()  # first: no child may inherit its variables
+    if activated is not None:
+        if activated.path != socket_path:
+            log.warning(
+                "systemd's socket %s is not the one loopd's clients look for (%s): make the "
+                ".socket unit's ListenStream= and [channel] socket the same",
+                activated.path,
+                socket_path,
+            )
+        socket_path = activated.path
     private = private_paths(config, socket_path, config_file)
     stop = _Stop()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, signals, stop)
             with stop.starting:
-                await _open_and_serve(config, socket_path, stop, private)
+                await _open_and_serve(config, socket_path, stop, private, activated)
             nursery.cancel_scope.cancel()
     if stop.unusable is not None:
         raise Unusable(f"loopd stopped: {stop.unusable}")
@@ -196,11 +208,15 @@ async def serve(config: Config, socket_path: Path, config_file: Path | None = No
 
 
 async def _open_and_serve(
-    config: Config, socket_path: Path, stop: _Stop, private: list[Path]
+    config: Config,
+    socket_path: Path,
+    stop: _Stop,
+    private: list[Path],
+    activated: UnixSocket | None,
 ) -> None:
     store = Store(config.store.directory)
-    unix = await open_socket(socket_path)
-    log.info("listening on %s", socket_path)
+    unix = activated or await open_socket(socket_path)
+    log.info("listening on %s%s", socket_path, " (systemd's socket)" if activated else "")
     try:
         with store.hold():
             async with trio.open_nursery() as nursery:

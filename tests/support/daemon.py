@@ -32,6 +32,8 @@ class Daemon:
     """loopd's environment (None: the test's own)."""
     wrap: tuple[str, ...] = ()
     """A command `serve` runs under, given loopd's own as its last arguments (`unshare ...`)."""
+    pass_fds: tuple[int, ...] = ()
+    """The test's fds that `serve` (or `wrap`) is given."""
     process: trio.Process | None = None
     log: Path = field(init=False)
     clients: list[LineClient] = field(default_factory=list)
@@ -61,7 +63,11 @@ class Daemon:
     async def start(self, *args: str) -> None:
         with self.log.open("ab") as log:
             self.process = await trio.lowlevel.open_process(
-                [*self.wrap, *self.command("serve", *args)], stdout=log, stderr=log, env=self.env
+                [*self.wrap, *self.command("serve", *args)],
+                stdout=log,
+                stderr=log,
+                env=self.env,
+                pass_fds=self.pass_fds,
             )
         with trio.fail_after(30):
             while not await self._answers():
@@ -102,6 +108,22 @@ class Daemon:
         """Kill loopd (it says nothing to anyone) and close the test's connections to it."""
         await self.kill()
         await self.close_clients()
+
+
+ACTIVATE = (
+    "import os, sys; os.dup2(int(sys.argv[1]), 3); "
+    "os.environ.setdefault('LISTEN_PID', str(os.getpid())); os.execv(sys.argv[2], sys.argv[2:])"
+)
+"""`python -c ACTIVATE FD COMMAND...`: run COMMAND as systemd's socket activation starts a
+service: FD as its fd 3, `LISTEN_PID` its own pid unless set."""
+
+
+def by_systemd(d: Daemon, fd: int, *, count: str = "1", pid: str | None = None) -> None:
+    """Have `d` started as systemd starts a socket-activated service: `fd` as its fd 3,
+    `LISTEN_FDS=count`, `LISTEN_PID` its own pid (or `pid`)."""
+    d.wrap = (sys.executable, "-c", ACTIVATE, str(fd))
+    d.pass_fds = (fd,)
+    d.env = {**os.environ, "LISTEN_FDS": count} | ({"LISTEN_PID": pid} if pid else {})
 
 
 def loopds_of(config: Path) -> list[int]:

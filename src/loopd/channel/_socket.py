@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["DaemonRunning", "UnixSocket", "UnsafeSocket", "open_socket"]
+__all__ = ["DaemonRunning", "UnixSocket", "UnsafeSocket", "open_socket", "private_directory"]
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class DaemonRunning(Exception):
     """A live daemon already listens on the socket."""
 
 
-def _private_directory(path: Path) -> bool:
+def private_directory(path: Path) -> bool:
     """Make the socket's directory 0700; whether a socket is already there. A directory that
     is a link or another user's is refused: whoever owns it could put their own socket there
     and read what clients send (a shared /tmp lets anyone create the folder first)."""
@@ -57,6 +57,8 @@ class UnixSocket:
     listener: trio.SocketListener
     inode: int
     """The socket file's inode when bound: it is unlinked on close only if it is still ours."""
+    owned: bool = True
+    """loopd bound and published it (False: systemd did, and the file stays when loopd stops)."""
 
     def gone(self) -> str | None:
         """Why clients can no longer reach loopd here, if they cannot: the socket file was
@@ -70,14 +72,14 @@ class UnixSocket:
 
     async def aclose(self) -> None:
         with contextlib.suppress(OSError):
-            if self.path.stat().st_ino == self.inode:
+            if self.owned and self.path.stat().st_ino == self.inode:
                 self.path.unlink()
         await self.listener.aclose()
 
 
 async def open_socket(path: Path) -> UnixSocket:
     """Listen on `path`: 0600, in a 0700 directory, replacing only a stale socket."""
-    if _private_directory(path):
+    if private_directory(path):
         probe = trio.socket.socket(stdsocket.AF_UNIX, stdsocket.SOCK_STREAM)
         try:
             await probe.connect(str(path))
