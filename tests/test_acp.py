@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -1116,3 +1117,19 @@ async def test_an_unknown_option_or_value_is_invalid_params_saying_why(
         assert [o["currentValue"] for o in answer["result"]["configOptions"]] == ["ask", "on"]
     finally:
         await acp.close()
+
+
+def test_bxctl_acp_started_with_stderr_closed_still_answers(tmp_path: Path) -> None:
+    """An editor may start the agent with no stderr: what would go there goes nowhere."""
+    bxctl = f"{sys.executable} -m bxctl --socket {tmp_path / 'loopd.sock'} acp --no-start"
+    initialize = json.dumps(_rpc(1, "initialize", {"protocolVersion": 1})) + "\n"
+    done = subprocess.run(
+        ["sh", "-c", f"exec {bxctl} 2>&-"],
+        input=initialize.encode(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    (line,) = done.stdout.decode().splitlines()
+    assert json.loads(line)["result"]["agentInfo"]["name"] == "loopd"
+    assert done.returncode == 0

@@ -571,12 +571,20 @@ def _response(end: DaemonMessage | None) -> schema.PromptResponse:
     raise RpcError(INTERNAL_ERROR, f"loopd refused the prompt ({end.code}): {end.message}")
 
 
+def _stderr() -> int:
+    """stderr's descriptor; /dev/null's when the editor started bxctl with it closed."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # None, or closed
+        return os.open(os.devnull, os.O_WRONLY)
+
+
 async def serve(socket: Path, starter: Starter | None = None) -> None:
     """`bxctl acp`: the agent on this process's stdin and stdout; `starter`: how to start
     loopd when none answers (None: say so instead)."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # all but JSON-RPC: to stderr
+    os.dup2(_stderr(), sys.stdout.fileno())  # all but JSON-RPC: to stderr
     async with stdin, stdout:
         try:
             await Agent(socket, stdout, starter).serve(stdin)
