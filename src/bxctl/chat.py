@@ -60,6 +60,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /compact    go on in a new session that starts from the model's summary of this one
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
+  /fork [N]   go on in a new session with this one's history up to turn N (the latest
+              by default), this one left as it is; it costs only your next message
   /undo [N]    put back the files the last turn (or call N) changed
   /approve N once|session|deny [SESSION]   answer call N, which waits for approval (of
               the sub-agent SESSION, when the prompt names one)
@@ -266,6 +268,21 @@ async def _new(_: list[str], connection: Connection, console: Console) -> None:
         console.print(instructions_line(connection.instructions))
 
 
+async def _fork(words: list[str], connection: Connection, console: Console) -> None:
+    """`/fork [N]`: go on in a fork of this session at the end of turn N (the latest)."""
+    if len(words) > 1 or (words and not words[0].isdigit()):
+        console.print("/fork, or /fork N to go on from the end of turn N", style="red")
+        return
+    parent, at = connection.session, int(words[0]) if words else None
+    try:
+        await connection.fork(at)
+    except SessionRefused as e:
+        console.print(str(e), style="red")
+        return
+    turn = f"turn {at}" if at is not None else "its latest turn"
+    console.print(Text(f"session {connection.session}: the fork of {parent} at {turn}", "green"))
+
+
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
     """The sessions, newest first and numbered for `/resume N`."""
     answer = await connection.request({"type": "sessions"}, "sessions")
@@ -344,6 +361,7 @@ async def _undo(words: list[str], connection: Connection, console: Console) -> N
 _LOCAL = {
     "/approve": _approve,
     "/new": _new,
+    "/fork": _fork,
     "/sessions": _list_sessions,
     "/resume": _resume,
     "/undo": _undo,
