@@ -13,6 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -46,7 +47,7 @@ def losses(d: Daemon, session: str) -> list[CacheLossRecord]:
     return [r for r in records(d, session) if isinstance(r, CacheLossRecord)]
 
 
-async def welcome(client: LineClient, message: dict[str, str]) -> str:
+async def welcome(client: LineClient, message: dict[str, Any]) -> str:
     await client.send(message)
     line = (await client.until("welcome"))[-1]
     session: str = line["session"]

@@ -212,6 +212,7 @@ class Agent:
                     list=schema.SessionListCapabilities(),
                     resume=schema.SessionResumeCapabilities(),
                     close=schema.SessionCloseCapabilities(),
+                    fork=schema.SessionForkCapabilities(),
                 ),
             ),
             agent_info=schema.Implementation(name="loopd", title="loopd", version=__version__),
@@ -250,6 +251,13 @@ class Agent:
             await self._close(old)
         session = await self._open(request.session_id, None, request.mcp_servers)
         return schema.ResumeSessionResponse(config_options=session.options())
+
+    async def fork_session(self, request: schema.ForkSessionRequest) -> schema.ForkSessionResponse:
+        """A new session with the history of `session_id` (its latest turn included), that
+        one left as it is; its first prompt is served from that session's cache. The editor's
+        MCP servers for it are not started (loopd starts them only for a session it opens)."""
+        session = await self._open(request.session_id, None, request.mcp_servers, fork=True)
+        return schema.ForkSessionResponse(session_id=session.id, config_options=session.options())
 
     async def set_config_option(
         self, request: schema.SetSessionConfigOptionSelectRequest
@@ -321,20 +329,28 @@ class Agent:
                 await self.starter.ensure()
 
     async def _connect(
-        self, which: str, cwd: str | None = None, servers: Sequence[McpServer] = ()
+        self,
+        which: str,
+        cwd: str | None = None,
+        servers: Sequence[McpServer] = (),
+        *,
+        fork: bool = False,
     ) -> tuple[Connection, str]:
         """A connection to loopd in session `which` (`new` in folder `cwd`) with the editor's
-        MCP servers for it, and the session's id; closed again when loopd refuses it
-        (`SessionRefused`)."""
+        MCP servers for it, or (`fork`) in a new fork of it, and the session's id; closed
+        again when loopd refuses it (`SessionRefused`)."""
         await self._loopd()
         connection = await Connection.open(self.socket)
         try:
-            return connection, await connection.hello(
-                which, cwd=cwd, servers=servers, client="bxctl acp"
+            session = await connection.hello(
+                which, cwd=cwd, servers=() if fork else servers, client="bxctl acp"
             )
+            if fork:
+                session = await connection.fork()
         except BaseException:
             await connection.aclose()
             raise
+        return connection, session
 
     async def _open(
         self,
@@ -343,13 +359,14 @@ class Agent:
         given: Sequence[EditorServer] | None,
         *,
         follow: bool = True,
+        fork: bool = False,
     ) -> _Session:
         try:
             servers = mcp_servers(given)
         except NotStdio as e:
             raise RpcError(INVALID_PARAMS, str(e)) from None
         try:
-            connection, loopd_id = await self._connect(which, cwd, servers)
+            connection, loopd_id = await self._connect(which, cwd, servers, fork=fork)
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None

@@ -62,6 +62,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /compact    go on in a new session that starts from the model's summary of this one
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
+  /fork [N]   go on in a new session with this one's history up to turn N (the latest
+              by default), this one left as it is; it costs only your next message
   /undo [N]    put back the files the last turn (or call N) changed
   /mode [ask|accept_edits|read_only]   what this session's calls may do: ask before
               each change (the default), write and edit without asking, or change nothing;
@@ -288,6 +290,21 @@ async def _mode(words: list[str], connection: Connection, console: Console) -> N
         console.print(answer.message, style="red")
 
 
+async def _fork(words: list[str], connection: Connection, console: Console) -> None:
+    """`/fork [N]`: go on in a fork of this session at the end of turn N (the latest)."""
+    if len(words) > 1 or (words and not words[0].isdigit()):
+        console.print("/fork, or /fork N to go on from the end of turn N", style="red")
+        return
+    parent, at = connection.session, int(words[0]) if words else None
+    try:
+        await connection.fork(at)
+    except SessionRefused as e:
+        console.print(str(e), style="red")
+        return
+    turn = f"turn {at}" if at is not None else "its latest turn"
+    console.print(Text(f"session {connection.session}: the fork of {parent} at {turn}", "green"))
+
+
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
     """The sessions, newest first and numbered for `/resume N`."""
     answer = await connection.request({"type": "sessions"}, "sessions")
@@ -367,6 +384,7 @@ _LOCAL = {
     "/approve": _approve,
     "/new": _new,
     "/mode": _mode,
+    "/fork": _fork,
     "/sessions": _list_sessions,
     "/resume": _resume,
     "/undo": _undo,

@@ -128,6 +128,16 @@ def parser() -> argparse.ArgumentParser:
     undo.add_argument(
         "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
     )
+    fork = commands.add_parser(
+        "fork",
+        help="fork a session: a new one with its history up to a turn",
+        description="Make a new session whose history is SESSION's up to the end of turn "
+        "TURN (its latest by default), SESSION left as it is, and print its id; its first "
+        "turn costs only its new message (served from SESSION's cache). Go on in it with "
+        "`bxctl chat --session ID`.",
+    )
+    fork.add_argument("session", nargs="?", default="latest", help="default: the latest")
+    fork.add_argument("--at", type=int, metavar="TURN", help="1 is the first; default: the latest")
     commands.add_parser(
         "sessions",
         help="list the sessions",

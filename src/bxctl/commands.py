@@ -51,10 +51,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             return _chat(args, path, starter)
         if args.command == "status":
             return status(path, args.where)
-        if args.command == "approve":
-            return trio.run(_approve, path, args.call, args.decision, args.where, args.sub_agent)
-        if args.command == "undo":
-            return trio.run(_undo, path, args.call, args.where)
+        if args.command in ("approve", "undo", "fork"):
+            return trio.run(_asked, path, args)
         if args.command == "acp":
             from bxctl.acp import serve  # noqa: PLC0415 - the ACP package, for this command only
 
@@ -152,6 +150,15 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
     return EXIT_UNREACHABLE
 
 
+async def _asked(path: Path, args: argparse.Namespace) -> int:
+    """A command that asks the running loopd one thing."""
+    if args.command == "approve":
+        return await _approve(path, args.call, args.decision, args.where, args.sub_agent)
+    if args.command == "undo":
+        return await _undo(path, args.call, args.where)
+    return await _fork(path, args.session, args.at)
+
+
 async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:
     connection = await Connection.open(path)
     await connection.hello(where)
@@ -178,6 +185,18 @@ async def _undo(path: Path, call: int | None, where: str) -> int:
         print(f"put back what call{'s' * (len(answer.calls) > 1)} {calls} changed:")
         for changed in answer.paths:
             print(f"  {changed}")
+    return EXIT_OK
+
+
+async def _fork(path: Path, session: str, at: int | None) -> int:
+    connection = await Connection.open(path)
+    try:
+        parent = await connection.hello(session)
+        fork = await connection.fork(at)
+    finally:
+        await connection.aclose()
+    turn = f"turn {at}" if at is not None else "its latest turn"
+    print(f"session {fork}: the fork of session {parent} at {turn}")
     return EXIT_OK
 
 

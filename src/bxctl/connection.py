@@ -81,6 +81,14 @@ class Connection:
             raise SessionRefused(answer)
         return self.session
 
+    async def fork(self, at: int | None = None) -> str:
+        """Go on in a new fork of its session at the end of turn `at` (the latest); its id.
+        Raises `SessionRefused`."""
+        answer = await self.request({"type": "fork_session", "at": at}, "welcome")
+        if isinstance(answer, Error):
+            raise SessionRefused(answer)
+        return self.session
+
     async def here(self, start: Callable[[str | None], Awaitable[str]]) -> tuple[str, str | None]:
         """Start a new session as a terminal client does (`start(cwd)`: `hello` or
         `new_session`): in the folder bxctl runs in, as a coding agent works in its folder,

@@ -40,6 +40,7 @@ from loopd.turn.exact import ExactHistory
 from ._agents import AGENTS, Agents
 from ._errors import (
     Busy,
+    CannotFork,
     CannotUndo,
     DuplicateTurn,
     FolderNotAllowed,
@@ -70,6 +71,7 @@ __all__ = [
     "SAVE_AT_STOP",
     "Agents",
     "Busy",
+    "CannotFork",
     "CannotUndo",
     "Core",
     "DuplicateTurn",

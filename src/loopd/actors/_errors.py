@@ -16,6 +16,7 @@ from loopd.wire.proto import SessionFault
 
 __all__ = [
     "Busy",
+    "CannotFork",
     "CannotUndo",
     "DuplicateTurn",
     "FolderNotAllowed",
@@ -58,6 +59,11 @@ class FolderNotAllowed(SessionError):
 
 class CannotUndo(SessionError):
     """Nothing to undo, or a file changed since the calls wrote it: nothing was put back."""
+
+
+class CannotFork(SessionError):
+    """The session cannot be forked there: no such turn, a turn still running there, or a
+    sub-agent's session. Nothing was written."""
 
 
 @dataclass(eq=False)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from loopd.infer import InferError, Queued, slot_tokens
 from loopd.session.compact import SummaryFailed
+from loopd.session.fork import cache_source
 from loopd.session.records import UsageRecord
 from loopd.session.store import Session, StoreError
 from loopd.supervise import ActorFailed
@@ -56,6 +57,9 @@ class SlotTurns:
     _restored: tuple[Session, int, int] | None = field(default=None, init=False)
     """The session a restore was for, its records' count then, and the tokens restored: the
     next request tells how many were reused."""
+    _uncached: str | None = field(default=None, init=False)
+    """Why the slot does not hold the session's cache, where its file could not be restored:
+    the next request's cache loss says so."""
 
     async def ended(self, message: Message, on_event: OnEvent) -> TurnDone | TurnFailed:
         """The message's turn (or compaction) on a slot of the pool, and how it ended. A turn
@@ -96,12 +100,15 @@ class SlotTurns:
         """A slot for the turn; while every slot runs a turn, the client hears it waits."""
         # Which server saved its slot file: a read of the note, worth it only with several.
         prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
-        async with self.pool.lease(self.session.id, prefer=prefer, wait=False) as lease:
+        source = cache_source(self.session)
+        async with self.pool.lease(
+            self.session.id, prefer=prefer, wait=False, source=source
+        ) as lease:
             if lease is not None:
                 yield lease
                 return
         on_event(Queued())
-        async with self.pool.lease(self.session.id, prefer=prefer) as lease:
+        async with self.pool.lease(self.session.id, prefer=prefer, source=source) as lease:
             assert lease is not None  # noqa: S101 - a waiting lease always comes
             yield lease
 
@@ -123,9 +130,13 @@ class SlotTurns:
         """`lease`'s slot made ready for `session`; what a restore loaded is checked once the
         next request tells what was reused."""
         self._check_last_restore()  # of the slot the turn left, if it moved
-        await self.pool.prepare(lease, self.files, session)
+        source = cache_source(session)
+        self._uncached = await self.pool.prepare(lease, self.files, session, source)
         if lease.tokens and not lease.hot:
-            self._restored = (session, len(session.records), lease.tokens)
+            # A fork's parent's file may hold more than the fork's history: that is not lost.
+            usage = session.last_usage()
+            held = slot_tokens(usage.timings) if usage and usage.timings else lease.tokens
+            self._restored = (session, len(session.records), min(lease.tokens, held))
 
     def _check_last_restore(self) -> None:
         if self._restored is not None:
@@ -144,6 +155,7 @@ class SlotTurns:
                 slot=lease.slot.number,
                 exact=exact.on(lease.slot.client) if exact else None,  # its server's templates
                 elsewhere=elsewhere if self.pool.servers > 1 else None,
+                uncached=self._uncached,
             )
 
         async def elsewhere(reason: WaitReason, error: InferError) -> Runtime | None:

@@ -109,6 +109,8 @@ class _Acquire:
     reply: Reply[Lease | None]
     avoid: str | None = None
     """A server not to lend from, nor from any that does not answer (a move)."""
+    source: str | None = None
+    """A fork's parent, while the fork holds no cache of its own: its slot serves the fork."""
 
 
 @dataclass(frozen=True)
@@ -159,13 +161,16 @@ class PoolHandle:
         hot_only: bool = False,
         wait: bool = True,
         prefer: str | None = None,
+        source: str | None = None,
     ) -> AsyncIterator[Lease | None]:
         """A slot for `owner` (None: for a request of no session) while the block runs, on
         server `prefer` where one is idle there; None when `hot_only` and no slot holds its
-        cache, or when not `wait` and none is idle."""
+        cache, or when not `wait` and none is idle. `source`: the session whose cache
+        `owner`'s next request extends (a fork's parent), where no slot holds `owner`'s own:
+        the idle slot that holds it is taken over (its cache saved to its file first)."""
 
         def acquire(reply: Reply[Lease | None]) -> _Acquire:
-            return _Acquire(owner, hot_only, wait, prefer, reply)
+            return _Acquire(owner, hot_only, wait, prefer, reply, source=source)
 
         lease = await ask(self._inbox, acquire)
         try:
@@ -198,9 +203,13 @@ class PoolHandle:
         lease.evicted, lease.tokens = new.evicted, new.tokens
         return True
 
-    async def prepare(self, lease: Lease, files: SlotFiles, session: Session | None) -> None:
+    async def prepare(
+        self, lease: Lease, files: SlotFiles, session: Session | None, source: str | None = None
+    ) -> str | None:
         """Make the slot ready for its holder: the evicted session's cache saved to its file,
-        then `session`'s restored from its own, unless the slot holds it already."""
+        then `session`'s restored from its own (or from that of `source`, whose cache it
+        extends), unless the slot holds it already. Why its cache could not be restored,
+        where it had one to restore."""
         if lease.evicted is not None:
             log.info(
                 "slot %d of %s goes from session %s to %s",
@@ -214,9 +223,13 @@ class PoolHandle:
             finally:
                 self.saved(lease.evicted)
                 lease.evicted = None
-        if session is not None and not lease.hot:
-            restored = await files.restore(lease.slot, session)
-            lease.tokens = restored.tokens if restored else None
+        if session is None or lease.hot:
+            return None
+        restored = await files.restore(lease.slot, session, source)
+        lease.tokens = restored.tokens if restored else None
+        if restored is None and session.last_usage() is not None:
+            return files.missing(lease.slot, source or session.id)
+        return None
 
     def saved(self, session: str) -> None:
         """The cache of `session`, evicted from a slot, is in its file now (or never will be)."""
@@ -351,35 +364,45 @@ class _Pool:
         """Grant `request` if a slot can be had now; True when it is answered."""
         if request.owner is not None and request.owner in self.evicting:
             return False  # its cache is on its way to the file it would be restored from
-        mine = next(
-            (
-                s
-                for s in self.states
-                if s.owner and s.owner == request.owner and s.slot.client.base_url != request.avoid
-            ),
-            None,
-        )
+        mine = self._holding(request.owner, request.avoid)
         if mine is None and request.hot_only:
             reply_value(request.reply, None)
             return True
+        if mine is None and request.source is not None:
+            if request.source in self.evicting:
+                return False  # its cache is on its way to the file the fork would restore
+            if (theirs := self._holding(request.source, request.avoid)) and not theirs.leased:
+                mine = theirs  # the fork takes it over, holding its parent's cache
         state = mine or self._least_recently_used(request.prefer, request.avoid)
         if state is None or state.leased:
             return False
         hot = state is mine
+        taken_over = hot and state.owner != request.owner
         lease = Lease(
             state.slot,
             state.index,
             hot=hot,
-            evicted=None if hot else state.owner,
+            evicted=state.owner if not hot or taken_over else None,
             owner=request.owner,
             tokens=state.tokens if hot else None,
             grant=next(self.grants),
         )
-        if self._give(request, state, lease) and not hot:
+        if self._give(request, state, lease) and (not hot or taken_over):
             if lease.evicted is not None:
                 self.evicting.add(lease.evicted)
             state.owner, state.tokens = request.owner, None
         return True
+
+    def _holding(self, owner: str | None, avoid: str | None) -> _State | None:
+        """The slot that holds `owner`'s cache, on a server other than `avoid`."""
+        return next(
+            (
+                s
+                for s in self.states
+                if s.owner and s.owner == owner and s.slot.client.base_url != avoid
+            ),
+            None,
+        )
 
     def _least_recently_used(self, prefer: str | None, avoid: str | None) -> _State | None:
         """An idle slot of a server that answers (of any, while none does, unless one is to

@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from loopd.session.closing import close_interrupted_turn, turn_open
+from loopd.session.fork import ForkRefused, fork
 from loopd.session.instructions import with_instructions
 from loopd.session.records import Baseline, GivenServer, McpServersRecord
 from loopd.session.store import (
@@ -35,6 +36,7 @@ from loopd.wire.proto import McpServer
 
 from ._agents import Agents
 from ._errors import (
+    CannotFork,
     FolderNotAllowed,
     NoSuchSession,
     SessionFailed,
@@ -152,6 +154,22 @@ class SessionRegistry:
                 "one, or wait for its turn to end"
             )
         return await self._open(which, key, folder, servers)
+
+    async def fork(self, parent: str, at: int | None) -> tuple[SessionHandle, str]:
+        """A new session, the fork of `parent` at the end of its turn `at` (its latest when
+        None), for one more client, as `attach` gives it; `parent` stays as it is. Raises
+        `CannotFork`, `NoSuchSession`, `SessionUnavailable`, or as `attach`."""
+        try:
+            forked = await fork(self.store, parent, at)
+        except ForkRefused as e:
+            raise CannotFork(str(e)) from None
+        except UnknownSession as e:
+            raise NoSuchSession(str(e)) from None
+        except StoreError as e:
+            why = f"session {parent} could not be forked: {fault_of(e)[1]}"
+            log.warning("%s", why)
+            raise SessionUnavailable(why) from None
+        return await self.attach(forked)
 
     def instructions(self, session: str) -> tuple[str, ...]:
         """The paths of the `AGENTS.md` files the baseline of live session `session` carries."""

@@ -77,19 +77,32 @@ class SlotFiles:
         self._evict(keep=session_id)
         return saved
 
-    async def restore(self, slot: Slot, session: Session) -> SlotFile | None:
-        """Load into `slot` the cache saved for `session`, if one was; None when nothing was
-        loaded."""
-        if not self.enabled(slot) or not (self.notes / f"{session.id}.json").is_file():
+    async def restore(
+        self, slot: Slot, session: Session, source: str | None = None
+    ) -> SlotFile | None:
+        """Load into `slot` the cache saved for `session`, if one was, else (for a fork) that
+        of `source`, whose cache its next request extends; None when nothing was loaded."""
+        of = session.id
+        if source is not None and not self._saved(of):
+            of = source
+        if not self.enabled(slot) or not self._saved(of):
             return None
         try:
-            restored = await slot.slot_file("restore", f"{session.id}.bin")
+            restored = await slot.slot_file("restore", f"{of}.bin")
         except InferError as e:
             self._failed(slot, "restore", e)
             return None
         usage = session.last_usage()
         held = slot_tokens(usage.timings) if usage and usage.timings else None
-        if held is not None and restored.tokens != held:
+        if of != session.id and held is not None and restored.tokens >= held:
+            log.info(
+                "restored the slot of session %s for its fork %s: %d tokens, %d of them the fork's",
+                of,
+                session.id,
+                restored.tokens,
+                held,
+            )
+        elif held is not None and restored.tokens != held:
             log.warning(
                 "the slot file of session %s holds %d tokens where the session's slot held %d: "
                 "it is stale or not this session's; what does not match is computed again",
@@ -100,6 +113,20 @@ class SlotFiles:
         else:
             log.info("restored the slot of session %s: %d tokens", session.id, restored.tokens)
         return restored
+
+    def missing(self, slot: Slot, session_id: str) -> str:
+        """Why the cache of `session_id` could not be restored into `slot`."""
+        server = slot.client.base_url
+        if self.save_when == "never":
+            return 'loopd keeps no slot files ([slots] save = "never")'
+        if server in self.unsupported:
+            return f"llama-server at {server} keeps no slot files (no --slot-save-path)"
+        if not self._saved(session_id):
+            return f"the slot file of session {session_id} is gone (or was never saved)"
+        return f"the slot file of session {session_id} could not be restored (loopd's log says why)"
+
+    def _saved(self, session_id: str) -> bool:
+        return (self.notes / f"{session_id}.json").is_file()
 
     def _note(self, session_id: str, saved: SlotFile, server: str) -> None:
         self.notes.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import trio
 from loopd import __version__
 from loopd.actors import (
     Busy,
+    CannotFork,
     CannotUndo,
     Core,
     DuplicateTurn,
@@ -91,7 +92,16 @@ class Client:
         """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`) with the MCP
         servers it gives it, leaving the one it was in; the session's id. Raises a
         `SessionError`."""
-        handle, session = await self.core.sessions.attach(which, cwd, servers)
+        return await self._switch(*await self.core.sessions.attach(which, cwd, servers))
+
+    async def fork(self, parent: str | None, at: int | None) -> str:
+        """Move it to a new fork of `parent` (its own session when None) at turn `at`; the
+        fork's id. Raises a `SessionError`."""
+        if parent is None:
+            parent = (await (await self.attached()).status()).session
+        return await self._switch(*await self.core.sessions.fork(parent, at))
+
+    async def _switch(self, handle: SessionHandle, session: str) -> str:
         subscription = await handle.subscribe(self.buffer)
         old, old_subscription = self.session, self.subscription
         self.session, self.subscription = handle, subscription
@@ -140,7 +150,10 @@ async def _move(
     cwd: str | None = None,
     servers: Sequence[proto.McpServer] = (),
 ) -> None:
-    session = await client.move(which, cwd, servers)
+    _welcome(client, await client.move(which, cwd, servers))
+
+
+def _welcome(client: Client, session: str) -> None:
     instructions = list(client.core.sessions.instructions(session))
     client.say(proto.Welcome(daemon=__version__, session=session, instructions=instructions))
 
@@ -235,6 +248,10 @@ async def _open_session(client: Client, message: proto.OpenSession) -> None:
     await _move(client, message.id, servers=message.mcp_servers)
 
 
+async def _fork_session(client: Client, message: proto.ForkSession) -> None:
+    _welcome(client, await client.fork(message.session, message.at))
+
+
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
     handle = await client.attached()
     if not await handle.decide(message.call, message.decision, message.session):
@@ -266,6 +283,7 @@ CODES: dict[type[SessionError], proto.ErrorCode] = {
     SessionUnavailable: "session_unavailable",
     FolderNotAllowed: "folder_refused",
     CannotUndo: "undo_refused",
+    CannotFork: "fork_refused",
 }
 """What each session error is on the wire."""
 
@@ -282,6 +300,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.HistoryRequest: _history,
     proto.NewSession: _new_session,
     proto.OpenSession: _open_session,
+    proto.ForkSession: _fork_session,
     proto.Approve: _approve,
     proto.Undo: _undo,
     proto.SetMode: _set_mode,

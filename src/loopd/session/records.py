@@ -166,6 +166,11 @@ class SessionHeader(_Record):
     """The mode it starts in: that of the session it continues, or that delegated to it."""
     thinking: bool | None = None
     """Whether its turns think, as it starts (carried as `mode` is); None: `[loop] thinking`."""
+    forked_from: str | None = None
+    """A fork's: the session whose history it starts with (`loopd.session.fork`)."""
+    at: int | None = None
+    """A fork's: the turn of `forked_from` its history ends with; the records up to that
+    turn's end are copied after the header, unchanged."""
 
 
 class UserRecord(_Record):
@@ -229,6 +234,9 @@ class CacheLossRecord(_Record):
     kind: Literal["cache_loss"] = "cache_loss"
     expected: int
     cached: int
+    reason: str | None = None
+    """Why, where loopd knows: the slot file its cache was to come from could not be restored
+    (gone, or a server that keeps none)."""
 
 
 class ToolResultRecord(_Record):

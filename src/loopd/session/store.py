@@ -54,6 +54,7 @@ from loopd.session.records import (
 
 __all__ = [
     "CorruptLog",
+    "Fork",
     "Listing",
     "ParentCall",
     "Session",
@@ -180,6 +181,15 @@ class Listing:
     """Every session that reads, oldest first."""
     unreadable: list[Unreadable]
     """The logs that do not: a person should hear which, and why."""
+
+
+@dataclass(frozen=True)
+class Fork:
+    """What a fork starts from: session `session`'s `records` up to the end of its turn `at`."""
+
+    session: str
+    at: int
+    records: Sequence[Record]
 
 
 @dataclass(frozen=True)
@@ -372,14 +382,18 @@ class Store:
         instructions: Instructions | None = None,
         mode: Mode = "ask",
         thinking: bool | None = None,
+        fork: Fork | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
         the tools approved for the rest of that session (`grants`); `parent`: for a
         sub-agent, the call that starts it; `cwd`: the one folder its file tools work in;
         `instructions`: the `AGENTS.md` files `baseline`'s system prompt carries; `mode` and
-        `thinking`: what it starts with (those of the session it continues or of its parent)."""
+        `thinking`: what it starts with (those of the session it continues or of its parent);
+        `fork`: the session and turn it is a fork of, with the history it starts with."""
         return await trio.to_thread.run_sync(
-            partial(self._create, instructions=instructions, mode=mode, thinking=thinking),
+            partial(
+                self._create, instructions=instructions, mode=mode, thinking=thinking, fork=fork
+            ),
             baseline,
             continues,
             grants,
@@ -448,6 +462,7 @@ class Store:
         instructions: Instructions | None = None,
         mode: Mode = "ask",
         thinking: bool | None = None,
+        fork: Fork | None = None,
     ) -> Session:
         created = _Millis.after_last(now())  # ids sort in the order sessions are made
         header = SessionHeader(
@@ -465,7 +480,10 @@ class Store:
             instructions=instructions,
             mode=mode,
             thinking=thinking,
+            forked_from=fork.session if fork else None,
+            at=fork.at if fork else None,
         )
+        records = list(fork.records) if fork else []
         path = self.path_of(header.id)
         staging = self.directory / f".{header.id}{SUFFIX}.partial"
         # Written and locked under a hidden name, then renamed: a log is never seen without
@@ -479,7 +497,10 @@ class Store:
             raise StoreError(f"{self.directory}: cannot create a session: {e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, dump(header))
+            data = dump(header) + b"".join(dump(r) for r in records)
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
             os.fsync(fd)
             staging.rename(path)
             _fsync_directory(self.directory)
@@ -489,7 +510,7 @@ class Store:
             if isinstance(e, OSError):  # a full disk, a read-only folder: said as the store's
                 raise StoreError(f"{self.directory}: cannot create a session: {e}") from e
             raise
-        return Session(path, fd, header, [])
+        return Session(path, fd, header, records)
 
     def _open(self, session_id: str) -> Session:
         path = self.path_of(session_id)

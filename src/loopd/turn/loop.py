@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import trio
@@ -129,6 +129,9 @@ class Runtime:
     elsewhere: Elsewhere[Runtime] | None = None
     """Moves the turn to another server that can take the request its own cannot: the
     runtime there; None: there is none (one server, or a sub-agent's turn)."""
+    uncached: str | None = None
+    """Why the slot does not hold the session's cache (its slot file could not be restored):
+    the reason a cache loss of the next request is recorded with."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,9 @@ class _Turn:
             sampling=rt.sampling,
         )
         completion, prompt = await self._send(generation)
+        rt = self.rt
+        if rt.uncached is not None:  # said once, by the first request on the slot
+            self.rt = replace(rt, uncached=None)
         c = completion
         if prompt is not None:
             await session.append(prompt)
@@ -249,7 +255,9 @@ class _Turn:
             outcome = cache_outcome(previous.timings, completion.timings)
             if isinstance(outcome, Loss):
                 await session.append(
-                    CacheLossRecord(expected=outcome.expected, cached=outcome.cached)
+                    CacheLossRecord(
+                        expected=outcome.expected, cached=outcome.cached, reason=rt.uncached
+                    )
                 )
                 self.on_event(CacheLoss(expected=outcome.expected, cached=outcome.cached))
         return completion, usage

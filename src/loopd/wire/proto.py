@@ -33,6 +33,7 @@ __all__ = [
     "DaemonMessage",
     "Error",
     "Event",
+    "ForkSession",
     "Hello",
     "History",
     "HistoryRequest",
@@ -171,6 +172,22 @@ class OpenSession(_Message):
     """As `hello`'s."""
 
 
+class ForkSession(_Message):
+    """This client goes on in a new session, the fork of `session` at the end of its turn
+    `at`: its history is that session's up to there (its header says `forked_from` and
+    `at`), and the forked session is left as it is. Answered with `welcome`, as
+    `open_session`; refused (`fork_refused`) at a turn that does not exist or still runs, or
+    for a sub-agent's session. The fork's first request extends what the forked session's
+    slot held: it is served from that slot, or from its slot file, costing only its new
+    message (docs/operations.md, "Forks")."""
+
+    type: Literal["fork_session"] = "fork_session"
+    session: str | None = Field(default=None, min_length=1, max_length=200)
+    """The session to fork; absent: the client's own."""
+    at: int | None = Field(default=None, ge=1)
+    """The turn (1 is the first) whose end the fork starts from; absent: the latest."""
+
+
 class SessionsRequest(_Message):
     type: Literal["sessions"] = "sessions"
 
@@ -230,6 +247,7 @@ ClientMessage = Annotated[
     | Subscribe
     | NewSession
     | OpenSession
+    | ForkSession
     | SessionsRequest
     | HistoryRequest
     | Approve
@@ -464,6 +482,7 @@ ErrorCode = Literal[
     "line_too_long",
     "busy",
     "undo_refused",
+    "fork_refused",
     "folder_refused",
     "unknown_turn",
     "duplicate_id",

@@ -1,0 +1,82 @@
+"""Forks: a new session whose history is another's up to the end of one of its turns.
+
+The fork's log starts with the parent's records up to that turn's end, copied unchanged after
+its own header (which names the parent and the turn: `forked_from`, `at`); the parent's log is
+only read. Its requests are the parent's, token for token, up to there: its first one extends
+the prefix the parent's slot held, so the slot pool serves it from the parent's cache
+(`cache_source`) and it costs only its new message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from loopd.session.records import Record, TurnEndRecord, UsageRecord, UserRecord
+from loopd.session.store import Fork, Session, Store
+
+__all__ = ["ForkRefused", "cache_source", "fork", "fork_end"]
+
+log = logging.getLogger(__name__)
+
+
+class ForkRefused(Exception):
+    """The session cannot be forked there; the message says why. Nothing was written."""
+
+
+def fork_end(session: str, records: Sequence[Record], at: int | None) -> tuple[int, int]:
+    """The turn to fork `session` at (`at`, else its latest) and how many of its `records`
+    the fork keeps: those up to that turn's end. Raises `ForkRefused`."""
+    turns = sum(isinstance(r, UserRecord) for r in records)
+    turn = turns if at is None else at
+    if turns == 0:
+        raise ForkRefused(f"session {session} has no turn yet to fork at")
+    if not 1 <= turn <= turns:
+        raise ForkRefused(f"session {session} has turns 1 to {turns}: there is no turn {turn}")
+    users = 0
+    for number, record in enumerate(records, start=1):
+        users += isinstance(record, UserRecord)
+        if users == turn and isinstance(record, TurnEndRecord):
+            return turn, number
+    raise ForkRefused(f"turn {turn} of session {session} is still running: fork it once it ends")
+
+
+async def fork(store: Store, parent: str, at: int | None) -> str:
+    """A new session, the fork of `parent` at the end of its turn `at` (its latest when None),
+    closed again: its id. Raises `ForkRefused`, or the store's `UnknownSession` or
+    `StoreError`."""
+    header, records, _ = await trio.to_thread.run_sync(store.read, parent)
+    if header.parent is not None:
+        raise ForkRefused(
+            f"session {parent} is a sub-agent's: fork the session it works for "
+            f"({header.parent}) instead"
+        )
+    turn, kept = fork_end(parent, records, at)
+    with await store.create(
+        header.baseline,
+        grants=frozenset(header.grants),
+        cwd=Path(header.cwd) if header.cwd else None,
+        instructions=header.instructions,
+        mode=header.mode,
+        thinking=header.thinking,
+        fork=Fork(parent, turn, records[:kept]),
+    ) as session:
+        log.info("session %s: the fork of session %s at turn %d", session.id, parent, turn)
+        return session.id
+
+
+def cache_source(session: Session) -> str | None:
+    """The session whose cache a fork's next request extends: its parent's, until the fork
+    has made a request of its own; None for any other session."""
+    parent, at = session.header.forked_from, session.header.at
+    if parent is None or at is None:
+        return None
+    try:
+        _, kept = fork_end(parent, session.records, at)
+    except ForkRefused:
+        return None
+    own = session.records[kept:]
+    return None if any(isinstance(r, UsageRecord) for r in own) else parent
