@@ -6,14 +6,15 @@ import json
 from typing import Literal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
+from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from support.formats import QWEN, QWEN_CODER, merged
+from support.formats import GPT_OSS, QWEN, QWEN_CODER, merged
 
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
@@ -538,3 +539,36 @@ def test_python_sets_and_tuples_become_lists() -> None:
 )
 def test_python_arguments_read_as_llama_cpp_reads_them(text: str, expected: object) -> None:
     assert decode_arguments("python", text + "]", 0) == (expected, len(text))
+
+
+FORMATS = [QWEN, QWQ, LLAMA, QWEN_CODER, MINIMAX, MINIMAX_M3, MISTRAL, GEMMA_4, LFM2, GPT_OSS]
+
+
+def _delimiters(fmt: ChatFormat) -> list[str]:
+    call = fmt.tool_call
+    calls = [call.open, call.mid, call.close, call.block_close, call.again] if call else []
+    return [*(fmt.think or ()), *fmt.content_prefixes, *calls, *(call.open.split() if call else [])]
+
+
+# What a model writes: its format's delimiters, pieces of them, and the text around calls.
+_MARKUP = sorted(
+    {d for f in FORMATS for d in _delimiters(f) if d}
+    | {'<|"|>', "(", ")", "[", "]", "{", "}", ":", ",", "=", '"', "'", "\\", "\n", "True", "1e9"}
+)
+_ADVERSARIAL = st.lists(
+    st.sampled_from(_MARKUP) | st.text(max_size=6) | st.sampled_from(["[" * 2000, "{" * 2000]),
+    max_size=24,
+).map("".join)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.generation_prompt[:24])
+@settings(deadline=None, max_examples=40)
+@given(text=_ADVERSARIAL, size=st.integers(1, 9))
+def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> None:
+    """Random and adversarial text in every format, whole and in pieces: the parser reads it
+    without raising (where it would, the answer goes on: tests/test_raw.py)."""
+    for step in (size, max(len(text), 1)):
+        parser = parser_for(fmt)
+        for i in range(0, len(text), step):
+            parser.feed(text[i : i + step])
+        parser.finish()
