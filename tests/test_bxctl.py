@@ -23,7 +23,13 @@ from bxctl.oneshot import read_message, status_lines
 from bxctl.view import TurnView
 from conftest import StartDaemon, Unstarted
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
-from loopd.session.records import CacheLossRecord, FailureKind, ToolResultRecord, UserRecord
+from loopd.session.records import (
+    CacheLossRecord,
+    FailureKind,
+    ToolResultRecord,
+    UnreadRecord,
+    UserRecord,
+)
 from loopd.session.store import Store
 from loopd.session.transcript import transcript
 from loopd.wire.events import (
@@ -422,14 +428,16 @@ def test_the_transcript_shows_results_and_cache_losses() -> None:
             call=3, tool_call_id="c", name="x", content="result line\nmore", untrusted=True
         ),
         CacheLossRecord(expected=9, cached=2),
+        UnreadRecord(text="[f(a=1)", error="TypeError: boom"),
     ]
-    console = Console(record=True, width=80, color_system=None)
+    console = Console(record=True, width=200, color_system=None)
     for line in transcript(records):  # type: ignore[arg-type]
         console.print(line)
     text = console.export_text()
     assert "you: hi" in text
     assert "↳ #3 result line  [public, untrusted]" in text
     assert "CACHE LOSS: 2 cached of 9 expected" in text
+    assert "could not read this answer from here, TypeError: boom" in text
 
 
 # -- the live chat, in tmux ------------------------------------------------------------------

@@ -6,23 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.infer._format import ChatFormat, ToolCallFormat
 from loopd.infer._harmony import HarmonyParser
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
-from support.formats import merged
-
-GPT_OSS = ChatFormat(  # as learned from gpt-oss's template
-    generation_prompt="<|start|>assistant",
-    think=("<|channel|>analysis<|message|>", "<|end|>"),
-    thinking_open=False,
-    content_prefixes=("<|channel|>final<|message|>",),
-    tool_call=ToolCallFormat(
-        open="<|end|><|start|>assistant to=functions.",
-        mid="<|channel|>commentary json<|message|>",
-        close="",
-    ),
-)
+from support.formats import GPT_OSS, merged
 
 
 def read(text: str, size: int = 0) -> list[Piece]:

@@ -6,14 +6,15 @@ import json
 from typing import Literal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
+from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from support.formats import QWEN, QWEN_CODER, merged
+from support.formats import GPT_OSS, QWEN, QWEN_CODER, merged
 
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
@@ -483,7 +484,91 @@ def test_calls_written_as_python_become_json() -> None:
     ]
 
 
-@pytest.mark.parametrize("text", ["(1, a=2)", "(a=b)", "(a=1", "(**k)", "[a=1]", "(a={**k})"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(1, a=2)",
+        "(a=b)",
+        "(a=1",
+        "(**k)",
+        "[a=1]",
+        "(a={**k})",
+        "(a='x",
+        "(a={1: 2})",
+        "(a=" + "[" * 99 + "]" * 99 + ")",
+    ],
+)
 def test_what_is_not_a_python_call_of_literals_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"\w"):
         decode_arguments("python", text, 0)
+
+
+def test_a_python_string_may_hold_newlines_as_they_are() -> None:
+    """LFM2 writes a here-document with real newlines inside the quotes: llama.cpp reads it."""
+    command = "cat > f.py << EOF\nimport csv\nprint('ok')\nEOF"
+    raw = f"<|tool_call_start|>[exec(command='{command.replace(chr(39), chr(92) + chr(39))}')]"
+    raw += "<|tool_call_end|>"
+    out = parse(LFM2, [raw[i : i + 3] for i in range(0, len(raw), 3)])
+    assert out == [Piece("call", json.dumps({"command": command}), "exec")]
+
+
+def test_python_sets_and_tuples_become_lists() -> None:
+    called = "<|tool_call_start|>[todo(tags=set())]<|tool_call_end|>"
+    assert parse(LFM2, [called]) == [Piece("content", called)]  # a call is not a literal
+    raw = "<|tool_call_start|>[todo(tags={'urgent', 'bug'}, at=(1, 2.5), empty={})]"
+    out = parse(LFM2, [raw, "<|tool_call_end|>"])
+    arguments = {"tags": ["urgent", "bug"], "at": [1, 2.5], "empty": {}}
+    assert out == [Piece("call", json.dumps(arguments), "todo")]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [  # llama.cpp's own cases (tests/test-chat.cpp, LFM2), and Python's forms besides
+        ("(code=\"def hello():\\n    print('hey')\")", {"code": "def hello():\n    print('hey')"}),
+        ('(code="print(\\"hi\\")")', {"code": 'print("hi")'}),
+        ('(config={"enabled": True, "count": 3})', {"config": {"enabled": True, "count": 3}}),
+        ('(config={"enabled": true, "note": null})', {"config": {"enabled": True, "note": None}}),
+        (
+            '(title="demo", participants=["Alice", "Bob"])',
+            {"title": "demo", "participants": ["Alice", "Bob"]},
+        ),
+        ("()", {}),
+        ("( a = -1.5e2 ,\n b='\\x41\\u00e9\\q', )", {"a": -150.0, "b": "Aé\\q"}),
+        ("(a=[[1], (), {'k': {2, 3}}])", {"a": [[1], [], {"k": [2, 3]}]}),
+    ],
+)
+def test_python_arguments_read_as_llama_cpp_reads_them(text: str, expected: object) -> None:
+    assert decode_arguments("python", text + "]", 0) == (expected, len(text))
+
+
+FORMATS = [QWEN, QWQ, LLAMA, QWEN_CODER, MINIMAX, MINIMAX_M3, MISTRAL, GEMMA_4, LFM2, GPT_OSS]
+
+
+def _delimiters(fmt: ChatFormat) -> list[str]:
+    call = fmt.tool_call
+    calls = [call.open, call.mid, call.close, call.block_close, call.again] if call else []
+    return [*(fmt.think or ()), *fmt.content_prefixes, *calls, *(call.open.split() if call else [])]
+
+
+# What a model writes: its format's delimiters, pieces of them, and the text around calls.
+_MARKUP = sorted(
+    {d for f in FORMATS for d in _delimiters(f) if d}
+    | {'<|"|>', "(", ")", "[", "]", "{", "}", ":", ",", "=", '"', "'", "\\", "\n", "True", "1e9"}
+)
+_ADVERSARIAL = st.lists(
+    st.sampled_from(_MARKUP) | st.text(max_size=6) | st.sampled_from(["[" * 2000, "{" * 2000]),
+    max_size=24,
+).map("".join)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.generation_prompt[:24])
+@settings(deadline=None, max_examples=40)
+@given(text=_ADVERSARIAL, size=st.integers(1, 9))
+def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> None:
+    """Random and adversarial text in every format, whole and in pieces: the parser reads it
+    without raising (where it would, the answer goes on: tests/test_raw.py)."""
+    for step in (size, max(len(text), 1)):
+        parser = parser_for(fmt)
+        for i in range(0, len(text), step):
+            parser.feed(text[i : i + step])
+        parser.finish()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from loopd.infer import Content, Progress, StreamErrorEvent, ToolCallDelta
+from loopd.infer import Content, Progress, StreamErrorEvent, ToolCallDelta, Unread, _parse
 from loopd.infer._assemble import Assembler
 from loopd.infer._parse import OutputParser
 from loopd.infer._raw import RawAssembler
@@ -103,3 +103,26 @@ def test_a_prompt_of_text_only_is_one_prompt() -> None:
     assert one_prompt(["a", "b"]) == "ab"
     assert one_prompt(["a", 1, "b", "c", 2]) == ["a", 1, "bc", 2]
     assert one_prompt(["only"]) == "only"
+
+
+WHY = "Object of type set is not JSON serializable"
+
+
+def test_a_parser_that_fails_never_fails_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the parser raises (a set in a call's arguments once made `json.dumps` raise),
+    the text it held goes on as content, as written, and so does the rest: nothing lost,
+    nothing made up, and the completion says where."""
+
+    def broken(*_: object) -> object:
+        raise TypeError(WHY)
+
+    monkeypatch.setattr(_parse, "decode_arguments", broken)
+    raw, said = assembler(), ["Looking. ", '<tool_call>\n{"name": "f", "arguments": {}}', " on"]
+    events = [e for n, text in enumerate(said, 1) for e in raw.feed(chunk(text, [n], n))]
+    events += raw.feed(final("eos", 4))
+    assert "".join(e.text for e in events if isinstance(e, Content)) == "".join(said)
+    assert not [e for e in events if isinstance(e, ToolCallDelta)]
+    done = raw.completion()
+    assert done.finish_reason == "stop"
+    # What the parser held when it failed: the call, and the space it held back before it.
+    assert done.unread == Unread(text=" " + said[1], error=f"TypeError: {WHY}")

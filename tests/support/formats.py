@@ -29,6 +29,17 @@ QWEN_CODER = ChatFormat(
         params=ParamFormat(key_open=">\n<parameter=", key_end=">\n", value_end="\n</parameter"),
     ),
 )
+GPT_OSS = ChatFormat(  # as learned from gpt-oss's template
+    generation_prompt="<|start|>assistant",
+    think=("<|channel|>analysis<|message|>", "<|end|>"),
+    thinking_open=False,
+    content_prefixes=("<|channel|>final<|message|>",),
+    tool_call=ToolCallFormat(
+        open="<|end|><|start|>assistant to=functions.",
+        mid="<|channel|>commentary json<|message|>",
+        close="",
+    ),
+)
 
 
 def merged(pieces: Iterable[Piece]) -> list[Piece]:

@@ -12,6 +12,7 @@ from loopd.session.records import (
     SummaryRecord,
     ToolResultRecord,
     TurnEndRecord,
+    UnreadRecord,
     UsageRecord,
     UserRecord,
 )
@@ -45,6 +46,7 @@ records: st.SearchStrategy[Record] = st.one_of(
         thinking_capped=st.booleans(),
     ),
     st.builds(CacheLossRecord, expected=small, cached=small),
+    st.builds(UnreadRecord, text=text, error=text),
     st.builds(
         ToolResultRecord,
         call=small,

@@ -48,6 +48,7 @@ from ._types import (
     Timings,
     ToolCall,
     ToolCallDelta,
+    Unread,
     Waiting,
 )
 
@@ -116,6 +117,7 @@ __all__ = [
     "ToolCall",
     "ToolCallDelta",
     "ToolCallFormat",
+    "Unread",
     "Waiting",
     "cache_outcome",
     "decode_arguments",

@@ -67,6 +67,10 @@ class HarmonyParser:
     def finish(self) -> list[Piece]:
         return self._run(final=True)
 
+    def pending(self) -> str:
+        """The text read and not yet passed on (a call's body too), as the model wrote it."""
+        return self._call + self._buffer
+
     def _run(self, *, final: bool) -> list[Piece]:
         out: list[Piece] = []
         while True:

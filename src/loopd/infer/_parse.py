@@ -157,6 +157,10 @@ class OutputParser:
     def finish(self) -> list[Piece]:
         return self._run(final=True)
 
+    def pending(self) -> str:
+        """The text read and not yet passed on (a call's opening too), as the model wrote it."""
+        return (self._opened if self._state == "call" else "") + self._buffer
+
     def _run(self, *, final: bool) -> list[Piece]:
         out: list[Piece] = []
         while True:

@@ -11,6 +11,7 @@ model did, the rest of the answer is recomputed, recorded as a loss (docs/cache.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from pydantic import Field, TypeAdapter
@@ -20,9 +21,11 @@ from ._format import ChatFormat
 from ._harmony import HarmonyParser
 from ._parse import OutputParser, Piece
 from ._schema import ArgumentTypes
-from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings
+from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings, Unread
 
 __all__ = ["RawAssembler", "parser_for"]
+
+log = logging.getLogger(__name__)
 
 
 def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputParser | HarmonyParser:
@@ -58,13 +61,15 @@ class RawAssembler:
     """Tokens generated so far, as the server counts them."""
     _calls: int = 0
     _ended: bool = False
+    unread: Unread | None = None
+    """Where the parser failed on this answer: from there on, the text is content as written."""
 
     def __post_init__(self) -> None:
         self._markers = frozenset(self.parser.fmt.markers())
 
     def prime(self, prefill: str) -> list[ChatEvent]:
         """The answer's start that the prompt itself wrote (a prefill)."""
-        return self._relay(self.parser.feed(prefill)) if prefill else []
+        return self._relay(self._parse(prefill)) if prefill else []
 
     def feed(self, data: str) -> list[ChatEvent]:
         chunk = read_chunk(_CHUNK, data)
@@ -82,13 +87,35 @@ class RawAssembler:
         else:
             self.tokens += chunk.tokens
         self._counted = chunk.tokens_predicted
-        pieces = self.parser.feed(self._held)
+        pieces = self._parse(self._held)
         self._held = ""
         if chunk.content in self._markers:
             self._held = chunk.content
         else:
-            pieces += self.parser.feed(chunk.content)
+            pieces += self._parse(chunk.content)
         return events + self._relay(pieces)
+
+    def _parse(self, text: str, *, final: bool = False) -> list[Piece]:
+        """The parser's pieces of `text` (and its last, when `final`): the one place it runs,
+        so that nothing it raises fails the turn. Where it fails, what it held and `text` go on
+        as content, as written, and so does the rest of the answer (`unread` says where)."""
+        if self.unread is not None:
+            return [Piece("content", text)] if text else []
+        read = self.parser.pending() + text
+        try:
+            pieces = self.parser.feed(text)
+            return pieces + self.parser.finish() if final else pieces
+        except Exception as e:  # whatever the parser raises, the answer goes on
+            error = f"{type(e).__name__}: {e}"
+            log.warning(
+                "could not read the model's answer (%s); %d characters of it passed on as "
+                "content, as written",
+                error,
+                len(read),
+                exc_info=True,
+            )
+            self.unread = Unread(text=read, error=error)
+            return [Piece("content", read)] if read else []
 
     @property
     def done(self) -> bool:
@@ -98,7 +125,7 @@ class RawAssembler:
         self._ended = chunk.stop_type == "eos"
         # The text of an end-of-generation token is not part of the answer.
         held = "" if self._ended else self._held
-        events = self._relay(self.parser.feed(held) + self.parser.finish())
+        events = self._relay(self._parse(held, final=True))
         if self._calls:
             reason = "tool_calls"
         else:
@@ -124,4 +151,5 @@ class RawAssembler:
 
     def completion(self, *, cut_by_client: bool = False) -> Completion:
         done = self.inner.completion(cut_by_client=cut_by_client)
-        return done.model_copy(update={"tokens": tuple(self.tokens), "ended": self._ended})
+        update = {"tokens": tuple(self.tokens), "ended": self._ended, "unread": self.unread}
+        return done.model_copy(update=update)

@@ -35,6 +35,7 @@ __all__ = [
     "Timings",
     "ToolCall",
     "ToolCallDelta",
+    "Unread",
     "Waiting",
     "template_kwargs",
 ]
@@ -209,6 +210,15 @@ class ToolCall(_Model):
     arguments: str
 
 
+class Unread(_Model):
+    """Text of an answer the parser failed on: passed on as content, as written, and the rest
+    of the answer with it, unread."""
+
+    text: str
+    error: str
+    """What the parser raised."""
+
+
 class Completion(_Model):
     """The whole answer to one request."""
 
@@ -228,6 +238,8 @@ class Completion(_Model):
     ones the stream does not name: the pieces of a character split over several tokens)."""
     ended: bool = False
     """The last token generated ended the message (end of generation, not a limit)."""
+    unread: Unread | None = None
+    """Where the parser failed on the answer (a token-exact request); None: it read it all."""
 
 
 class Queued(_Model):

@@ -47,6 +47,7 @@ __all__ = [
     "TurnEndReason",
     "TurnEndRecord",
     "UndoRecord",
+    "UnreadRecord",
     "UsageRecord",
     "UserRecord",
     "conversation_problems",
@@ -62,7 +63,7 @@ FORMAT = 6
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
 records (a session that continues another); 5 added `file_change` and `undo` records, an
 approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
-`mcp_servers` and `mode` records and the header's `mode` and `thinking`."""
+`mcp_servers`, `mode` and `unread` records and the header's `mode` and `thinking`."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -228,6 +229,16 @@ class UsageRecord(_Record):
     thinking_capped: bool = False
 
 
+class UnreadRecord(_Record):
+    """Text of an answer loopd's parser failed on: it went on as content, as written, and so
+    did the rest of that answer, unread. Produces no message."""
+
+    kind: Literal["unread"] = "unread"
+    text: str
+    error: str
+    """What the parser raised."""
+
+
 class CacheLossRecord(_Record):
     """The request found fewer tokens in the KV cache than the previous prompt held."""
 
@@ -377,7 +388,8 @@ Record = Annotated[
     | FileChangeRecord
     | UndoRecord
     | McpServersRecord
-    | ModeRecord,
+    | ModeRecord
+    | UnreadRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

@@ -20,6 +20,7 @@ from loopd.session.records import (
     SummaryRecord,
     ToolResultRecord,
     TurnEndRecord,
+    UnreadRecord,
     UsageRecord,
     UserRecord,
 )
@@ -78,6 +79,9 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - on
                     style="bold white on red",
                 )
             )
+        elif isinstance(record, UnreadRecord):
+            said = f"  (loopd could not read this answer from here, {record.error}; "
+            lines.append(Text(said + "it went on as written)", style="yellow"))
         elif isinstance(record, ApprovalRequestRecord):
             what = flags(record.data_class, record.untrusted, truncated=False)
             asked = f"  ? {record.tool} asked for approval (call {record.call}) [{what}]"

@@ -45,6 +45,7 @@ from loopd.session.records import (
     PromptRecord,
     Record,
     TurnEndReason,
+    UnreadRecord,
     UsageRecord,
     UserRecord,
 )
@@ -245,6 +246,8 @@ class _Turn:
         if prompt is not None:
             await session.append(prompt)
         await session.append(AssistantRecord.of(c))
+        if c.unread is not None:
+            await session.append(UnreadRecord(text=c.unread.text, error=c.unread.error))
         usage = UsageRecord(
             timings=c.timings,
             reasoning_tokens=c.reasoning_tokens,
