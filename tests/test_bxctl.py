@@ -462,14 +462,19 @@ class Tmux:
     async def keys(self, *keys: str) -> None:
         await self.run("send-keys", "-t", self.name, *keys)
 
-    async def chat(self, d: Daemon, state: Path, rows: int = 30, columns: int = 100) -> None:
-        """`bxctl chat` against `d` in a new tmux session; the shell says BXCTL-EXIT-<status>
-        when it ends, and keeps the pane open."""
+    async def chat(
+        self, d: Daemon, state: Path, rows: int = 30, columns: int = 100, cwd: Path | None = None
+    ) -> None:
+        """`bxctl chat` against `d` in a new tmux session, in folder `cwd` (default: an empty
+        one beside `state`, where new sessions work); the shell says BXCTL-EXIT-<status> when
+        it ends, and keeps the pane open."""
+        if cwd is None:
+            cwd = state.with_name(f"{state.name}-work")
+            cwd.mkdir(parents=True, exist_ok=True)
         bxctl = f"{sys.executable} -m bxctl --config {d.config} chat"
         command = f"env XDG_STATE_HOME={state} {bxctl}; echo BXCTL-EXIT-$?; sleep 60"
         size = ("-x", str(columns), "-y", str(rows))
-        # In loopd's test home, where a new session's folder is refused: it has none.
-        await self.run("new-session", "-d", "-s", self.name, *size, "-c", str(d.home), command)
+        await self.run("new-session", "-d", "-s", self.name, *size, "-c", str(cwd), command)
 
     async def wait_for(self, *texts: str, timeout: float = 30) -> str:
         """The screen, once any of `texts` is on it."""
@@ -495,7 +500,7 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         )
     )
     tmux = Tmux(f"bxctl-{id(d):x}")
-    await tmux.chat(d, tmp_path / "state")
+    await tmux.chat(d, tmp_path / "state", cwd=d.home)  # loopd's own folder: refused
     try:
         screen = await tmux.wait_for("no folder of its own")
         assert f"not working in {d.home}:" in " ".join(screen.split())  # loopd's own folder
