@@ -568,6 +568,9 @@ async def test_bad_lines_get_errors_and_bxctl_acp_goes_on(daemon: StartDaemon) -
         answer = await acp.request(1, "session/fly", {})
         assert answer["id"] == 1
         assert answer["error"]["code"] == -32601
+        answer = await acp.request(1, "session/delete", {"sessionId": "20261202T000000000Z-abc"})
+        assert answer["error"]["code"] == -32601
+        assert "append-only" in answer["error"]["message"]
         answer = await acp.request(2, "session/prompt", {"sessionId": 3})
         assert answer["error"]["code"] == INVALID_PARAMS
         assert answer["error"]["message"].startswith("session/prompt: sessionId: ")

@@ -53,7 +53,7 @@ from bxctl.acp_map import (
     usage_update,
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
-from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Peer, RpcError
+from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Peer, RpcError
 from bxctl.start import Starter
 from loopd import __version__
 from loopd.session.records import RECORD
@@ -162,6 +162,8 @@ class Agent:
                 "session/list": (schema.ListSessionsRequest, self.list_sessions),
                 "session/resume": (schema.ResumeSessionRequest, self.resume_session),
                 "session/close": (schema.CloseSessionRequest, self.close_session),
+                "session/fork": (schema.ForkSessionRequest, self.fork_session),
+                "session/delete": (schema.DeleteSessionRequest, self.delete_session),
                 "session/set_config_option": (
                     schema.SetSessionConfigOptionSelectRequest,
                     self.set_config_option,
@@ -258,6 +260,16 @@ class Agent:
         MCP servers for it are not started (loopd starts them only for a session it opens)."""
         session = await self._open(request.session_id, None, request.mcp_servers, fork=True)
         return schema.ForkSessionResponse(session_id=session.id, config_options=session.options())
+
+    async def delete_session(
+        self, request: schema.DeleteSessionRequest
+    ) -> schema.DeleteSessionResponse:
+        """Refused, saying why: not offered in the capabilities, but an editor may ask."""
+        raise RpcError(
+            METHOD_NOT_FOUND,
+            f"loopd does not delete session {request.session_id}: its logs are append-only, "
+            "so nothing said is ever lost; it stays listed, to load, resume or fork",
+        )
 
     async def set_config_option(
         self, request: schema.SetSessionConfigOptionSelectRequest
