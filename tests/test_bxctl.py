@@ -193,6 +193,29 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "cached" in out
 
 
+async def test_fork_makes_a_session_listed_as_the_fork_of_its_parent(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two")]))
+    assert (await bxctl(d, "chat", "-m", "first"))[0] == 0
+    assert (await bxctl(d, "chat", "--continue", "-m", "second"))[0] == 0
+    parent = Store(d.home / "sessions").latest()
+    assert parent is not None
+    code, out, _ = await bxctl(d, "fork", "--at", "1")
+    fork = out.split()[1].rstrip(":")
+    assert (code, out) == (0, f"session {fork}: the fork of session {parent} at turn 1\n")
+    for fast in (True, False):  # loopd's answer, then the store read when none runs
+        code, out, _ = await bxctl(d, "sessions")
+        assert f"{fork}     1 turns" in out
+        assert f"fork of {parent} at turn 1" in out
+        if fast:
+            await d.stop()
+    await d.start()
+    code, _, err = await bxctl(d, "fork", parent, "--at", "3")
+    assert (code, err) == (2, f"bxctl: session {parent} has turns 1 to 2: there is no turn 3\n")
+    code, _, err = await bxctl(d, "fork", "20990101T000000000Z-000000")
+    assert code == 2
+    assert "20990101T000000000Z-000000" in err
+
+
 async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
     daemon: StartDaemon,
 ) -> None:

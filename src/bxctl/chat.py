@@ -312,9 +312,7 @@ async def _list_sessions(_: list[str], connection: Connection, console: Console)
         return
     tree = as_tree(answer.sessions, newest_first=True)
     for number, (depth, s) in enumerate(tree, start=1):
-        line = session_line(
-            s.id, s.turns, s.last_activity, answer.current, s.continues, depth=depth
-        )
+        line = session_line(s, answer.current, depth=depth)
         console.print(f"{number:3d}. {line}", markup=False)
     for bad in answer.unreadable:
         console.print(f"     {unreadable_line(bad.id, bad.reason)}", markup=False, style="red")

@@ -272,7 +272,7 @@ def print_sessions(
     latest (the one `chat --continue` takes, when `current` is None) marked."""
     current = current or latest(listed)
     for depth, s in as_tree(listed):
-        print(session_line(s.id, s.turns, s.last_activity, current, s.continues, depth=depth))
+        print(session_line(s, current, depth=depth))
     for bad in unreadable:
         print(unreadable_line(bad.id, bad.reason))
     if not listed and not unreadable:

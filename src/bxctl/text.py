@@ -12,21 +12,18 @@ if TYPE_CHECKING:
 __all__ = ["approve_command", "as_tree", "context_line", "session_line", "unreadable_line"]
 
 
-def session_line(  # noqa: PLR0913 - one line says all of these
-    session_id: str,
-    turns: int,
-    last_activity: str,
-    current: str | None,
-    continues: str | None = None,
-    *,
-    depth: int = 0,
-) -> str:
+def session_line(s: _Listed, current: str | None, *, depth: int = 0) -> str:
     """One session in a list; the one loopd serves is starred, one that continues another (a
-    compaction) names it, and a sub-agent's is drawn `depth` levels under its parent."""
-    mark = "*" if session_id == current else " "
-    name = f"{'   ' * (depth - 1)}└─ {session_id}" if depth else session_id
-    line = f"{mark} {name}  {turns:4d} turns  last {last_activity[:16].replace('T', ' ')}"
-    return f"{line}  continues {continues}" if continues else line
+    compaction) names it, a fork names the session and turn it was forked at (a `/fork` or a
+    `/rewind`), and a sub-agent's is drawn `depth` levels under its parent."""
+    mark = "*" if s.id == current else " "
+    name = f"{'   ' * (depth - 1)}└─ {s.id}" if depth else s.id
+    line = f"{mark} {name}  {s.turns:4d} turns  last {s.last_activity[:16].replace('T', ' ')}"
+    if s.continues:
+        line += f"  continues {s.continues}"
+    if s.forked_from:
+        line += f"  fork of {s.forked_from} at turn {s.at}"
+    return line
 
 
 def unreadable_line(session_id: str, reason: str) -> str:
@@ -39,6 +36,16 @@ class _Listed(Protocol):
     def id(self) -> str: ...
     @property
     def parent(self) -> str | None: ...
+    @property
+    def turns(self) -> int: ...
+    @property
+    def last_activity(self) -> str: ...
+    @property
+    def continues(self) -> str | None: ...
+    @property
+    def forked_from(self) -> str | None: ...
+    @property
+    def at(self) -> int | None: ...
 
 
 L = TypeVar("L", bound=_Listed)

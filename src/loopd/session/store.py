@@ -163,6 +163,10 @@ class SessionInfo:
     title: str | None = None
     """Its first user message's first line, cut to `TITLE_LENGTH` characters; None before
     the first."""
+    forked_from: str | None = None
+    """The session it is a fork of, if any (its header's)."""
+    at: int | None = None
+    """For a fork: the turn of `forked_from` whose end it starts from."""
 
 
 @dataclass(frozen=True)
@@ -562,6 +566,8 @@ def _info(session_id: str, path: Path, data: bytes) -> SessionInfo:
         whole.rfind(_USER_KIND) > whole.rfind(_TURN_END_KIND),
         header.cwd,
         _title(path, whole),
+        header.forked_from,
+        header.at,
     )
 
 

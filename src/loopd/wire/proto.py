@@ -407,6 +407,10 @@ class SessionInfo(_Message):
     """The one folder its file tools work in (`hello`'s `cwd`); None: all of `[tools] roots`."""
     title: str | None = None
     """Its first user message's first line, at most 80 characters; None before the first."""
+    forked_from: str | None = None
+    """The session this one is a fork of (a `fork_session` or a `rewind`)."""
+    at: int | None = None
+    """For a fork: the turn of `forked_from` whose end it starts from."""
 
     @classmethod
     def of(cls, info: StoredSession) -> SessionInfo:
@@ -420,6 +424,8 @@ class SessionInfo(_Message):
             parent=info.parent,
             cwd=info.cwd,
             title=info.title,
+            forked_from=info.forked_from,
+            at=info.at,
         )
 
 
