@@ -39,6 +39,7 @@ from loopd.session.records import (
     ModeRecord,
     ToolResultRecord,
     UsageRecord,
+    UserRecord,
 )
 from loopd.session.store import ParentCall, SessionLocked, Store
 from loopd.tools import read_only_refusal
@@ -287,6 +288,35 @@ async def test_load_replays_the_history_then_goes_on(daemon: StartDaemon, tmp_pa
     assert editor.shown()[0].content.text == "tea"
     assert answer.stop_reason == "end_turn"
     assert editor.said() == "Tea it is.Sure."
+
+
+async def test_a_fork_has_the_history_up_to_there_and_the_editor_goes_on_in_it(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    fake = FakeLlama([Reply(content=f"answer-{n}") for n in range(3)])
+    d = await daemon(fake, tools=f'roots = ["{notes}"]')
+
+    async def fork(conn: Any, _: Editor) -> tuple[str, str]:
+        parent = (await conn.new_session(cwd=str(notes))).session_id
+        for text in ("first", "second"):
+            await conn.prompt(session_id=parent, prompt=[text_block(text)])
+        forked = await conn.fork_session(session_id=parent, cwd=str(notes))
+        answer = await conn.prompt(session_id=forked.session_id, prompt=[text_block("third")])
+        assert answer.stop_reason == "end_turn"
+        return parent, forked.session_id
+
+    parent, forked = await with_editor(d, fork, Editor())
+    assert forked != parent
+    said = [r.content for r in records(d, forked) if isinstance(r, UserRecord)]
+    assert said == ["first", "second", "third"]
+    assert [r.content for r in records(d, parent) if isinstance(r, UserRecord)] == [
+        "first",
+        "second",
+    ]
+    # The fork's request extends the parent's last one, its answer and the new message.
+    assert fake.prompts[2].startswith(fake.prompts[1])
+    assert fake.bodies[2]["messages"][-1]["content"] == "third"
 
 
 async def test_resume_goes_on_without_the_history_and_finds_the_cache(

@@ -161,8 +161,8 @@ class Agent:
                 "session/prompt": (schema.PromptRequest, self.prompt),
                 "session/list": (schema.ListSessionsRequest, self.list_sessions),
                 "session/resume": (schema.ResumeSessionRequest, self.resume_session),
-                "session/close": (schema.CloseSessionRequest, self.close_session),
                 "session/fork": (schema.ForkSessionRequest, self.fork_session),
+                "session/close": (schema.CloseSessionRequest, self.close_session),
                 "session/delete": (schema.DeleteSessionRequest, self.delete_session),
                 "session/set_config_option": (
                     schema.SetSessionConfigOptionSelectRequest,
@@ -176,6 +176,7 @@ class Agent:
                 "session/new": self._offer_commands,
                 "session/load": self._offer_commands,
                 "session/resume": self._offer_commands,
+                "session/fork": self._offer_commands,
             },
         )
 
@@ -195,7 +196,8 @@ class Agent:
         await self.peer.notify("session/update", notification)
 
     async def _offer_commands(self, request: object, result: object) -> None:
-        """Once the editor has a session (new, loaded or resumed): the commands it offers."""
+        """Once the editor has a session (new, loaded, resumed or forked): the commands it
+        offers."""
         session = getattr(result, "session_id", None) or getattr(request, "session_id", "")
         await self.notify(str(session), commands_update())
 
