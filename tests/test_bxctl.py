@@ -691,3 +691,30 @@ async def test_chat_works_in_its_folder_or_in_none_where_loopd_refuses_it(
         made = logs.latest()
         assert made is not None
         assert logs.read(made)[0].cwd == cwd
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_fork_in_the_live_chat_goes_on_in_the_fork(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await daemon(FakeLlama([Reply(content=f"answer-{n}") for n in range(3)]))
+    tmux = Tmux(f"fork-{id(d):x}")
+    await tmux.chat(d, tmp_path / "state")
+    try:
+        parent = re.findall(r"session (\S+)", await tmux.wait_for("/help for help"))[0]
+        for n, text in enumerate(("message-one", "message-two")):
+            await tmux.keys(text, "Enter")
+            await tmux.wait_for(f"answer-{n}")
+        await tmux.keys("/fork 3", "Enter")
+        await tmux.wait_for("there is no turn 3")
+        await tmux.keys("/fork 1", "Enter")
+        screen = " ".join((await tmux.wait_for(f"the fork of {parent} at")).split())
+        assert f"the fork of {parent} at turn 1" in screen
+        fork = re.findall(r"session (\S+): the fork of", screen)[0]
+        await tmux.keys("message-three", "Enter")
+        await tmux.wait_for("answer-2")
+    finally:
+        await tmux.close()
+    store = Store(d.home / "sessions")
+    said = [r.content for r in store.read(fork)[1] if isinstance(r, UserRecord)]
+    assert said == ["message-one", "message-three"]
