@@ -16,6 +16,7 @@ from loopd.session.records import CacheLossRecord, UsageRecord, conversation_pro
 from loopd.session.store import ParentCall, Store
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
+from test_hands import edit, notes_folder, write
 from test_sessions import assert_no_loss, embedded, losses, records, welcome
 
 QUESTIONS = ("Name a colour.", "Name a fruit.", "Name a tree.", "Name a bird.")
@@ -164,3 +165,58 @@ async def test_a_fork_not_served_from_cache_records_the_loss_and_why(
     assert loss.cached < loss.expected
     assert loss.reason == 'loopd keeps no slot files ([slots] save = "never")'
     assert not [r for r in records(d, parent) if isinstance(r, CacheLossRecord)]
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+async def test_a_rewind_with_files_puts_back_every_file_or_nothing_and_goes_on_from_there(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """Turns 2 and 3 write and edit files; a rewind to turn 1's end puts every one back and
+    goes on in a fork whose next request extends turn 1's exactly. A file changed outside
+    loopd since is named, and then nothing is put back and no fork is made."""
+    notes = notes_folder(tmp_path)
+    script = [
+        Reply(content="answer-1"),
+        write("new.md", "hello\n"),
+        Reply(content="wrote it"),
+        edit("today.md", "milk", "tea"),
+        write("new.md", "bye\n", "c2"),
+        Reply(content="edited them"),
+        Reply(content="from turn 1"),
+    ]
+    fake = FakeLlama(script)
+    d = await daemon(fake, tools=f'roots = ["{notes}"]')
+    client = await d.connect()
+    parent = await welcome(client, {"type": "hello", "session": "new", "cwd": str(notes)})
+    await client.send({"type": "set_mode", "mode": "accept_edits"})
+    await client.until("mode")
+    assert (await client.turn("t1", "first"))[-1]["type"] == "turn_done"
+    before = files_in(notes)
+    for turn, text in (("t2", "write"), ("t3", "edit")):
+        assert (await client.turn(turn, text))[-1]["type"] == "turn_done"
+    assert files_in(notes) == {"new.md": b"bye\n", "today.md": b"buy tea\n"}
+    store = Store(d.home / "sessions")
+    (notes / "new.md").write_bytes(b"changed by hand\n")
+    rewind = {"type": "rewind", "at": 1, "files": True}
+    assert "new.md changed since" in await refused(client, rewind, "undo_refused")
+    assert files_in(notes) == {"new.md": b"changed by hand\n", "today.md": b"buy tea\n"}
+    assert [s.id for s in await store.sessions()] == [parent]  # no fork was made
+    assert "no turn 4" in await refused(client, {**rewind, "at": 4}, "fork_refused")
+
+    (notes / "new.md").write_bytes(b"bye\n")
+    await client.send(rewind)
+    undone = (await client.until("undone"))[-1]
+    assert undone["paths"] == [str(notes / "new.md"), str(notes / "today.md")]
+    fork = (await client.until("welcome"))[-1]["session"]
+    assert files_in(notes) == before
+    header = store.read(fork)[0]
+    assert (header.forked_from, header.at) == (parent, 1)
+    assert (await client.turn("f1", "again"))[-1]["type"] == "turn_done"
+    turn_1, forked = fake.bodies[0]["messages"], fake.bodies[-1]["messages"]
+    assert forked[: len(turn_1)] == turn_1
+    assert [m["content"] for m in forked[len(turn_1) :]] == ["answer-1", "again"]
+    assert fake.prompts[-1].startswith(fake.prompts[0])
+    assert [r.kind for r in records(d, parent)].count("undo") == 1

@@ -21,7 +21,15 @@ from bxctl.oneshot import (
 )
 from loopd.wire.events import SessionContinued
 from loopd.wire.lines import TooLong
-from loopd.wire.proto import DAEMON_MESSAGE, DaemonMessage, Error, Event, McpServer, Welcome
+from loopd.wire.proto import (
+    DAEMON_MESSAGE,
+    DaemonMessage,
+    Error,
+    Event,
+    McpServer,
+    Undone,
+    Welcome,
+)
 from loopd.wire.reader import LineReader
 
 __all__ = ["Connection", "SessionRefused", "Unreachable"]
@@ -88,6 +96,21 @@ class Connection:
         if isinstance(answer, Error):
             raise SessionRefused(answer)
         return self.session
+
+    async def rewind(self, at: int, files: bool) -> list[str]:
+        """Go on in a new fork of its session at the end of turn `at`, with `files` what the
+        later turns changed put back first; the files put back. Raises `SessionRefused`, and
+        then nothing was put back and it is where it was."""
+        await self.send({"type": "rewind", "at": at, "files": files})
+        paths: list[str] = []
+        while (got := await self.receive()) is not None:
+            if isinstance(got, Undone):
+                paths = got.paths
+            elif isinstance(got, Error):
+                raise SessionRefused(got)
+            elif isinstance(got, Welcome):
+                return paths
+        raise connection_closed(self.path)
 
     async def here(self, start: Callable[[str | None], Awaitable[str]]) -> tuple[str, str | None]:
         """Start a new session as a terminal client does (`start(cwd)`: `hello` or

@@ -21,13 +21,14 @@ import trio
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
+from loopd.session.fork import ForkRefused, fork_point
 from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
 from loopd.turn import Runtime
 from loopd.turn.calls import approval_needed
-from loopd.turn.changes import UndoRefused, undo
+from loopd.turn.changes import Hands, UndoRefused, undo, undo_after
 from loopd.turn.exact import past_reasoning
 from loopd.wire.events import TurnEvent
 
@@ -35,6 +36,7 @@ from ._agents import Agents
 from ._compaction import Compaction
 from ._errors import (
     Busy,
+    CannotFork,
     CannotUndo,
     DuplicateTurn,
     SessionError,
@@ -51,6 +53,7 @@ from ._session_inbox import (
     HistoryPage,
     ModeState,
     Published,
+    RewindFiles,
     Send,
     SessionHandle,
     SessionMessage,
@@ -139,6 +142,8 @@ class SessionActor:
                 reply_error(message.reply, e)
             except UndoRefused as e:
                 reply_error(message.reply, CannotUndo(str(e)))
+            except ForkRefused as e:
+                reply_error(message.reply, CannotFork(str(e)))
             except StoreError as e:  # the log could not be written: that request fails
                 reply_error(message.reply, SessionUnavailable(str(e)))
             except ActorFailed as e:  # the port failed on it, and restarts: the asker hears it
@@ -166,6 +171,9 @@ class SessionActor:
             reply_value(message.reply, self._fanout.subscribe(message.buffer))
         elif isinstance(message, Undo):
             reply_value(message.reply, await self._undo(message.call))
+        elif isinstance(message, RewindFiles):
+            fork_point(self.session.header, self.session.records, message.at)
+            reply_value(message.reply, await undo_after(self.session, self._hands(), message.at))
         elif isinstance(message, SetMode):
             reply_value(message.reply, await self._set_mode(message.mode, message.thinking))
         elif isinstance(message, Unsubscribe):
@@ -207,17 +215,21 @@ class SessionActor:
         return False
 
     async def _undo(self, call: int | None) -> UndoRecord:
+        record = await undo(self.session, self._hands(), call)
+        log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
+        return record
+
+    def _hands(self) -> Hands:
+        """What puts files back, while no turn runs."""
         if self._running is not None or self._queue:
-            raise Busy("a turn is running: undo once it has ended")
+            raise Busy("a turn is running: put files back once it has ended")
         hands = self.runtime.hands
         if hands is None or not hands.roots.within(self.session.cwd).roots:
             raise CannotUndo(
                 "loopd changes no files in this session ([tools] roots is empty, and the "
                 "session has no folder of its own)"
             )
-        record = await undo(self.session, hands, call)
-        log.info("session %s: undid calls %s in %s", self.session.id, record.calls, record.paths)
-        return record
+        return hands
 
     async def _set_mode(self, mode: Mode | None, thinking: bool | None) -> ModeState:
         """Write the session's new mode to its log, if it changes; a running turn's next tool

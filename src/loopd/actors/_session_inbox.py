@@ -209,6 +209,12 @@ class Undo:
 
 
 @dataclass(frozen=True)
+class RewindFiles:
+    at: int
+    reply: Reply[UndoRecord | None]
+
+
+@dataclass(frozen=True)
 class ModeState:
     """A session's mode, and whether its turns think (`[loop] thinking` where it says none)."""
 
@@ -227,7 +233,17 @@ class SetMode:
 
 
 SessionMessage = (
-    Send | Compact | Cancel | History | Status | Subscribe | Unsubscribe | Decide | Undo | SetMode
+    Send
+    | Compact
+    | Cancel
+    | History
+    | Status
+    | Subscribe
+    | Unsubscribe
+    | Decide
+    | Undo
+    | RewindFiles
+    | SetMode
 )
 
 
@@ -282,6 +298,13 @@ class SessionHandle:
         `Busy` while a turn runs, `CannotUndo` when there is nothing to undo or a file changed
         since."""
         return await self._ask(lambda r: Undo(call, r))
+
+    async def rewind_files(self, at: int) -> UndoRecord | None:
+        """Put back what the turns after turn `at` changed, the files as they were at its end
+        (None: those turns changed none), when the session can be forked there. Raises `Busy`
+        while a turn runs, `CannotFork` when it cannot be forked there, `CannotUndo` when a
+        file changed since; nothing is put back then."""
+        return await self._ask(lambda r: RewindFiles(at, r))
 
     async def set_mode(self, mode: Mode | None = None, thinking: bool | None = None) -> ModeState:
         """Set the session's mode and whether its turns think (None: as it is), written to its

@@ -252,6 +252,14 @@ async def _fork_session(client: Client, message: proto.ForkSession) -> None:
     _welcome(client, await client.fork(message.session, message.at))
 
 
+async def _rewind(client: Client, message: proto.Rewind) -> None:
+    if message.files:
+        record = await (await client.attached()).rewind_files(message.at)
+        if record is not None:
+            client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
+    _welcome(client, await client.fork(None, message.at))
+
+
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
     handle = await client.attached()
     if not await handle.decide(message.call, message.decision, message.session):
@@ -301,6 +309,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.NewSession: _new_session,
     proto.OpenSession: _open_session,
     proto.ForkSession: _fork_session,
+    proto.Rewind: _rewind,
     proto.Approve: _approve,
     proto.Undo: _undo,
     proto.SetMode: _set_mode,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import trio
 
-from loopd.session.records import Record, TurnEndRecord, UsageRecord, UserRecord
+from loopd.session.records import Record, SessionHeader, TurnEndRecord, UsageRecord, UserRecord
 from loopd.session.store import Fork, Session, Store
 
-__all__ = ["ForkRefused", "cache_source", "fork", "fork_end"]
+__all__ = ["ForkRefused", "cache_source", "fork", "fork_end", "fork_point"]
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +44,22 @@ def fork_end(session: str, records: Sequence[Record], at: int | None) -> tuple[i
     raise ForkRefused(f"turn {turn} of session {session} is still running: fork it once it ends")
 
 
+def fork_point(header: SessionHeader, records: Sequence[Record], at: int | None) -> tuple[int, int]:
+    """As `fork_end`, for the session of `header`; a sub-agent's session is refused too."""
+    if header.parent is not None:
+        raise ForkRefused(
+            f"session {header.id} is a sub-agent's: fork the session it works for "
+            f"({header.parent}) instead"
+        )
+    return fork_end(header.id, records, at)
+
+
 async def fork(store: Store, parent: str, at: int | None) -> str:
     """A new session, the fork of `parent` at the end of its turn `at` (its latest when None),
     closed again: its id. Raises `ForkRefused`, or the store's `UnknownSession` or
     `StoreError`."""
     header, records, _ = await trio.to_thread.run_sync(store.read, parent)
-    if header.parent is not None:
-        raise ForkRefused(
-            f"session {parent} is a sub-agent's: fork the session it works for "
-            f"({header.parent}) instead"
-        )
-    turn, kept = fork_end(parent, records, at)
+    turn, kept = fork_point(header, records, at)
     with await store.create(
         header.baseline,
         grants=frozenset(header.grants),

@@ -9,7 +9,8 @@ on the file they were shown: one changed while the approval waited is left as it
 `undo` puts back what a turn's calls changed (by default the last turn that changed files and
 was not undone), newest change first, when each file still holds what those calls wrote;
 otherwise it refuses, naming the file that changed since, and touches nothing. An undo is
-itself a record (`undo`), and a call is undone once.
+itself a record (`undo`), and a call is undone once. `undo_after` puts back, the same way,
+what every turn after one changed: a rewind to that turn's end with its files.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from loopd.tools import (
     write_atomically,
 )
 
-__all__ = ["Blobs", "Hands", "NothingToUndo", "UndoRefused", "undo"]
+__all__ = ["Blobs", "Hands", "NothingToUndo", "UndoRefused", "undo", "undo_after"]
 
 WRITE_THREADS = 4
 """Writes and undos at once (each a thread while it reads, copies and fsyncs)."""
@@ -230,7 +231,18 @@ def _content(folder: int, path: str) -> bytes | None:
 async def undo(session: Session, hands: Hands, call: int | None = None) -> UndoRecord:
     """Put back what call `call` (None: the last turn that changed files) changed; the record
     written. Raises `UndoRefused` (or `NothingToUndo`) and changes nothing otherwise."""
-    changes = _chosen(session.records, call)
+    return await _undo(session, hands, _chosen(session.records, call))
+
+
+async def undo_after(session: Session, hands: Hands, turn: int) -> UndoRecord | None:
+    """Put back what the turns after turn `turn` changed (and was not undone yet), as each file
+    was at that turn's end; the record written, None when they changed no file. Raises
+    `UndoRefused` and changes nothing otherwise."""
+    changes = [c for at, c in _changes(session.records) if at > turn]
+    return await _undo(session, hands, changes) if changes else None
+
+
+async def _undo(session: Session, hands: Hands, changes: list[FileChangeRecord]) -> UndoRecord:
     plan = _plan(changes)
     await trio.to_thread.run_sync(_put_back, hands, plan, limiter=hands.threads)
     record = UndoRecord(calls=tuple(sorted({c.call for c in changes})), paths=tuple(sorted(plan)))

@@ -41,6 +41,7 @@ __all__ = [
     "ModeSet",
     "NewSession",
     "OpenSession",
+    "Rewind",
     "Send",
     "SessionFailed",
     "SessionFault",
@@ -188,6 +189,21 @@ class ForkSession(_Message):
     """The turn (1 is the first) whose end the fork starts from; absent: the latest."""
 
 
+class Rewind(_Message):
+    """This client goes on from an earlier point of its session: in a new fork of it at the
+    end of turn `at` (as `fork_session`; the session's log stays as it is). With `files`, what
+    the later turns changed is put back first, every file as it was at that turn's end, through
+    the undo store; a file changed since outside loopd refuses it (`undo_refused`, naming the
+    file), and then nothing is put back and no fork is made. Answered with `undone` (when
+    files were put back) and then `welcome`; refused as `fork_session` and `undo` are, and
+    (`busy`) while a turn runs and `files` is asked."""
+
+    type: Literal["rewind"] = "rewind"
+    at: int = Field(ge=1)
+    """The turn (1 is the first) whose end the session goes on from."""
+    files: bool = False
+
+
 class SessionsRequest(_Message):
     type: Literal["sessions"] = "sessions"
 
@@ -248,6 +264,7 @@ ClientMessage = Annotated[
     | NewSession
     | OpenSession
     | ForkSession
+    | Rewind
     | SessionsRequest
     | HistoryRequest
     | Approve
