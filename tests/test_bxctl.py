@@ -193,7 +193,15 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "cached" in out
 
 
-async def test_fork_makes_a_session_listed_as_the_fork_of_its_parent(daemon: StartDaemon) -> None:
+NO_FILES = (
+    "loopd changes no files in this session ([tools] roots is empty, and the session has no "
+    "folder of its own)"
+)
+
+
+async def test_fork_and_rewind_make_a_session_listed_as_the_fork_of_its_parent(
+    daemon: StartDaemon,
+) -> None:
     d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two")]))
     assert (await bxctl(d, "chat", "-m", "first"))[0] == 0
     assert (await bxctl(d, "chat", "--continue", "-m", "second"))[0] == 0
@@ -214,6 +222,13 @@ async def test_fork_makes_a_session_listed_as_the_fork_of_its_parent(daemon: Sta
     code, _, err = await bxctl(d, "fork", "20990101T000000000Z-000000")
     assert code == 2
     assert "20990101T000000000Z-000000" in err
+    code, out, _ = await bxctl(d, "rewind", parent, "--at", "1")
+    rewound = out.split()[1].rstrip(":")
+    assert (code, out) == (0, f"session {rewound}: the fork of session {parent} at turn 1\n")
+    code, _, err = await bxctl(d, "rewind", parent, "--at", "3")
+    assert (code, err) == (2, f"bxctl: session {parent} has turns 1 to 2: there is no turn 3\n")
+    code, _, err = await bxctl(d, "rewind", parent, "--at", "1", "--files")
+    assert (code, err) == (1, f"bxctl: {NO_FILES}\n")  # it has no folder: none were changed
 
 
 async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
@@ -509,6 +524,16 @@ class Tmux:
             await trio.sleep(0.05)
         raise AssertionError(f"{texts!r} never appeared; the screen:\n{await self.screen()}")
 
+    async def wait_for_words(self, text: str, timeout: float = 30) -> str:
+        """The screen's words joined by single spaces, once `text` is in them (across the
+        chat's own line breaks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in (words := " ".join((await self.screen()).split())):
+                return words
+            await trio.sleep(0.05)
+        raise AssertionError(f"{text!r} never appeared; the screen:\n{await self.screen()}")
+
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
 async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> None:
@@ -694,7 +719,7 @@ async def test_chat_works_in_its_folder_or_in_none_where_loopd_refuses_it(
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
-async def test_fork_in_the_live_chat_goes_on_in_the_fork(
+async def test_fork_and_rewind_in_the_live_chat_go_on_in_the_fork(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:
     d = await daemon(FakeLlama([Reply(content=f"answer-{n}") for n in range(3)]))
@@ -708,13 +733,19 @@ async def test_fork_in_the_live_chat_goes_on_in_the_fork(
         await tmux.keys("/fork 3", "Enter")
         await tmux.wait_for("there is no turn 3")
         await tmux.keys("/fork 1", "Enter")
-        screen = " ".join((await tmux.wait_for(f"the fork of {parent} at")).split())
-        assert f"the fork of {parent} at turn 1" in screen
+        screen = await tmux.wait_for_words(f"the fork of session {parent} at turn 1")
         fork = re.findall(r"session (\S+): the fork of", screen)[0]
         await tmux.keys("message-three", "Enter")
         await tmux.wait_for("answer-2")
+        await tmux.keys("/rewind", "Enter")
+        await tmux.wait_for("  2. message-three")
+        await tmux.keys("/rewind 1", "Enter")
+        screen = await tmux.wait_for_words(f"the fork of session {fork} at turn 1")
+        rewound = re.findall(rf"session (\S+): the fork of session {fork} at turn 1", screen)[0]
     finally:
         await tmux.close()
     store = Store(d.home / "sessions")
     said = [r.content for r in store.read(fork)[1] if isinstance(r, UserRecord)]
     assert said == ["message-one", "message-three"]
+    said = [r.content for r in store.read(rewound)[1] if isinstance(r, UserRecord)]
+    assert said == ["message-one"]

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
-from bxctl.text import as_tree, context_line, session_line, unreadable_line
+from bxctl.text import as_tree, context_line, fork_line, session_line, turn_lines, unreadable_line
 from bxctl.view import (
     APPROVAL_KEYS,
     DEMO_MODELS,
@@ -64,6 +64,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /status     what loopd is doing, and the calls that wait for approval
   /fork [N]   go on in a new session with this one's history up to turn N (the latest
               by default), this one left as it is; it costs only your next message
+  /rewind [N] [files]   go on from the end of turn N (alone: the turns to pick from), in a
+              fork made there; with files, the files the later turns changed are put back
   /undo [N]    put back the files the last turn (or call N) changed
   /mode [ask|accept_edits|read_only]   what this session's calls may do: ask before
               each change (the default), write and edit without asking, or change nothing;
@@ -301,8 +303,42 @@ async def _fork(words: list[str], connection: Connection, console: Console) -> N
     except SessionRefused as e:
         console.print(str(e), style="red")
         return
-    turn = f"turn {at}" if at is not None else "its latest turn"
-    console.print(Text(f"session {connection.session}: the fork of {parent} at {turn}", "green"))
+    console.print(Text(fork_line(connection.session, parent, at), "green"))
+
+
+async def _rewind(words: list[str], connection: Connection, console: Console) -> None:
+    """`/rewind`: the turns to go back to; `/rewind N [files]`: go on from the end of turn N
+    in a fork made there, with `files` every file the later turns changed put back."""
+    if not words:
+        for line in turn_lines(await _said(connection)):
+            console.print(line, markup=False)
+        console.print("/rewind N goes on from the end of turn N; /rewind N files also puts back")
+        console.print("the files the later turns changed")
+        return
+    if len(words) > 2 or not words[0].isdigit() or words[1:] not in ([], ["files"]):
+        console.print("/rewind, /rewind N or /rewind N files", style="red")
+        return
+    parent, at = connection.session, int(words[0])
+    try:
+        put_back = await connection.rewind(at, files=bool(words[1:]))
+    except SessionRefused as e:
+        console.print(str(e), style="red")
+        return
+    console.print(Text(fork_line(connection.session, parent, at), "green"))
+    if put_back:
+        console.print(f"put back: {', '.join(put_back)}", markup=False)
+
+
+async def _said(connection: Connection) -> list[str]:
+    """What the person said in the session, turn by turn, read a page of history at a time."""
+    said: list[str] = []
+    start = 0
+    while True:
+        page = await connection.request({"type": "history", "start": start}, "history")
+        if not isinstance(page, History) or not page.records:
+            return said
+        said += [r["content"] for r in page.records if r.get("kind") == "user"]
+        start += len(page.records)
 
 
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
@@ -383,6 +419,7 @@ _LOCAL = {
     "/new": _new,
     "/mode": _mode,
     "/fork": _fork,
+    "/rewind": _rewind,
     "/sessions": _list_sessions,
     "/resume": _resume,
     "/undo": _undo,

@@ -138,6 +138,20 @@ def parser() -> argparse.ArgumentParser:
     )
     fork.add_argument("session", nargs="?", default="latest", help="default: the latest")
     fork.add_argument("--at", type=int, metavar="TURN", help="1 is the first; default: the latest")
+    rewind = commands.add_parser(
+        "rewind",
+        help="go on from an earlier turn of a session, in a fork made there",
+        description="Go on from the end of turn TURN of SESSION: a new session, its fork "
+        "there (SESSION's log left as it is), as `bxctl fork` makes; print its id. With "
+        "--files, every file the later turns changed is put back first as it was then; "
+        "where one changed since outside loopd, it is named and nothing is put back or made "
+        "(exit 1).",
+    )
+    rewind.add_argument("session", nargs="?", default="latest", help="default: the latest")
+    rewind.add_argument("--at", type=int, metavar="TURN", required=True, help="1 is the first")
+    rewind.add_argument(
+        "--files", action="store_true", help="put back the files the later turns changed too"
+    )
     commands.add_parser(
         "sessions",
         help="list the sessions",

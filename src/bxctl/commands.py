@@ -20,10 +20,10 @@ from bxctl.cli import (
     EXIT_USAGE,
     FAILURE_EXIT,
 )
-from bxctl.connection import Connection
+from bxctl.connection import Connection, SessionRefused
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter
-from bxctl.text import approve_command
+from bxctl.text import approve_command, fork_line
 from loopd.config import ConfigError, load_config
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             return _chat(args, path, starter)
         if args.command == "status":
             return status(path, args.where)
-        if args.command in ("approve", "undo", "fork"):
+        if args.command in ("approve", "undo", "fork", "rewind"):
             return trio.run(_asked, path, args)
         if args.command == "acp":
             from bxctl.acp import serve  # noqa: PLC0415 - the ACP package, for this command only
@@ -156,6 +156,8 @@ async def _asked(path: Path, args: argparse.Namespace) -> int:
         return await _approve(path, args.call, args.decision, args.where, args.sub_agent)
     if args.command == "undo":
         return await _undo(path, args.call, args.where)
+    if args.command == "rewind":
+        return await _rewind(path, args.session, args.at, args.files)
     return await _fork(path, args.session, args.at)
 
 
@@ -195,8 +197,25 @@ async def _fork(path: Path, session: str, at: int | None) -> int:
         fork = await connection.fork(at)
     finally:
         await connection.aclose()
-    turn = f"turn {at}" if at is not None else "its latest turn"
-    print(f"session {fork}: the fork of session {parent} at {turn}")
+    print(fork_line(fork, parent, at))
+    return EXIT_OK
+
+
+async def _rewind(path: Path, session: str, at: int, files: bool) -> int:
+    connection = await Connection.open(path)
+    try:
+        parent = await connection.hello(session)
+        put_back = await connection.rewind(at, files)
+    except SessionRefused as e:
+        if e.code != "undo_refused":
+            raise
+        print(f"bxctl: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        await connection.aclose()
+    print(fork_line(connection.session, parent, at))
+    for changed in put_back:
+        print(f"  put back {changed}")
     return EXIT_OK
 
 

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 if TYPE_CHECKING:
     from loopd.wire.events import ApprovalNeeded
 
-__all__ = ["approve_command", "as_tree", "context_line", "session_line", "unreadable_line"]
+__all__ = [
+    "approve_command",
+    "as_tree",
+    "context_line",
+    "fork_line",
+    "session_line",
+    "turn_lines",
+    "unreadable_line",
+]
 
 
 def session_line(s: _Listed, current: str | None, *, depth: int = 0) -> str:
@@ -24,6 +32,19 @@ def session_line(s: _Listed, current: str | None, *, depth: int = 0) -> str:
     if s.forked_from:
         line += f"  fork of {s.forked_from} at turn {s.at}"
     return line
+
+
+def fork_line(fork: str, parent: str, at: int | None) -> str:
+    """What bxctl says once it goes on in a fork (a `fork` or a `rewind`)."""
+    turn = f"turn {at}" if at is not None else "its latest turn"
+    return f"session {fork}: the fork of session {parent} at {turn}"
+
+
+def turn_lines(messages: Sequence[str]) -> list[str]:
+    """A session's turns, numbered from 1 as `/rewind N` and `/fork N` take them, each with its
+    message's first line (at most 70 characters)."""
+    firsts = ((m.strip().splitlines() or [""])[0] for m in messages)
+    return [f"{n:3d}. {f[:69] + '…' if len(f) > 70 else f}" for n, f in enumerate(firsts, 1)]
 
 
 def unreadable_line(session_id: str, reason: str) -> str:
