@@ -3,7 +3,9 @@
 SmolLM2 never opens a call by itself, so the lazy trigger does not fire here: the grammar's
 constrained part is shown by applying the same grammar from the answer's first token (the
 model must write a call), and every template's token-exact request with the lazy grammar is
-shown to be accepted by the server (the grammar compiles, its trigger is a preserved token).
+shown to be accepted by the server (the grammar compiles, its trigger is a valid pattern).
+That the trigger fires on a call and on nothing else is shown on every template's renderings,
+and, sampled, on answers SmolLM2 writes in muse-glimmer's and Kimi-K3's formats.
 """
 
 from __future__ import annotations
