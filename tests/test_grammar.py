@@ -22,6 +22,7 @@ def test_a_json_call_is_the_templates_opening_a_tool_and_its_schema() -> None:
     assert rules["tool-find-tool"] == '"find_tool" "\\", \\"arguments\\": " args-find-tool'
     assert rules["args-find-tool"] == '"{" ws "\\"query\\"" ws ":" ws string ws "}"'
     assert grammar.trigger == '<tool_call>\\n\\{"name": "(?:find_tool|call_tool)'
+    assert grammar.word == "<tool_call>"  # a token Qwen writes for a call alone
     assert "<tool_call>" in grammar.preserved
 
 
@@ -72,7 +73,8 @@ def test_the_trigger_fires_on_a_call_and_on_nothing_else(
     grammar = call_grammar(fmt, TOOLS)
     assert grammar is not None
     assert fmt.tool_call is not None
-    trigger = re.compile(grammar.trigger)
+    assert not grammar.word  # the first token of the opening is not a call's alone
+    trigger = re.compile(grammar.watched)
     assert trigger.search(answer) is None
     found = trigger.search(call)
     assert found is not None
@@ -126,9 +128,7 @@ def test_formats_loopd_makes_no_grammar_for() -> None:
 def test_a_token_exact_request_carries_the_lazy_grammar_of_its_tools() -> None:
     body = json.loads(PromptRequest(prompt=["Hi"], format=QWEN, tools=TOOLS).body())
     assert body["grammar_lazy"] is True
-    assert body["grammar_triggers"] == [
-        {"type": 2, "value": '<tool_call>\\n\\{"name": "(?:find_tool|call_tool)'}
-    ]
+    assert body["grammar_triggers"] == [{"type": 1, "value": "<tool_call>"}]
     assert "tool-call-tool" in body["grammar"]
     assert "<tool_call>" in body["preserved_tokens"]
 

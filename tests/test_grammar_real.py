@@ -175,7 +175,7 @@ async def test_the_trigger_fires_on_the_templates_call_and_on_nothing_else(
     opening = fmt.tool_call.open.lstrip()
     if not fmt.tool_call.rendered:  # the template writes no past call: its family's syntax
         called = opening.replace(CALL_ID, "c00000001") + "find_tool" + fmt.tool_call.mid
-    trigger = re.compile(grammar.trigger)
+    trigger = re.compile(grammar.watched)
     assert [trigger.search(a) for a in answers] == [None] * len(answers)
     found = trigger.search(called)
     assert found is not None, (grammar.trigger, called)
