@@ -3,18 +3,27 @@
 SmolLM2 never opens a call by itself, so the lazy trigger does not fire here: the grammar's
 constrained part is shown by applying the same grammar from the answer's first token (the
 model must write a call), and every template's token-exact request with the lazy grammar is
-shown to be accepted by the server (the grammar compiles, its trigger is a preserved token).
+shown to be accepted by the server (the grammar compiles, its trigger is a valid pattern).
+That the trigger fires on a call and on nothing else is shown on every template's renderings,
+and, sampled, on answers SmolLM2 writes in muse-glimmer's and Kimi-K3's formats.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import TEMPLATES, StartLlama
-from loopd.infer import ChatFormat, Client, Completion, Generation, PromptRequest
+from conftest import ROOT, TEMPLATES, StartLlama
+from loopd.infer import ChatFormat, Client, Completion, FormatError, Generation, PromptRequest
+from loopd.infer._format import CALL_ID
 from loopd.infer._grammar import call_grammar
+from loopd.infer._learn import CONTENT, REASONING, Render, _Probe
 from loopd.session.baseline import TOOLS, make_baseline
 from loopd.turn.exact import ExactHistory
 
@@ -117,3 +126,117 @@ async def test_under_the_grammar_parameters_follow_the_templates_syntax(
     written = (done.content or "").lstrip()
     opening = fmt.tool_call.open.lstrip() + "find_tool" + fmt.tool_call.mid
     assert done.tool_calls or written.startswith(opening) or "call_tool" in written
+
+
+# Every template of llama.cpp's, with the formats loopd learns from them.
+ALL_TEMPLATES = Path(os.environ.get("LOOPD_TEMPLATES") or ROOT / ".cache/llama-templates")
+
+
+def _render(client: Client) -> Render:
+    async def render(conversation: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+        return await client.apply_template(
+            conversation, list(TOOLS), add_generation_prompt=generation_prompt, thinking=True
+        )
+
+    return render
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in ALL_TEMPLATES.glob("*.jinja")))
+async def test_the_trigger_fires_on_the_templates_call_and_on_nothing_else(
+    llama: StartLlama, template: str
+) -> None:
+    """What follows the prompt as the template renders it: an answer to the user, a reasoning
+    block that ends and an answer, and a call of an offered tool, which alone the trigger
+    matches, where the call's opening starts."""
+    server = await llama(n_ctx=4096, template=ALL_TEMPLATES / template)
+    async with Client(server.url) as client:
+        try:
+            fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)
+        except FormatError:
+            pytest.skip("history goes as messages: loopd sends no grammar")
+        grammar = call_grammar(fmt, TOOLS)
+        if grammar is None or fmt.tool_call is None:
+            pytest.skip("loopd makes no grammar for this template's calls")
+        probe = await _Probe.start(_render(client), "Be brief.")
+        answers = [probe.plain]
+        # A reasoning block that ends, then the answer (Devstral's template writes the
+        # reasoning in the content's place: nothing to show there).
+        with contextlib.suppress(FormatError):
+            answers.append(
+                await probe.assistant({"content": CONTENT, "reasoning_content": REASONING})
+            )
+        arguments = json.dumps({"query": "notes"})
+        call = {  # an id of nine letters and digits, as Mistral's templates ask
+            "id": "c00000001",
+            "type": "function",
+            "function": {"name": "find_tool", "arguments": arguments},
+        }
+        called = await probe.assistant({"content": CONTENT, "tool_calls": [call]})
+    opening = fmt.tool_call.open.lstrip()
+    if not fmt.tool_call.rendered:  # the template writes no past call: its family's syntax
+        called = opening.replace(CALL_ID, "c00000001") + "find_tool" + fmt.tool_call.mid
+    trigger = re.compile(grammar.watched)
+    assert [trigger.search(a) for a in answers] == [None] * len(answers)
+    found = trigger.search(called)
+    assert found is not None, (grammar.trigger, called)
+    assert called.startswith(opening.split(CALL_ID)[0], found.start())
+
+
+# Earlier answers to copy, for a model that does not know the template: each a reasoning
+# block that ends, then an answer to the user.
+FEW_SHOT = [
+    message
+    for question, thought, answer in [
+        ("Hi.", "A greeting.", "Hello!"),
+        ("Thanks.", "Thanks.", "You are welcome."),
+        ("Bye.", "A farewell.", "Goodbye!"),
+    ]
+    for message in (
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer, "reasoning_content": thought},
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("template", "opening"), [("muse-glimmer", "to="), ("Kimi-K3", "<|close|>")]
+)
+async def test_an_answer_with_tools_offered_is_not_forced_into_a_call(
+    llama: StartLlama, template: str, opening: str
+) -> None:
+    """Sampled as a model samples, SmolLM2 copies the earlier answers: it ends a reasoning
+    block and answers the user, writing the first word of a call's opening (`opening`, the
+    old trigger, which forced every such answer into a call). Under the lazy grammar its answer
+    is token for token the one it writes with no grammar at all."""
+    server = await llama(n_ctx=8192, template=ALL_TEMPLATES / f"{template}.jinja", parallel=2)
+    async with Client(server.url) as client:
+        fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)
+        prompt = await client.apply_template(
+            [
+                {"role": "system", "content": "Be brief."},
+                *FEW_SHOT,
+                {"role": "user", "content": "Hi."},
+            ],
+            list(TOOLS),
+            add_generation_prompt=True,
+            thinking=True,
+        )
+        sampling = {"temperature": 0.7, "seed": 7, "top_k": 20}
+        answers = []
+        for slot, tools in enumerate((TOOLS, ())):  # each from an empty slot, computed alike
+            request = PromptRequest(
+                prompt=[prompt],
+                format=fmt,
+                tools=tools,
+                generation=Generation(slot=slot, max_tokens=60, sampling=sampling, thinking=True),
+            )
+            done = await client.chat(request, lambda _: None)
+            assert done.tokens is not None
+            answers.append(
+                (done, await client.detokenize([t for t in done.tokens if isinstance(t, int)]))
+            )
+    (lazy, text), (free, free_text) = answers
+    assert call_grammar(fmt, TOOLS) is not None
+    assert opening in text, text
+    assert lazy.tokens == free.tokens, (text, free_text)
+    assert not lazy.tool_calls

@@ -51,3 +51,37 @@ def merged(pieces: Iterable[Piece]) -> list[Piece]:
         else:
             out.append(p)
     return out
+
+
+MUSE_GLIMMER = ChatFormat(
+    generation_prompt="<|start|>assistant",
+    think=None,
+    thinking_open=False,
+    content_prefixes=("to=user<|message|>",),
+    tool_call=ToolCallFormat(
+        open="to=",
+        mid='<|message|><atem:function_calls>\n<atem:invoke name="\x00id\x00"',
+        close=">\n</atem:invoke>\n</atem:function_calls>",
+        params=ParamFormat(
+            key_open='>\n<atem:parameter name="', key_end='">', value_end="</atem:parameter"
+        ),
+        again="<|eom|><|start|>assistant to=",
+    ),
+)
+KIMI_K3 = ChatFormat(
+    generation_prompt='<|open|>message role="assistant"<|sep|><|open|>think<|sep|>',
+    think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+    thinking_open=True,
+    content_prefixes=("<|open|>response<|sep|>",),
+    tool_call=ToolCallFormat(
+        open='<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="',
+        mid='" index="\x00id\x00"',
+        close="<|sep|><|close|>call<|sep|>",
+        params=ParamFormat(
+            key_open='<|sep|><|open|>argument key="',
+            key_end='" type="\x00id\x00"<|sep|>',
+            value_end="<|close|>argument",
+        ),
+        again='<|open|>call tool="',
+    ),
+)

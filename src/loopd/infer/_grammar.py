@@ -21,6 +21,8 @@ from ._format import CALL_ID, PARAM_KEY, SPECIAL, ChatFormat, ToolCallFormat
 
 __all__ = ["CallGrammar", "call_grammar"]
 
+ID_CHARS = r"[a-zA-Z0-9_\-]"
+"""A character of a call id, in GBNF and in a regular expression alike."""
 PRIMITIVES = {
     "ws": r"[ \t\n]{0,20}",
     "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
@@ -33,7 +35,7 @@ PRIMITIVES = {
     "object": r'"{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? ws "}"',
     "array": r'"[" ws ( value ( "," ws value )* )? ws "]"',
     # What a model writes for a call's id or index (Mistral's nine characters, Kimi's `0`).
-    "call-id": r"[a-zA-Z0-9_\-]{1,40}",
+    "call-id": ID_CHARS + "{1,40}",
 }
 TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
 
@@ -56,6 +58,20 @@ def _excluding(end: str) -> str:
     return "( " + " | ".join(options) + " )*"
 
 
+# What a regular expression reads otherwise than as itself, in Python's and in the ECMAScript
+# dialect of llama-server's `std::regex` alike.
+_REGEX_SPECIAL = re.compile(r"[\\^$.|?*+()\[\]{}]")
+
+
+def _regex(text: str) -> str:
+    """A delimiter as a regular expression that matches it as the template writes it, a call id
+    where it has one."""
+    escaped = _REGEX_SPECIAL.sub(r"\\\g<0>", text)
+    for char, escape in (("\n", r"\n"), ("\t", r"\t"), ("\r", r"\r")):
+        escaped = escaped.replace(char, escape)
+    return escaped.replace(CALL_ID, ID_CHARS + "{1,40}")
+
+
 def _char_class(char: str) -> str:
     return "\\" + char if char in "]\\^-" else char.replace("\n", "\\n").replace("\t", "\\t")
 
@@ -64,17 +80,30 @@ def _char_class(char: str) -> str:
 class CallGrammar:
     gbnf: str
     trigger: str
-    """The text whose appearance starts the grammar: the first word of a call's opening."""
-    preserved: tuple[str, ...]
+    """A regular expression over the generated text whose match starts the grammar: a call's
+    opening whole, then the name of an offered tool. Only a call matches it: the first word of
+    an opening alone is often not a call's (muse-glimmer's `to=` opens its reasoning and its
+    answer as well, Kimi-K3's `<|close|>` ends its reasoning)."""
+    word: str = ""
+    """Where the opening's first special token is a call's alone (Qwen's `<tool_call>`), that
+    token instead: llama-server watches for it as a token, where it matches a pattern against
+    all the text generated so far at every token (about 0.4 ms a token once an answer runs to
+    10,000 characters), and from it the grammar keeps the model to the opening whole."""
+    preserved: tuple[str, ...] = ()
     """Special tokens the grammar names, which the server must keep as text."""
 
     def request_fields(self) -> dict[str, Any]:
         """What a `/completion` request carries for it (llama-server's own field names)."""
-        return {
-            "grammar": self.gbnf,
-            "grammar_lazy": True,
-            "grammar_triggers": [{"type": 1, "value": self.trigger}],  # a word
-        }
+        # The type of a trigger: 1, a word; 2, a pattern.
+        trigger = (
+            {"type": 1, "value": self.word} if self.word else {"type": 2, "value": self.trigger}
+        )
+        return {"grammar": self.gbnf, "grammar_lazy": True, "grammar_triggers": [trigger]}
+
+    @property
+    def watched(self) -> str:
+        """What llama-server watches for, as a regular expression."""
+        return _regex(self.word) if self.word else self.trigger
 
 
 class _Rules:
@@ -165,16 +194,24 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     else:
         root = f"{one} ( ws {one} )*"
     rules.add("root", root)
-    head = call.open.lstrip().split(maxsplit=1)[0].split(CALL_ID, maxsplit=1)[0]
-    trigger = first.group(0) if (first := SPECIAL.match(head)) else head
+    # The grammar applies from where the match starts, the opening, which the match is whole.
+    trigger = _regex(call.open.lstrip()) + "(?:" + "|".join(_regex(n) for n, _ in offered) + ")"
     delimiters = [call.open, call.close, call.block_close, call.again, call.mid]
     if call.params:
         delimiters += [call.params.key_open, call.params.key_end, call.params.value_end]
-    # The trigger too: llama-server refuses a trigger that is one token and not preserved
-    # (Functionary v3.2's `>>>`); a word of several tokens is preserved as nothing.
     specials = (m for d in delimiters for m in SPECIAL.findall(d))
-    preserved = tuple(dict.fromkeys([trigger, *specials]))
-    return CallGrammar(rules.text(), trigger, preserved)
+    preserved = tuple(dict.fromkeys(specials))
+    return CallGrammar(rules.text(), trigger, _call_token(fmt, call), preserved)
+
+
+def _call_token(fmt: ChatFormat, call: ToolCallFormat) -> str:
+    """The special token the opening starts with, where the format writes it nowhere else (in
+    its generation prompt, reasoning tags or content prefixes): that token opens a call."""
+    first = SPECIAL.match(call.open.lstrip())
+    if first is None:
+        return ""
+    elsewhere = [fmt.generation_prompt, *(fmt.think or ()), *fmt.content_prefixes]
+    return "" if any(first.group(0) in text for text in elsewhere) else first.group(0)
 
 
 def _json_args(rules: _Rules, call: ToolCallFormat, name: str, params: Mapping[str, Any]) -> str:
