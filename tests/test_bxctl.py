@@ -57,8 +57,8 @@ from support.fake_llama import FakeLlama, Reply
 async def bxctl(
     d: Daemon, *args: str, stdin: bytes | None = None, cwd: Path | None = None
 ) -> tuple[int, str, str]:
-    """Run bxctl against `d`, in folder `cwd` (default: loopd's test home, where a new
-    session's folder is refused as loopd's own, so it has none)."""
+    """Run bxctl against `d`, in folder `cwd` (default: `/`, which loopd refuses as a
+    session's folder whatever the roots, so a new session has none)."""
     command = [sys.executable, "-m", "bxctl", "--config", str(d.config), *args]
     with trio.fail_after(60):
         done = await trio.run_process(
@@ -67,7 +67,7 @@ async def bxctl(
             capture_stdout=True,
             capture_stderr=True,
             check=False,
-            cwd=cwd or d.home,
+            cwd=cwd or "/",
         )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 

@@ -6,7 +6,7 @@ import json
 from typing import Literal
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loopd.infer._format import CALL_ID, PARAM_KEY, ChatFormat, ParamFormat, ToolCallFormat
@@ -562,8 +562,10 @@ _ADVERSARIAL = st.lists(
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.generation_prompt[:24])
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(text=_ADVERSARIAL, size=st.integers(1, 9))
+# A call's arguments nested past Python's stack: json.loads raised RecursionError in harmony.
+@example(text="to=functions.<|channel|>analysis<|message|>" + "[" * 2000, size=1)
 def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> None:
     """Random and adversarial text in every format, whole and in pieces: the parser reads it
     without raising (where it would, the answer goes on: tests/test_raw.py)."""

@@ -205,10 +205,13 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
 
 
 def _call_token(fmt: ChatFormat, call: ToolCallFormat) -> str:
-    """The special token the opening starts with, where the format writes it nowhere else (in
-    its generation prompt, reasoning tags or content prefixes): that token opens a call."""
+    """The special token the opening starts with, where it is named for calls (`tool`,
+    `function`) and the format writes it nowhere else (in its generation prompt, reasoning
+    tags or content prefixes): that token opens a call. A token of another name may end any
+    message too (GigaChat 3's `<|message_sep|>`), which a format learned from renderings does
+    not show."""
     first = SPECIAL.match(call.open.lstrip())
-    if first is None:
+    if first is None or not any(w in first.group(0).lower() for w in ("tool", "function")):
         return ""
     elsewhere = [fmt.generation_prompt, *(fmt.think or ()), *fmt.content_prefixes]
     return "" if any(first.group(0) in text for text in elsewhere) else first.group(0)

@@ -139,7 +139,7 @@ class HarmonyParser:
         arguments = self._call.strip()
         try:
             ok = isinstance(json.loads(arguments), dict)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             ok = False
         if ok:
             out.append(Piece("call", arguments, self._name))

@@ -58,7 +58,7 @@ def _types(schema: Any, defs: Mapping[str, Any], seen: frozenset[str] = frozense
 def _untyped(text: str) -> object:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         return text
     return value if isinstance(value, dict | list) else text
 
@@ -75,7 +75,7 @@ def _leaf(text: str, types: set[str] | None) -> object:
         return text
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         return text
     # A value that may be a string is JSON only where it is one of its other types.
     fits = not types or "string" not in types or _json_type(value) in types
