@@ -47,10 +47,9 @@ from loopd.wire.proto import (
     Status,
     TurnFailed,
     Undone,
-    Welcome,
 )
 
-__all__ = ["Settings", "interactive", "live_turn", "open_session"]
+__all__ = ["Settings", "interactive", "live_turn"]
 
 REFRESH = 1 / 12
 HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
@@ -368,20 +367,12 @@ async def _resume(words: list[str], connection: Connection, console: Console) ->
             return
         choice = ids[int(choice) - 1]
     try:
-        session = await open_session(connection, choice)
+        session = await connection.open_session(choice)
     except SessionRefused as e:
         console.print(str(e), style="red")
         return
     console.print(Text(f"session {session}", style="green"))
     await _recent(connection, console)
-
-
-async def open_session(connection: Connection, session: str) -> str:
-    """Ask loopd to go on with `session` (an id, or `latest`); the id it serves now."""
-    answer = await connection.request({"type": "open_session", "id": session}, "welcome")
-    if isinstance(answer, Error):
-        raise SessionRefused(answer)
-    return answer.session if isinstance(answer, Welcome) else session
 
 
 def _status(answer: object) -> Text:

@@ -84,15 +84,22 @@ class Connection:
 
     async def new_session(self, cwd: str | None = None) -> str:
         """Go on in a new session (in folder `cwd`); its id. Raises `SessionRefused`."""
-        answer = await self.request({"type": "new_session", "cwd": cwd}, "welcome")
-        if isinstance(answer, Error):
-            raise SessionRefused(answer)
-        return self.session
+        return await self._move({"type": "new_session", "cwd": cwd})
+
+    async def open_session(self, session: str) -> str:
+        """Go on in `session` (an id, or `latest`); the id loopd serves. Raises
+        `SessionRefused`."""
+        return await self._move({"type": "open_session", "id": session})
 
     async def fork(self, at: int | None = None) -> str:
         """Go on in a new fork of its session at the end of turn `at` (the latest); its id.
         Raises `SessionRefused`."""
-        answer = await self.request({"type": "fork_session", "at": at}, "welcome")
+        return await self._move({"type": "fork_session", "at": at})
+
+    async def _move(self, message: dict[str, Any]) -> str:
+        """Send a message that moves this client to another session, answered `welcome`
+        (which `receive` notes); the session's id."""
+        answer = await self.request(message, "welcome")
         if isinstance(answer, Error):
             raise SessionRefused(answer)
         return self.session
