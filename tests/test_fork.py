@@ -16,11 +16,15 @@ import trio
 from conftest import StartDaemon
 from loopd.infer import PromptPiece, slot_tokens
 from loopd.infer._types import one_prompt
+from loopd.session.baseline import make_baseline
+from loopd.session.fork import cache_source, fork
 from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     Record,
+    TurnEndRecord,
     UsageRecord,
+    UserRecord,
     conversation_problems,
 )
 from loopd.session.store import ParentCall, Store
@@ -189,6 +193,36 @@ async def test_a_rewind_goes_on_from_turn_1_served_from_the_cache(tmp_path: Path
         turn_1 = await held(client, d, parent, 0)
         again = await tokens(client, requests(records(d, rewound))[1][0])
         assert again[: len(turn_1)] == turn_1  # it extends turn 1's request exactly
+
+
+async def test_the_cache_of_a_fork_of_a_fork_is_sought_up_the_chain(tmp_path: Path) -> None:
+    """Up to the nearest session that has made a request; one whose log is gone is taken
+    as it is."""
+    store = Store(tmp_path)
+    with await store.create(make_baseline()) as parent:
+        for turn in ("one", "two"):
+            for record in (
+                UserRecord(content=turn),
+                AssistantRecord(content=turn),
+                UsageRecord(timings=None),
+                TurnEndRecord(reason="answer"),
+            ):
+                await parent.append(record)
+        assert await cache_source(store, parent) is None
+    first = await fork(store, parent.id, 2)
+    of_first = await fork(store, first, 1)
+    with await store.open(of_first) as session:
+        assert await cache_source(store, session) == parent.id
+        with await store.open(first) as forked:
+            assert await cache_source(store, forked) == parent.id
+            await forked.append(UserRecord(content="three"))
+            await forked.append(UsageRecord(timings=None))
+        assert await cache_source(store, session) == first
+        store.path_of(first).unlink()
+        assert await cache_source(store, session) == first
+        await session.append(UserRecord(content="two again"))
+        await session.append(UsageRecord(timings=None))
+        assert await cache_source(store, session) is None
 
 
 async def refused(client: LineClient, message: dict[str, object], code: str) -> str:
