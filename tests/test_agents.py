@@ -659,11 +659,11 @@ def test_the_live_view_draws_a_line_per_sub_agent_under_its_call() -> None:
 
 def test_sessions_are_listed_as_a_tree() -> None:
     listed = [
-        SimpleNamespace(id="a", parent=None),
-        SimpleNamespace(id="a1", parent="a"),
-        SimpleNamespace(id="b", parent=None),
-        SimpleNamespace(id="a1x", parent="a1"),
-        SimpleNamespace(id="a2", parent="a"),
+        SimpleNamespace(id="a", parent=None, forked_from=None),
+        SimpleNamespace(id="a1", parent="a", forked_from=None),
+        SimpleNamespace(id="b", parent=None, forked_from=None),
+        SimpleNamespace(id="a1x", parent="a1", forked_from=None),
+        SimpleNamespace(id="a2", parent="a", forked_from=None),
     ]
     assert [(d, s.id) for d, s in as_tree(listed)] == [
         (0, "a"),

@@ -231,6 +231,34 @@ async def test_fork_and_rewind_make_a_session_listed_as_the_fork_of_its_parent(
     assert (code, err) == (1, f"bxctl: {NO_FILES}\n")  # it has no folder: none were changed
 
 
+async def test_sessions_draws_each_fork_under_the_session_it_forks(daemon: StartDaemon) -> None:
+    """A fork of a fork under its fork, a rewind under the session rewound; as loopd answers
+    and as the store reads when none runs."""
+    d = await daemon(FakeLlama([Reply(content="one"), Reply(content="two")]))
+    assert (await bxctl(d, "chat", "-m", "first"))[0] == 0
+    assert (await bxctl(d, "chat", "--continue", "-m", "second"))[0] == 0
+    parent = Store(d.home / "sessions").latest()
+    assert parent is not None
+
+    async def made(*words: str) -> str:
+        code, out, _ = await bxctl(d, *words)
+        assert code == 0
+        return out.split()[1].rstrip(":")
+
+    fork = await made("fork", parent, "--at", "2")
+    of_fork = await made("fork", fork, "--at", "1")
+    rewound = await made("rewind", parent, "--at", "1")
+    for fast in (True, False):
+        code, out, _ = await bxctl(d, "sessions")
+        assert code == 0
+        drawn = [line[: line.index(" turns")].rsplit(maxsplit=1)[0] for line in out.splitlines()]
+        assert drawn == [f"  {parent}", f"  └─ {fork}", f"     └─ {of_fork}", f"* └─ {rewound}"]
+        assert f"{of_fork}     1 turns" in out
+        assert f"fork of {fork} at turn 1" in out
+        if fast:
+            await d.stop()
+
+
 async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
     daemon: StartDaemon,
 ) -> None:

@@ -268,8 +268,9 @@ def print_sessions(
     current: str | None,
     store: Path,
 ) -> None:
-    """The sessions, oldest first, each sub-agent's under the session that started it; the
-    latest (the one `chat --continue` takes, when `current` is None) marked."""
+    """The sessions, oldest first, each sub-agent's under the session that started it and each
+    fork under the session it forks; the latest (the one `chat --continue` takes, when
+    `current` is None) marked."""
     current = current or latest(listed)
     for depth, s in as_tree(listed):
         print(session_line(s, current, depth=depth))

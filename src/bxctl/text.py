@@ -23,7 +23,8 @@ __all__ = [
 def session_line(s: _Listed, current: str | None, *, depth: int = 0) -> str:
     """One session in a list; the one loopd serves is starred, one that continues another (a
     compaction) names it, a fork names the session and turn it was forked at (a `/fork` or a
-    `/rewind`), and a sub-agent's is drawn `depth` levels under its parent."""
+    `/rewind`), and a sub-agent's or a fork is drawn `depth` levels under the session it works
+    for or forks."""
     mark = "*" if s.id == current else " "
     name = f"{'   ' * (depth - 1)}└─ {s.id}" if depth else s.id
     line = f"{mark} {name}  {s.turns:4d} turns  last {s.last_activity[:16].replace('T', ' ')}"
@@ -73,14 +74,15 @@ L = TypeVar("L", bound=_Listed)
 
 
 def as_tree(sessions: Sequence[L], *, newest_first: bool = False) -> list[tuple[int, L]]:
-    """The sessions with their depth, each sub-agent's under the session that started it
-    (oldest first there); the top sessions in order, or newest first."""
+    """The sessions with their depth, each sub-agent's under the session that started it and
+    each fork under the session it forks (oldest first there: a fork of a fork under its
+    fork); the top sessions in order, or newest first."""
     ids = {s.id for s in sessions}
     children: dict[str, list[L]] = {}
     for s in sessions:
-        if s.parent in ids:
-            children.setdefault(s.parent, []).append(s)
-    tops = [s for s in sessions if s.parent not in ids]
+        if (above := _above(s)) in ids:
+            children.setdefault(above, []).append(s)
+    tops = [s for s in sessions if _above(s) not in ids]
     tree: list[tuple[int, L]] = []
     stack = [(0, s) for s in (tops if newest_first else reversed(tops))]
     while stack:
@@ -88,6 +90,11 @@ def as_tree(sessions: Sequence[L], *, newest_first: bool = False) -> list[tuple[
         tree.append((depth, s))
         stack += [(depth + 1, c) for c in reversed(children.get(s.id, []))]
     return tree
+
+
+def _above(s: _Listed) -> str | None:
+    """The session `s` is drawn under: the one it works for (a sub-agent's), or it forks."""
+    return s.parent or s.forked_from
 
 
 def approve_command(asking: ApprovalNeeded, session: str | None) -> str:

@@ -100,7 +100,7 @@ class SlotTurns:
         """A slot for the turn; while every slot runs a turn, the client hears it waits."""
         # Which server saved its slot file: a read of the note, worth it only with several.
         prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
-        source = cache_source(self.session)
+        source = await cache_source(self.compaction.store, self.session)
         async with self.pool.lease(
             self.session.id, prefer=prefer, wait=False, source=source
         ) as lease:
@@ -130,7 +130,7 @@ class SlotTurns:
         """`lease`'s slot made ready for `session`; what a restore loaded is checked once the
         next request tells what was reused."""
         self._check_last_restore()  # of the slot the turn left, if it moved
-        source = cache_source(session)
+        source = await cache_source(self.compaction.store, session)
         self._uncached = await self.pool.prepare(lease, self.files, session, source)
         if lease.tokens and not lease.hot:
             # A fork's parent's file may hold more than the fork's history: that is not lost.

@@ -4,7 +4,8 @@ The fork's log starts with the parent's records up to that turn's end, copied un
 its own header (which names the parent and the turn: `forked_from`, `at`); the parent's log is
 only read. Its requests are the parent's, token for token, up to there: its first one extends
 the prefix the parent's slot held, so the slot pool serves it from the parent's cache
-(`cache_source`) and it costs only its new message.
+(`cache_source`: for a fork of a fork that has made no request yet, the cache of the nearest
+session up the chain that has) and it costs only its new message.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import trio
 
 from loopd.session.records import Record, SessionHeader, TurnEndRecord, UsageRecord, UserRecord
-from loopd.session.store import Fork, Session, Store
+from loopd.session.store import Fork, Session, Store, StoreError
 
 __all__ = ["ForkRefused", "cache_source", "fork", "fork_end", "fork_point"]
 
@@ -73,15 +74,33 @@ async def fork(store: Store, parent: str, at: int | None) -> str:
         return session.id
 
 
-def cache_source(session: Session) -> str | None:
-    """The session whose cache a fork's next request extends: its parent's, until the fork
-    has made a request of its own; None for any other session."""
-    parent, at = session.header.forked_from, session.header.at
+async def cache_source(store: Store, session: Session) -> str | None:
+    """The session whose cache a fork's next request extends, until the fork has made a
+    request of its own: its parent, or, where the parent is a fork that has made none either
+    (a fork of a fork made before its first turn), the nearest session up the chain that has:
+    only its cache holds those tokens. None for any other session; a parent whose log is gone
+    is taken as it is (its slot or slot file may still hold them)."""
+    header, records = session.header, session.records
+    source = None
+    seen = {session.id}  # a log edited into a loop of forks ends the walk
+    while (parent := _uncached_parent(header, records)) is not None and parent not in seen:
+        source = parent
+        seen.add(parent)
+        try:
+            header, records, _ = await trio.to_thread.run_sync(store.read, parent)
+        except StoreError:
+            break
+    return source
+
+
+def _uncached_parent(header: SessionHeader, records: Sequence[Record]) -> str | None:
+    """The session a fork was made of, while the fork has made no request of its own."""
+    parent, at = header.forked_from, header.at
     if parent is None or at is None:
         return None
     try:
-        _, kept = fork_end(parent, session.records, at)
+        _, kept = fork_end(parent, records, at)
     except ForkRefused:
         return None
-    own = session.records[kept:]
+    own = records[kept:]
     return None if any(isinstance(r, UsageRecord) for r in own) else parent
