@@ -101,8 +101,8 @@ class _Turn:
 
 @dataclass
 class _Asked:
-    """A request to loopd whose answer the relay hands over: `status`, `undone`, or an error
-    that names no turn."""
+    """A request to loopd whose answer the relay hands over: `status`, `undone`, `history`, a
+    `rewind`'s `welcome`, or an error that names no turn."""
 
     answer: str
     before: str | None = None
@@ -111,6 +111,7 @@ class _Asked:
     got: DaemonMessage | None = None
     """None: loopd went away."""
     got_before: DaemonMessage | None = None
+    """The message of type `before`, when one came."""
 
 
 @dataclass(eq=False)
