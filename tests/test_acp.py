@@ -27,6 +27,7 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
+from bxctl import rewind
 from bxctl.acp import LOOPD_UNREACHABLE, MAX_LINE, RESOURCE_NOT_FOUND
 from bxctl.acp_map import LIST_PAGE
 from bxctl.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
@@ -46,8 +47,9 @@ from loopd.tools import read_only_refusal
 from support.daemon import Daemon, loopds_of
 from support.fake_llama import FakeLlama, Reply
 from test_bxctl import bxctl
+from test_fork import files_in
 from test_hands import call as tool_call
-from test_hands import notes_folder, write
+from test_hands import edit, notes_folder, write
 from test_sessions import assert_no_loss, embedded, records
 from test_tools_given import gone
 from test_tools_mcp import SERVER
@@ -319,6 +321,122 @@ async def test_a_fork_has_the_history_up_to_there_and_the_editor_goes_on_in_it(
     assert fake.bodies[2]["messages"][-1]["content"] == "third"
 
 
+def forks_of(d: Daemon, session: str) -> list[str]:
+    return [s.id for s in Store(d.home / "sessions").sessions_now() if s.forked_from == session]
+
+
+async def test_rewind_lists_the_turns_and_goes_on_from_one_in_a_fork_under_the_editors_id(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    fake = FakeLlama([Reply(content=f"answer-{n}") for n in range(3)])
+    d = await daemon(fake, tools=f'roots = ["{notes}"]')
+
+    def users(editor: Editor) -> list[str]:
+        shown = editor.shown()
+        return [u.content.text for u in shown if u.session_update == "user_message_chunk"]
+
+    async def rewound(conn: Any, editor: Editor) -> Any:
+        session = (await conn.new_session(cwd=str(notes))).session_id
+        for text in ("first", "second"):
+            await conn.prompt(session_id=session, prompt=[text_block(text)])
+        said = []
+        for command in ("/rewind", "/rewind 1"):
+            before = len(editor.said())
+            answer = await conn.prompt(session_id=session, prompt=[text_block(command)])
+            said.append((answer.stop_reason, editor.said()[before:]))
+        await conn.prompt(session_id=session, prompt=[text_block("third")])
+        loaded = []
+        for _ in range(2):  # loaded while it is open, then once it was closed
+            editor.updates.clear()
+            await conn.load_session(cwd=str(notes), session_id=session)
+            loaded.append(users(editor))
+            await conn.close_session(session_id=session)
+        return session, said, loaded
+
+    session, (listed, went), loaded = await with_editor(d, rewound)
+    assert listed == ("end_turn", f"  1. first\n  2. second\n{rewind.HELP}")
+    (fork,) = forks_of(d, session)
+    said = "Rewound to the end of turn 1: the next prompt goes on from there, in loopd session "
+    said += f"{fork} (a fork of {session}, which keeps the later turns).\nNo file was put back."
+    assert went == ("end_turn", said)
+    assert [r.content for r in records(d, fork) if isinstance(r, UserRecord)] == ["first", "third"]
+    assert [r.content for r in records(d, session) if isinstance(r, UserRecord)] == [
+        "first",
+        "second",
+    ]
+    # The fork's request extends turn 1's exactly: its answer, then the new message.
+    turn_1, forked = fake.bodies[0]["messages"], fake.bodies[2]["messages"]
+    assert forked[: len(turn_1)] == turn_1
+    assert [m["content"] for m in forked[len(turn_1) :]] == ["answer-0", "third"]
+    assert fake.prompts[2].startswith(fake.prompts[0])
+    assert loaded == [["first", "third"], ["first", "third"]]
+
+    # A new bxctl acp knows only loopd's ids: the editor's is the session rewound from.
+    async def load(conn: Any, editor: Editor) -> list[str]:
+        await conn.load_session(cwd=str(notes), session_id=session)
+        return users(editor)
+
+    assert await with_editor(d, load) == ["first", "second"]
+
+
+async def test_rewind_with_files_puts_them_back_or_refuses_saying_why_and_changes_nothing(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    notes = notes_folder(tmp_path)
+    script = [
+        Reply(content="answer-1"),
+        edit("today.md", "milk", "tea"),
+        write("new.md", "hello\n", "c2"),
+        Reply(content="changed them"),
+        Reply(content="from turn 1"),
+    ]
+    d = await daemon(FakeLlama(script), tools=f'roots = ["{notes}"]')
+    before = files_in(notes)
+
+    async def rewound(conn: Any, editor: Editor) -> Any:
+        session = (await conn.new_session(cwd=str(notes))).session_id
+        for text in ("first", "change"):
+            await conn.prompt(session_id=session, prompt=[text_block(text)])
+        changed = files_in(notes)
+        (notes / "new.md").write_bytes(b"changed by hand\n")
+        said = []
+        for command in ("/rewind 1 files", "/rewind 3", "/rewind 1 x", "fix", "/rewind 1 files"):
+            if command == "fix":
+                forks = forks_of(d, session)
+                (notes / "new.md").write_bytes(b"hello\n")
+                continue
+            start = len(editor.said())
+            answer = await conn.prompt(session_id=session, prompt=[text_block(command)])
+            said.append((answer.stop_reason, editor.said()[start:]))
+        put_back = files_in(notes)
+        await conn.prompt(session_id=session, prompt=[text_block("again")])
+        return session, changed, forks, said, put_back
+
+    session, changed, forks, said, put_back = await with_editor(d, rewound)
+    assert changed == {"new.md": b"hello\n", "today.md": b"buy tea\n"}
+    assert forks == []  # the refusals made no fork
+    hand, out_of_range, usage, went = said
+    assert hand[0] == "end_turn"
+    assert hand[1].startswith("loopd refused it (undo_refused): ")
+    assert "new.md changed since" in hand[1]
+    no_turn = f"session {session} has turns 1 to 2: there is no turn 3"
+    assert out_of_range == ("end_turn", f"loopd refused it (fork_refused): {no_turn}")
+    assert usage == ("end_turn", rewind.USAGE)
+    (fork,) = forks_of(d, session)
+    assert went[1].endswith(
+        f"(a fork of {session}, which keeps the later turns).\nPut back as they were at the end "
+        f"of turn 1:\n- {notes / 'new.md'}\n- {notes / 'today.md'}"
+    )
+    assert put_back == before  # byte for byte, new.md gone again
+    said_there = [r.content for r in records(d, fork) if isinstance(r, UserRecord)]
+    assert said_there == ["first", "again"]
+    assert [r.content for r in records(d, session) if isinstance(r, UserRecord)] == [
+        "first",
+        "change",
+    ]
+
+
 async def test_resume_goes_on_without_the_history_and_finds_the_cache(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:
@@ -412,7 +530,7 @@ async def test_loopds_commands_are_offered_and_run_as_prompts(
     editor = Editor()
     session, said = await with_editor(d, commands, editor)
     (offered,) = editor.told("available_commands_update")
-    assert [c.name for c in offered.available_commands] == ["compact", "undo", "status"]
+    assert [c.name for c in offered.available_commands] == ["compact", "undo", "rewind", "status"]
     status, undo, bad_undo, compact = said
     assert status[0] == "end_turn"
     assert status[1].startswith(f"Session {session}: 1 turns, ")

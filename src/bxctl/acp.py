@@ -29,6 +29,7 @@ import trio
 from acp import PROTOCOL_VERSION, schema
 from pydantic import ValidationError
 
+from bxctl import rewind
 from bxctl.acp_config import BadOption, ConfigOption, config_options, set_mode_of
 from bxctl.acp_map import (
     BadCursor,
@@ -44,6 +45,7 @@ from bxctl.acp_map import (
     output_update,
     permission_request,
     replayed,
+    rewound_text,
     status_text,
     stop_reason,
     text_of,
@@ -55,6 +57,7 @@ from bxctl.acp_map import (
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Peer, RpcError
 from bxctl.start import Starter
+from bxctl.text import turn_lines
 from loopd import __version__
 from loopd.session.records import RECORD
 from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult
@@ -72,6 +75,7 @@ from loopd.wire.proto import (
     TurnDone,
     TurnFailed,
     Undone,
+    Welcome,
 )
 
 __all__ = ["LOOPD_UNREACHABLE", "MAX_LINE", "RESOURCE_NOT_FOUND", "serve"]
@@ -97,13 +101,17 @@ class _Turn:
 
 @dataclass
 class _Asked:
-    """A request to loopd whose answer the relay hands over: `status`, `undone`, or an error
-    that names no turn."""
+    """A request to loopd whose answer the relay hands over: `status`, `undone`, `history`, a
+    `rewind`'s `welcome`, or an error that names no turn."""
 
     answer: str
+    before: str | None = None
+    """The type of a message that may come before the answer (a `rewind`'s `undone`)."""
     done: trio.Event = field(default_factory=trio.Event)
     got: DaemonMessage | None = None
     """None: loopd went away."""
+    got_before: DaemonMessage | None = None
+    """The message of type `before`, when one came."""
 
 
 @dataclass(eq=False)
@@ -111,8 +119,8 @@ class _Session:
     """An ACP session: a loopd session, through a connection of its own."""
 
     id: str
-    """The id the editor knows (the loopd session it began as; a compaction goes on in a new
-    loopd session, under the same ACP id)."""
+    """The id the editor knows (the loopd session it began as; a compaction or a `/rewind`
+    goes on in a new loopd session, `connection.session`, under the same ACP id)."""
     connection: Connection
     turns: dict[str, _Turn] = field(default_factory=dict)
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -150,6 +158,9 @@ class Agent:
         """How to start loopd when none answers (None: `--no-start`, say so instead)."""
         self._starting = trio.Lock()
         self.sessions: dict[str, _Session] = {}
+        self.went_on: dict[str, str] = {}
+        """The loopd session each closed ACP session was in last, where that is not its own id
+        (it went on in another): loading it again opens that one."""
         self._nursery: trio.Nursery | None = None
         self.peer = Peer(
             output,
@@ -224,13 +235,13 @@ class Agent:
         )
 
     async def new_session(self, request: schema.NewSessionRequest) -> schema.NewSessionResponse:
-        session = await self._open("new", request.cwd, request.mcp_servers)
+        session = self._follow(await self._open("new", request.cwd, request.mcp_servers))
         return schema.NewSessionResponse(session_id=session.id, config_options=session.options())
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
-        if (old := self.sessions.pop(request.session_id, None)) is not None:
-            await self._close(old)
-        session = await self._open(request.session_id, None, request.mcp_servers, follow=False)
+        """The history of the loopd session the editor's id stands for (after a compaction or
+        a `/rewind`, the one it went on in), replayed, then live again."""
+        session = await self._reopen(request.session_id, request.mcp_servers)
         start = 0
         while True:  # the whole history, a page at a time, before the answer
             page = await session.connection.request(
@@ -251,16 +262,30 @@ class Agent:
     ) -> schema.ResumeSessionResponse:
         """`session/load` without the history: the editor still shows it. Its cache comes
         back as a loaded session's does."""
-        if (old := self.sessions.pop(request.session_id, None)) is not None:
-            await self._close(old)
-        session = await self._open(request.session_id, None, request.mcp_servers)
+        session = self._follow(await self._reopen(request.session_id, request.mcp_servers))
         return schema.ResumeSessionResponse(config_options=session.options())
+
+    async def _reopen(self, session_id: str, given: Sequence[EditorServer] | None) -> _Session:
+        """The editor's session `session_id` on a new connection (the old one closed), in the
+        loopd session it stands for; not followed yet."""
+        which = self._loopd_session(session_id)
+        if (old := self.sessions.pop(session_id, None)) is not None:
+            await self._close(old)
+        return await self._open(which, None, given, as_id=session_id)
+
+    def _loopd_session(self, session_id: str) -> str:
+        """The loopd session the editor's `session_id` stands for: the one it is in, or was
+        in last, here; else that id."""
+        if (session := self.sessions.get(session_id)) is not None:
+            return session.connection.session
+        return self.went_on.get(session_id, session_id)
 
     async def fork_session(self, request: schema.ForkSessionRequest) -> schema.ForkSessionResponse:
         """A new session with the history of `session_id` (its latest turn included), that
         one left as it is; its first prompt is served from that session's cache. The editor's
         MCP servers for it are not started (loopd starts them only for a session it opens)."""
-        session = await self._open(request.session_id, None, request.mcp_servers, fork=True)
+        which = self._loopd_session(request.session_id)
+        session = self._follow(await self._open(which, None, request.mcp_servers, fork=True))
         return schema.ForkSessionResponse(session_id=session.id, config_options=session.options())
 
     async def delete_session(
@@ -304,6 +329,8 @@ class Agent:
 
     async def _close(self, session: _Session) -> None:
         """Cancel its turns (their prompts answer `cancelled`) and close its connection."""
+        if session.connection.session != session.id:
+            self.went_on[session.id] = session.connection.session
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             for running in list(session.turns):
                 if not session.connection.closed:
@@ -372,9 +399,12 @@ class Agent:
         cwd: str | None,
         given: Sequence[EditorServer] | None,
         *,
-        follow: bool = True,
         fork: bool = False,
+        as_id: str | None = None,
     ) -> _Session:
+        """An ACP session in loopd session `which` (`new`: in folder `cwd`; `fork`: a new fork
+        of it), under the editor's id `as_id` (by default the loopd session's); not followed
+        yet (`_follow`)."""
         try:
             servers = mcp_servers(given)
         except NotStdio as e:
@@ -384,20 +414,21 @@ class Agent:
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None
-        session = self.sessions[loopd_id] = _Session(loopd_id, connection, servers=servers)
+        acp_id = as_id or loopd_id
+        session = self.sessions[acp_id] = _Session(acp_id, connection, servers=servers)
         status = await connection.request({"type": "status"}, "status")
         session.window = status.context_size if isinstance(status, Status) else None
         mode = await connection.request({"type": "set_mode"}, "mode")
         if not isinstance(mode, ModeSet):
             raise RpcError(INTERNAL_ERROR, f"loopd did not say the session's mode: {mode}")
         session.mode = mode
-        if follow:
-            self._follow(session)
         return session
 
-    def _follow(self, session: _Session) -> None:
+    def _follow(self, session: _Session) -> _Session:
+        """Relay what loopd says in `session` from now on; `session`."""
         assert self._nursery is not None  # noqa: S101 - serve set it
         self._nursery.start_soon(self._relay, session)
+        return session
 
     def _session(self, session_id: str) -> _Session:
         session = self.sessions.get(session_id)
@@ -440,6 +471,9 @@ class Agent:
                 )
                 await self._say(session, f"{said}, from the model's summary of this one.")
             return ended
+        if name == "rewind":
+            await self._say(session, await self._rewind(session, words))
+            return schema.PromptResponse(stop_reason="end_turn")
         if name == "undo" and not (len(words) <= 1 and all(w.isdigit() for w in words)):
             await self._say(session, "/undo, or /undo N for call N's changes alone")
             return schema.PromptResponse(stop_reason="end_turn")
@@ -456,10 +490,39 @@ class Agent:
             await self._say(session, f"loopd refused it ({answer.code}): {answer.message}")
         return schema.PromptResponse(stop_reason="end_turn")
 
+    async def _rewind(self, session: _Session, words: list[str]) -> str:
+        """`/rewind`: the turns to pick from; `/rewind N [files]`: go on in a fork of the
+        session at the end of turn N (loopd's `rewind`), under the same ACP id. What to say."""
+        if not words:
+            said = await rewind.said(lambda m: self._ask(session, m, "history"))
+            return "\n".join([*turn_lines(said), rewind.HELP])
+        if (asked := rewind.parse(words)) is None:
+            return rewind.USAGE
+        if session.turns:  # it would go on in the fork, its end unseen
+            return "A turn runs: /rewind once it ends (or cancel it)."
+        at, files = asked
+        parent = session.connection.session
+        message = {"type": "rewind", "at": at, "files": files}
+        got = await self._asked(session, message, "welcome", before="undone")
+        if isinstance(got.got, Error):
+            return f"loopd refused it ({got.got.code}): {got.got.message}"
+        assert isinstance(got.got, Welcome)  # noqa: S101 - the answer asked for, or an error
+        session.output.clear()
+        paths = got.got_before.paths if isinstance(got.got_before, Undone) else []
+        return rewound_text(at, got.got.session, parent, paths if files else None)
+
     async def _ask(self, session: _Session, message: dict[str, Any], answer: str) -> DaemonMessage:
         """A request to loopd in the session, and its answer or error (through the relay)."""
+        got = (await self._asked(session, message, answer)).got
+        assert got is not None  # noqa: S101 - `_asked` raised otherwise
+        return got
+
+    async def _asked(
+        self, session: _Session, message: dict[str, Any], answer: str, before: str | None = None
+    ) -> _Asked:
+        """As `_ask`, with the message of type `before` that came ahead of the answer, if any."""
         async with session.asking:
-            asked = session.asked = _Asked(answer)
+            asked = session.asked = _Asked(answer, before)
             try:
                 await session.connection.send(message)
                 await asked.done.wait()
@@ -467,7 +530,7 @@ class Agent:
                 session.asked = None
         if asked.got is None:
             raise RpcError(LOOPD_UNREACHABLE, "loopd went away; try again once it is back")
-        return asked.got
+        return asked
 
     async def _say(self, session: _Session, text: str) -> None:
         await self.notify(
@@ -530,6 +593,9 @@ class Agent:
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
         asked = session.asked
+        if asked is not None and message.type == asked.before:
+            asked.got_before = message
+            return
         if asked is not None and (
             message.type == asked.answer or (isinstance(message, Error) and message.id is None)
         ):

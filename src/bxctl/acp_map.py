@@ -45,6 +45,7 @@ __all__ = [
     "output_update",
     "permission_request",
     "replayed",
+    "rewound_text",
     "status_text",
     "stop_reason",
     "text_of",
@@ -74,6 +75,16 @@ COMMANDS = [
         description="Put back the files the last turn changed (or call N's alone)",
         input=schema.AvailableCommandInput(
             root=schema.UnstructuredCommandInput(hint="N: one call's changes (optional)")
+        ),
+    ),
+    schema.AvailableCommand(
+        name="rewind",
+        description="Go on from the end of an earlier turn, in a fork (alone: the turns to pick "
+        "from)",
+        input=schema.AvailableCommandInput(
+            root=schema.UnstructuredCommandInput(
+                hint="N: from turn N; N files: and put back what the later turns changed"
+            )
         ),
     ),
     schema.AvailableCommand(
@@ -318,6 +329,20 @@ def undone_text(undone: Undone) -> str:
     calls = ", ".join(str(c) for c in undone.calls)
     paths = "\n".join(f"- {p}" for p in undone.paths) or "- (no files)"
     return f"Put back the changes of call{'s' * (len(undone.calls) > 1)} {calls}:\n{paths}"
+
+
+def rewound_text(at: int, fork: str, parent: str, paths: list[str] | None) -> str:
+    """`/rewind N`'s answer: where the session goes on (`fork`, of loopd session `parent`)
+    and the files put back (`paths`; None: files were not asked for)."""
+    said = f"Rewound to the end of turn {at}: the next prompt goes on from there, in loopd "
+    said += f"session {fork} (a fork of {parent}, which keeps the later turns)."
+    if paths is None:
+        return f"{said}\nNo file was put back."
+    if not paths:
+        return f"{said}\nThe later turns changed no file: none was put back."
+    return f"{said}\nPut back as they were at the end of turn {at}:\n" + "\n".join(
+        f"- {p}" for p in paths
+    )
 
 
 LIST_PAGE = 50

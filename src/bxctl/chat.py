@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from bxctl import rewind
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.text import as_tree, context_line, fork_line, session_line, turn_lines, unreadable_line
@@ -309,35 +310,22 @@ async def _rewind(words: list[str], connection: Connection, console: Console) ->
     """`/rewind`: the turns to go back to; `/rewind N [files]`: go on from the end of turn N
     in a fork made there, with `files` every file the later turns changed put back."""
     if not words:
-        for line in turn_lines(await _said(connection)):
+        for line in turn_lines(await rewind.said(lambda m: connection.request(m, "history"))):
             console.print(line, markup=False)
-        console.print("/rewind N goes on from the end of turn N; /rewind N files also puts back")
-        console.print("the files the later turns changed")
+        console.print(rewind.HELP)
         return
-    if len(words) > 2 or not words[0].isdigit() or words[1:] not in ([], ["files"]):
-        console.print("/rewind, /rewind N or /rewind N files", style="red")
+    if (asked := rewind.parse(words)) is None:
+        console.print(rewind.USAGE, style="red")
         return
-    parent, at = connection.session, int(words[0])
+    parent, (at, files) = connection.session, asked
     try:
-        put_back = await connection.rewind(at, files=bool(words[1:]))
+        put_back = await connection.rewind(at, files)
     except SessionRefused as e:
         console.print(str(e), style="red")
         return
     console.print(Text(fork_line(connection.session, parent, at), "green"))
     if put_back:
         console.print(f"put back: {', '.join(put_back)}", markup=False)
-
-
-async def _said(connection: Connection) -> list[str]:
-    """What the person said in the session, turn by turn, read a page of history at a time."""
-    said: list[str] = []
-    start = 0
-    while True:
-        page = await connection.request({"type": "history", "start": start}, "history")
-        if not isinstance(page, History) or not page.records:
-            return said
-        said += [r["content"] for r in page.records if r.get("kind") == "user"]
-        start += len(page.records)
 
 
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
