@@ -9,7 +9,8 @@ import pytest
 
 from loopd.infer import PromptRequest
 from loopd.infer._format import ChatFormat, ToolCallFormat
-from loopd.infer._grammar import _Rules, call_grammar
+from loopd.infer._gbnf import Rules
+from loopd.infer._grammar import call_grammar
 from loopd.session.baseline import TOOLS
 from support.formats import KIMI_K3, MUSE_GLIMMER, QWEN, QWEN_CODER
 
@@ -113,15 +114,13 @@ def test_the_trigger_reads_a_delimiter_as_itself() -> None:
     ],
 )
 def test_a_schema_becomes_rules(schema: dict[str, object], body: str) -> None:
-    rules = _Rules()
+    rules = Rules()
     name = rules.schema(schema, "x")
     assert rules.rules.get(name, name) == body
 
 
-def test_formats_loopd_makes_no_grammar_for() -> None:
+def test_no_grammar_without_calls_or_tools() -> None:
     assert call_grammar(ChatFormat("", None, False, (), None), TOOLS) is None
-    gemma = ToolCallFormat(open="<|tool_call>call:", mid="", close="<tool_call|>", notation="gemma")
-    assert call_grammar(ChatFormat("", None, False, (), gemma), TOOLS) is None
     assert call_grammar(QWEN, ()) is None
 
 
