@@ -60,6 +60,9 @@ class Frame:
     open: str
     key: Callable[[str], str | None]
     close: str
+    sorted: bool = False
+    """The keys in the order of their names, as Gemma 4's template writes them; else the
+    required ones first, in the schema's order, then the optional ones."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _gemma_frame_key(key: str) -> str | None:
     return None if GEMMA_QUOTE in key else f"{literal(_gemma_key(key) + ':')}"
 
 
-_GEMMA_OBJECT = Frame('"{"', _gemma_frame_key, '"}"')
+_GEMMA_OBJECT = Frame('"{"', _gemma_frame_key, '"}"', sorted=True)
 GEMMA = Syntax(
     rules={
         **NUMBERS,
@@ -132,7 +135,8 @@ GEMMA = Syntax(
         "boolean": r'"true" | "false"',
         "null": r'"null"',
         "value": "object | array | string | number | boolean | null",
-        "key": r"[a-zA-Z0-9_.\-]{1,64} | string",
+        # Keys bare, as the template writes them (the parser reads no empty one).
+        "key": r"[a-zA-Z0-9_.\-]{1,64}",
         "object": r'"{" ( key ":" value ( "," key ":" value )* )? "}"',
         "array": r'"[" ( value ( "," value )* )? "]"',
     },
@@ -235,20 +239,29 @@ class Rules:
     def _object(self, schema: Mapping[str, Any], name: str, frame: Frame) -> str:
         properties: Mapping[str, Any] = schema["properties"]
         keys = {k: key for k in properties if (key := frame.key(k)) is not None}
-        required = [k for k in keys if k in schema.get("required", ())]
-        optional = [k for k in keys if k not in required]
-        pairs = {k: f"{keys[k]} {self.schema(properties[k], f'{name}-{k}')}" for k in keys}
+        required = set(schema.get("required", ()))
+        order = sorted(keys) if frame.sorted else sorted(keys, key=lambda k: k not in required)
+        pairs = [
+            (f"{keys[k]} {self.schema(properties[k], f'{name}-{k}')}", k in required) for k in order
+        ]
+        return f"{frame.open} {self._members(pairs)} {frame.close}".replace("  ", " ")
+
+    def _members(self, pairs: list[tuple[str, bool]]) -> str:
+        """Key-value pairs in order, each required or not, a comma between those written."""
         comma = self.syntax.comma
-        body = f" {comma} ".join(pairs[k] for k in required)
-        if required:
-            body += "".join(f" ( {comma} {pairs[k]} )?" for k in optional)
-        elif optional:  # a comma only after the first one written, whichever that is
-            firsts = [
-                " ".join([pairs[k], *(f"( {comma} {pairs[o]} )?" for o in optional[i + 1 :])])
-                for i, k in enumerate(optional)
-            ]
-            body = "( " + " | ".join(firsts) + " )?"
-        return f"{frame.open} {body} {frame.close}".replace("  ", " ")
+
+        def after(i: int) -> str:  # once one is written
+            return " ".join(f"{comma} {p}" if req else f"( {comma} {p} )?" for p, req in pairs[i:])
+
+        # Which one is written first: the first required one, or an optional one before it.
+        firsts = []
+        for i, (pair, req) in enumerate(pairs):
+            firsts.append(f"{pair} {after(i + 1)}".strip())
+            if req:
+                break
+        else:
+            return f"( {' | '.join(firsts)} )?" if firsts else ""
+        return firsts[0] if len(firsts) == 1 else f"( {' | '.join(firsts)} )"
 
     def text(self) -> str:
         return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items()) + "\n"

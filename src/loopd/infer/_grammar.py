@@ -104,12 +104,13 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
         names.append(rules.add(f"tool-{name}", f"{literal(name)} {args}"))
     rules.add("tool", " | ".join(names))
     opening, close = _delimiter(call.open.lstrip()), _delimiter(call.close)
-    one = f"{opening} tool {close}".strip()
+    one = _sequence(opening, "tool", close)
     if call.block_close:
         again = _delimiter(call.again) if call.again else opening
         if call.notation == "python":  # LFM2 writes `, ` between the calls of its list
             again += " ws"
-        root = f"{one} ( {again} tool {close} )* {_delimiter(call.block_close)}"
+        more = _sequence(again, "tool", close)
+        root = f"{one} ( {more} )* {_delimiter(call.block_close)}"
     else:
         root = f"{one} ( ws {one} )*"
     rules.add("root", root)
@@ -121,6 +122,10 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     if call.notation == "gemma":
         delimiters.append(GEMMA_QUOTE)
     return CallGrammar(rules.text(), trigger, _call_token(fmt, call), _specials(delimiters))
+
+
+def _sequence(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
 
 
 def _names(offered: list[tuple[str, Mapping[str, Any]]]) -> str:
