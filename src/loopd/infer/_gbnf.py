@@ -123,7 +123,7 @@ def _gemma_key(key: str) -> str:
 
 
 def _gemma_frame_key(key: str) -> str | None:
-    return None if GEMMA_QUOTE in key else f"{literal(_gemma_key(key) + ':')}"
+    return None if GEMMA_QUOTE in key else literal(_gemma_key(key) + ":")
 
 
 _GEMMA_OBJECT = Frame('"{"', _gemma_frame_key, '"}"', sorted=True)

@@ -45,7 +45,8 @@ class CallGrammar:
     gbnf: str
     trigger: str
     """A regular expression over the generated text whose match starts the grammar: a call's
-    opening whole, then the name of an offered tool. Only a call matches it: the first word of
+    opening whole (harmony's: a message's recipient, `to=functions.`), then the name of an
+    offered tool. Only a call matches it: the first word of
     an opening alone is often not a call's (muse-glimmer's `to=` opens its reasoning and its
     answer as well, Kimi-K3's `<|close|>` ends its reasoning)."""
     word: str = ""
