@@ -14,7 +14,7 @@ from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
 from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from support.formats import GPT_OSS, QWEN, QWEN_CODER, merged
+from support.formats import GEMMA_4, GPT_OSS, LFM2, QWEN, QWEN_CODER, merged
 
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
@@ -417,17 +417,6 @@ def test_a_list_of_calls_closes_without_leaving_content() -> None:
     ]
 
 
-GEMMA_4 = ChatFormat(  # as learned from Gemma 4's template: arguments in its own notation
-    generation_prompt="<|turn>model\n",
-    think=("<|channel>thought", "<channel|>"),
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open="<|tool_call>call:", mid="", close="<tool_call|>", notation="gemma", content_last=True
-    ),
-)
-
-
 def test_arguments_in_gemmas_own_notation_become_json() -> None:
     q = '<|"|>'
     raw = (
@@ -452,22 +441,6 @@ def test_arguments_in_gemmas_own_notation_become_json() -> None:
 def test_what_is_not_gemmas_notation_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"\w"):
         decode_arguments("gemma", text, 0)
-
-
-LFM2 = ChatFormat(  # as learned from LFM2.5's template: calls written as Python
-    generation_prompt="<|im_start|>assistant\n",
-    think=("<think>", "</think>"),
-    thinking_open=False,
-    content_prefixes=(),
-    tool_call=ToolCallFormat(
-        open="<|tool_call_start|>[",
-        mid="",
-        close="",
-        block_close="]<|tool_call_end|>",
-        again=",",
-        notation="python",
-    ),
-)
 
 
 def test_calls_written_as_python_become_json() -> None:

@@ -41,6 +41,30 @@ GPT_OSS = ChatFormat(  # as learned from gpt-oss's template
     ),
 )
 
+GEMMA_4 = ChatFormat(  # as learned from Gemma 4's template: arguments in its own notation
+    generation_prompt="<|turn>model\n",
+    think=("<|channel>thought", "<channel|>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<|tool_call>call:", mid="", close="<tool_call|>", notation="gemma", content_last=True
+    ),
+)
+LFM2 = ChatFormat(  # as learned from LFM2.5's template: calls written as Python
+    generation_prompt="<|im_start|>assistant\n",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<|tool_call_start|>[",
+        mid="",
+        close="",
+        block_close="]<|tool_call_end|>",
+        again=",",
+        notation="python",
+    ),
+)
+
 
 def merged(pieces: Iterable[Piece]) -> list[Piece]:
     """Pieces as a reader sees them: text of one kind joined, each call on its own."""
