@@ -43,13 +43,29 @@ SAMPLING = {"temperature": 0, "ignore_eos": True}
 WORDS = "the quick brown fox jumps over a lazy dog while seven birds sing".split()  # noqa: SIM905
 
 
-def _document(tokens: int) -> str:
+def document(tokens: int) -> str:
     words = [WORDS[i % len(WORDS)] for i in range(tokens)]
     return "Read this and wait for my questions.\n" + " ".join(words)
 
 
-async def _first_content(http: httpx.AsyncClient, path: str, body: bytes) -> tuple[float, float]:
-    """Seconds to the first content; and the server's prompt time (ms), read to the end."""
+def patient_daemon(home: Path, url: str, server: str = "") -> Daemon:
+    """loopd on `url`, token-exact, answers of `MAX_TOKENS` at temperature 0, and time for a
+    long document's first request (minutes on two cores); `server`: more [server] lines."""
+    d = Daemon(home, url, history="exact")
+    config = d.config.read_text().replace(
+        "[server]\n", f"[server]\nread_timeout = 3600\nqueue_timeout = 3600\n{server}", 1
+    )
+    d.config.write_text(
+        config + f"[loop]\nmax_tokens = {MAX_TOKENS}\nturn_timeout = 3600\n"
+        "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
+    )
+    return d
+
+
+async def first_content(
+    http: httpx.AsyncClient, path: str, body: bytes
+) -> tuple[float, dict[str, Any]]:
+    """Seconds to the first content; and the server's `timings`, read to the end."""
     try:
         return await _first_content_once(http, path, body)
     except httpx.RemoteProtocolError:
@@ -60,8 +76,9 @@ async def _first_content(http: httpx.AsyncClient, path: str, body: bytes) -> tup
 
 async def _first_content_once(
     http: httpx.AsyncClient, path: str, body: bytes
-) -> tuple[float, float]:
-    start, first, prompt_ms = time.perf_counter(), None, 0.0
+) -> tuple[float, dict[str, Any]]:
+    start, first = time.perf_counter(), None
+    timings: dict[str, Any] = {}
     headers = {"Content-Type": "application/json"}  # as loopd sends it
     async with http.stream("POST", path, content=body, headers=headers) as response:
         async for line in response.aiter_lines():
@@ -75,11 +92,11 @@ async def _first_content_once(
             )
             if first is None and text.strip():
                 first = time.perf_counter() - start
-            prompt_ms = (chunk.get("timings") or {}).get("prompt_ms", prompt_ms)
-    return (first if first is not None else time.perf_counter() - start), prompt_ms
+            timings = chunk.get("timings") or timings
+    return (first if first is not None else time.perf_counter() - start), timings
 
 
-async def _through_loopd(client: Any, turn: str) -> float:
+async def through_loopd(client: Any, turn: str) -> float:
     start = time.perf_counter()
     await client.send({"type": "send", "id": turn, "content": f"Question {turn}: and now?"})
     first = None
@@ -94,22 +111,14 @@ async def _through_loopd(client: Any, turn: str) -> float:
 async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, Any]:
     spec = LaunchSpec(binary=binary, model=model, n_ctx=tokens + 4096, threads=2)
     async with managed_server(spec, tmp / f"llama-{tokens}.log") as server:
-        d = Daemon(tmp / f"loopd-{tokens}", server.url, history="exact")
-        # The document's first request takes minutes on two cores.
-        config = d.config.read_text().replace(
-            "[server]\n", "[server]\nread_timeout = 3600\nqueue_timeout = 3600\n", 1
-        )
-        d.config.write_text(
-            config + f"[loop]\nmax_tokens = {MAX_TOKENS}\nturn_timeout = 3600\n"
-            "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
-        )
+        d = patient_daemon(tmp / f"loopd-{tokens}", server.url)
         await d.start()
         loopd_ms, direct_ms, chat_ms = [], [], []
         server_ms, direct_server_ms = [], []
         try:
             client = await d.connect()
             # The history, processed once.
-            done = await client.turn("doc", _document(tokens), timeout=3600)
+            done = await client.turn("doc", document(tokens), timeout=3600)
             if done[-1]["type"] != "turn_done":
                 raise RuntimeError(f"the document's turn failed: {done[-1]}")
             store = Store(d.home / "sessions")
@@ -149,16 +158,16 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                     order = ("loopd", "direct") if pair % 2 == 0 else ("direct", "loopd")
                     for who in order:
                         if who == "loopd":
-                            loopd_ms.append(1000 * await _through_loopd(client, f"q{pair}"))
+                            loopd_ms.append(1000 * await through_loopd(client, f"q{pair}"))
                         else:
-                            took, prompt_ms = await _first_content(http, "/completion", same)
+                            took, seen = await first_content(http, "/completion", same)
                             direct_ms.append(1000 * took)
-                            direct_server_ms.append(prompt_ms)
+                            direct_server_ms.append(seen.get("prompt_ms", 0.0))
                     chats.append(canonical(chat))
                 # Afterwards, not in between: the chat endpoint's rendering of the history is
                 # not the slot's tokens, so a request after it would pay for what it changed.
                 for body in chats:
-                    took, _ = await _first_content(http, "/v1/chat/completions", body)
+                    took, _ = await first_content(http, "/v1/chat/completions", body)
                     chat_ms.append(1000 * took)
             # The server's own prompt time on each of loopd's requests, beside the direct ones':
             # the same request should cost the server the same.

@@ -16,6 +16,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     agents    four sub-agents at once against the same four tasks one after another
     hands     a sandboxed command against a bare one; an edit against a plain write
     startup   bxctl --help and bxctl status, whole processes, against python -c pass
+    fork      time to first token of a fork's first turn, against the conversation uncached
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import agents
 import cache
 import concurrency
+import fork
 import freeze
 import hands
 import history
@@ -77,6 +79,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     "agents": lambda: trio.run(agents.measure, *_assets()),
     "hands": lambda: trio.run(hands.measure),
     "startup": lambda: trio.run(startup.measure),
+    "fork": lambda: trio.run(fork.measure, *_assets()),
     "parser": lambda: trio.run(
         parser.measure,
         *_assets(),
@@ -205,6 +208,23 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             ),
             "",
             *startup.table(f),
+        ]
+    if name == "fork":
+        return [
+            "## 17. A fork's first turn",
+            "",
+            (
+                "SmolLM2-135M on two threads, a session whose first message is a document "
+                "(bench/fork.py): forks of it at turn 1, each with a question, through loopd "
+                "and the socket, against the very request loopd sends sent straight to "
+                "`/completion` with `cache_prompt: false` on a slot of its own (the "
+                "conversation as a new prompt); medians of the pairs, alternating which goes "
+                "first. The first fork takes over the session's hot slot, the later ones "
+                "restore its slot file. Its new message is the least a fork can compute: the "
+                "request's tokens less those the session's slot held."
+            ),
+            "",
+            *fork.table(f),
         ]
     if name == "hands":
         return [
