@@ -102,3 +102,10 @@ def test_splitting_never_changes_the_result(size: int) -> None:
 
 def test_the_split_answer_reads_as_written() -> None:
     assert read(ANSWER) == [Piece("reasoning", "Think "), Piece("call", '{"a": "<|en"}', "f")]
+
+
+def test_a_message_opened_and_never_given_a_header_is_content() -> None:
+    """`<|start|>` opens a header and ends a body alike: past the header's window it is
+    content, read once (the reader used to hand it back and forth for ever)."""
+    text = "<|end|><|start|>assistant" + "[" * 500
+    assert read(text, size=1) == [Piece("content", text.removeprefix("<|end|>"))]

@@ -76,13 +76,13 @@ class HarmonyParser:
         while True:
             before = (self._state, len(self._buffer))
             if self._state == "header":
-                self._header()
+                self._header(out)
             else:
                 self._body(out, final)
             if (self._state, len(self._buffer)) == before:
                 return out
 
-    def _header(self) -> None:
+    def _header(self, out: list[Piece]) -> None:
         head = self._buffer.lstrip()
         at = head.find(MESSAGE)
         if at >= 0:
@@ -96,6 +96,9 @@ class HarmonyParser:
         could_be_header = any(head.startswith(s) or s.startswith(head) for s in HEADER_STARTS)
         if not could_be_header or len(head) > HEADER_WINDOW:
             self._state, self._kind, self._body_started = "body", "content", True
+            if head.startswith("<|start|>"):  # content here, not the end of the body it opens
+                out.append(Piece("content", "<|start|>"))
+                self._buffer = head.removeprefix("<|start|>")
 
     def _open(self, header: str) -> None:
         self._kind, self._name = _kind(header)
