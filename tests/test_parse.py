@@ -548,3 +548,128 @@ def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> 
         pieces = [p for i in range(0, len(text), step) for p in parser.feed(text[i : i + step])]
         results.append(merged([*pieces, *parser.finish()]))
     assert results[0] == results[1]
+
+
+# As learned from llama.cpp's templates on a real llama-server.
+COMMAND_R7B = ChatFormat(
+    generation_prompt="",
+    think=("<|START_THINKING|>", "<|END_THINKING|>"),
+    thinking_open=False,
+    content_prefixes=("<|START_RESPONSE|>",),
+    tool_call=ToolCallFormat(
+        open='<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "',
+        mid='", "parameters": ',
+        close="}",
+        block_close="]<|END_ACTION|>",
+        again=',\n    {"tool_call_id": "1", "tool_name": "',
+    ),
+)
+GLM_47 = ChatFormat(
+    generation_prompt="<|assistant|></think>",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open="<tool_call>",
+        mid="",
+        close="</tool_call>",
+        params=ParamFormat(
+            key_open="<arg_key>", key_end="</arg_key><arg_value>", value_end="</arg_value>"
+        ),
+    ),
+)
+GRANITE_33 = ChatFormat(
+    generation_prompt="<|start_of_role|>assistant<|end_of_role|>",
+    think=("<think>", "</think>"),
+    thinking_open=False,
+    content_prefixes=(),
+    tool_call=ToolCallFormat(
+        open='<|tool_call|>[{"name": "',
+        mid='", "arguments": ',
+        close="}",
+        block_close="]",
+        again=', {"name": "',
+        rendered=False,
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "raw"),
+    [
+        (
+            COMMAND_R7B,
+            '<|START_ACTION|>\n[\n    {"tool_call_id": "0", "tool_name": "find_tool", '
+            '"parameters": {"query": "weather"}}\n]<|END_ACTION|>',
+        ),
+        (
+            GLM_47,
+            "<tool_call>find_tool<arg_key>query</arg_key>\n<arg_value>weather</arg_value></tool_call>",
+        ),
+        (
+            GRANITE_33,
+            '<|tool_call|>[\n  {\n    "name": "find_tool",\n    "arguments": {"query": "weather"}\n'
+            "  }\n]",
+        ),
+    ],
+    ids=["cohere", "glm", "granite"],
+)
+def test_whitespace_around_a_delimiters_special_tokens_and_json_punctuation(
+    fmt: ChatFormat, raw: str
+) -> None:
+    """Whitespace the template writes none of, where it cannot change the meaning: around a
+    special token (`<|START_ACTION|>\\n[`, `</arg_key>\\n<arg_value>`) and JSON's punctuation (a
+    pretty-printed list of calls)."""
+    expected = [Piece("call", '{"query": "weather"}', "find_tool")]
+    assert parse(fmt, [raw]) == expected
+    assert parse(fmt, [raw[i : i + 3] for i in range(0, len(raw), 3)]) == expected
+
+
+def test_a_call_with_neither_tag_of_its_block() -> None:
+    """Qwen3-Coder and Step-3.5's `<function=...>...</function>` without `<tool_call>` around
+    it: the block's closing tag is left out with its opening."""
+    raw = (
+        "Let me look.\n<function=find_tool>\n<parameter=query>\nweather\n</parameter>\n</function>"
+    )
+    for pieces in ([raw], [raw[i : i + 2] for i in range(0, len(raw), 2)]):
+        assert parse(QWEN_CODER, pieces) == [
+            Piece("content", "Let me look.\n"),
+            Piece("call", '{"query": "weather"}', "find_tool"),
+        ]
+
+
+def test_two_calls_with_neither_tag_of_their_block() -> None:
+    call = "<function=find_tool>\n<parameter=query>\n{q}\n</parameter>\n</function>\n"
+    raw = call.format(q="a") + call.format(q="b") + "Done."
+    assert parse(QWEN_CODER, [raw[i : i + 5] for i in range(0, len(raw), 5)]) == [
+        Piece("call", '{"query": "a"}', "find_tool"),
+        Piece("call", '{"query": "b"}', "find_tool"),
+        Piece("content", "Done."),
+    ]
+
+
+def test_gemma_4s_opening_without_its_word() -> None:
+    """`<|tool_call>:name{...}<tool_call|>`, which some quantized Gemma 4 checkpoints write for
+    `<|tool_call>call:name{...}<tool_call|>`."""
+    raw = 'Checking.<|tool_call>:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    for pieces in ([raw], [raw[i : i + 3] for i in range(0, len(raw), 3)]):
+        assert parse(GEMMA_4, pieces) == [
+            Piece("content", "Checking."),
+            Piece("call", '{"city": "Paris"}', "get_weather"),
+        ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<|tool_call>call:get_weather<tool_call|>",  # no arguments: the name ran on
+        '<|tool_call>call:get_weather{city:<|"|>Par<tool_call|>',  # a string never closed
+    ],
+)
+def test_a_malformed_call_stays_content_and_the_good_call_after_it_is_read(bad: str) -> None:
+    good = '<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>'
+    for pieces in ([bad + good], [(bad + good)[i : i + 4] for i in range(0, len(bad + good), 4)]):
+        assert parse(GEMMA_4, pieces) == [
+            Piece("content", bad),
+            Piece("call", '{"zone": "UTC"}', "get_time"),
+        ]

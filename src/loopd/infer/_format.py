@@ -44,16 +44,24 @@ PARAM_KEY = "\x00key\x00"
 _ID_MEMBER = re.compile(r',\s*"id"\s*:\s*"\x00id\x00"')
 
 
+# Where whitespace may stand in a delimiter though the template writes none: around a special
+# token, and around JSON's punctuation (Cohere's `<|START_ACTION|>\n[`, GLM's
+# `</arg_key>\n<arg_value>`, a JSON list of calls pretty-printed).
+_SPACE_MAY_STAND = re.compile(rf"({SPECIAL.pattern}|[\[\]{{}}:,])")
+
+
 def delimiter_pattern(delimiter: str, *, spaced: bool = False) -> re.Pattern[str]:
-    """A delimiter in which any run of whitespace matches any other (models vary spacing), a
-    call id matches any id, and an id member may be left out; `spaced`: whitespace before it
-    too."""
+    """A delimiter in which any run of whitespace matches any other (models vary spacing),
+    whitespace may stand around its special tokens and JSON punctuation, a call id matches any
+    id, and an id member may be left out; `spaced`: whitespace before it too."""
 
     def words(text: str) -> str:
         parts = []
         for word in text.split():
-            pieces = [re.escape(p) for p in word.split(CALL_ID)]
-            parts.append(r"[^\s\"]*".join(pieces))
+            for part in _SPACE_MAY_STAND.split(word):
+                if part:
+                    pieces = [re.escape(p) for p in part.split(CALL_ID)]
+                    parts.append(r"[^\s\"]*".join(pieces))
         return r"\s*".join(parts)
 
     chunks = _ID_MEMBER.split(delimiter)

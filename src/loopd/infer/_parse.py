@@ -42,6 +42,19 @@ CDATA = ("<![CDATA[", "]]>")
 OPEN_WINDOW = 200
 
 
+# What no tool's name holds: a name with one of these runs across other text (another call's
+# opening, a message's markup), and the call is not one.
+NOT_IN_A_NAME = re.compile(r"[\s<>{}\[\]()\"'`]")
+
+
+class _NotACall(Exception):  # noqa: N818 - a signal inside the parser, not an error
+    """The text after a call's opening cannot be a call, whatever follows: it is content up to
+    `end` (where the next call may open)."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+
 @dataclass(frozen=True)
 class Piece:
     kind: Literal["reasoning", "content", "call"]
@@ -58,7 +71,7 @@ def _spaced_pattern(delimiter: str) -> re.Pattern[str]:
 class _ParamPatterns:
     """The delimiters of arguments written one by one, each allowing whitespace before it."""
 
-    def __init__(self, call: ToolCallFormat) -> None:
+    def __init__(self, call: ToolCallFormat, tail: str) -> None:
         params = call.params
         assert params is not None  # noqa: S101 - built only for such formats
         self.first_key = _spaced_pattern(call.mid + params.key_open)
@@ -71,7 +84,7 @@ class _ParamPatterns:
         """What the template writes between a key's end and its value (Qwen3-Coder's `\n`)."""
         self._params = params
         self._value_ends: dict[str, re.Pattern[str]] = {}
-        self.close = _spaced_pattern(call.close)
+        self.close = _spaced_pattern(call.close.rstrip().removesuffix(tail))
 
     def value_end(self, key: str) -> re.Pattern[str]:
         """What ends the value of `key` (the key itself, in templates that repeat it); built
@@ -92,10 +105,33 @@ class _ParamPatterns:
 
 
 def _opener(delimiter: str) -> tuple[str, re.Pattern[str]]:
-    """What a call opens with: the text to look for first (its first word), and the whole."""
-    return delimiter.split(maxsplit=1)[0].split(CALL_ID, maxsplit=1)[0], delimiter_pattern(
-        delimiter
-    )
+    """What a call opens with: the text to look for first (its first special token, else its
+    first word), and the whole."""
+    first = SPECIAL.match(delimiter)
+    head = first.group(0) if first else delimiter.split(maxsplit=1)[0]
+    return head.split(CALL_ID, maxsplit=1)[0], delimiter_pattern(delimiter)
+
+
+def _openings(opening: str) -> list[str]:
+    """A call's opening and the variants models write of it: without the tag that opens a
+    block of calls (`_short_open`), without the word before a colon that follows the opening
+    tag (Gemma 4's `<|tool_call>:name{...}` for `<|tool_call>call:name{...}`)."""
+    found = [opening, _short_open(opening)]
+    first = SPECIAL.match(opening)
+    if first and (word := re.match(r"[A-Za-z_]+:", opening[first.end() :])):
+        found.append(first.group(0) + opening[first.end() + word.end() - 1 :])
+    return [o for o in found if o]
+
+
+def _block_tail(opening: str, close: str) -> str:
+    """The tag that closes a block of calls at the end of a call's close, where the opening
+    starts with the tag that opens that block (Qwen3-Coder's `</tool_call>`): a model that
+    leaves out the one leaves out the other too, so it is optional after a call."""
+    first = SPECIAL.match(opening)
+    if not _short_open(opening) or first is None:
+        return ""
+    tail = "</" + first.group(0)[1:]
+    return tail if close.rstrip().endswith(tail) else ""
 
 
 def _short_open(opening: str) -> str:
@@ -140,15 +176,16 @@ class OutputParser:
         self._buffer = ""
         self._content_started = False
         call = fmt.tool_call
-        self._openers = (
-            [_opener(o) for o in (call.open, _short_open(call.open)) if o] if call else []
-        )
+        self._openers = [_opener(o) for o in _openings(call.open)] if call else []
+        self._tail = _block_tail(call.open, call.close) if call else ""
+        """What may close a call's block after its close, or not (`_block_tail`)."""
         self._opened = ""
         self._wrote_content = False
-        self._params = _ParamPatterns(call) if call and call.params else None
+        self._params = _ParamPatterns(call, self._tail) if call and call.params else None
         self._in_block = False
         self._mid = delimiter_pattern(call.mid) if call and call.mid.strip() else None
-        self._close = delimiter_pattern(call.close) if call and call.close.strip() else None
+        close = call.close.rstrip().removesuffix(self._tail) if call else ""
+        self._close = delimiter_pattern(close) if close.strip() else None
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -248,10 +285,14 @@ class OutputParser:
         """After a call: another call of the same block, the block's end, or what follows.
         False while the text could still be either."""
         call, head = self.fmt.tool_call, self._buffer.lstrip()
-        if call is None or not (call.again or call.block_close):
+        if call is None or not (call.again or call.block_close or self._tail):
             self._in_block = False
             return True
-        for marker, state in ((call.again, "call"), (call.block_close, "content")):
+        for marker, state in (
+            (call.again, "call"),
+            (call.block_close, "content"),
+            (self._tail, "content"),
+        ):
             end = _loose_prefix(head, marker) if marker else None
             if end is not None and end >= 0:
                 self._buffer, self._state = head[end:], state  # type: ignore[assignment]
@@ -323,7 +364,12 @@ class OutputParser:
             self._buffer = self._buffer[end:]
 
     def _call(self, out: list[Piece], final: bool) -> None:
-        parsed = self._parse_call(final)
+        try:
+            parsed = self._parse_call(final)
+        except _NotACall as e:
+            out.append(Piece("content", self._opened + self._buffer[: e.end]))
+            self._buffer, self._state, self._wrote_content = self._buffer[e.end :], "content", True
+            return
         if parsed is None:
             if final:  # never closed: what the model wrote stays visible as content
                 out.append(Piece("content", self._opened + self._buffer))
@@ -333,6 +379,15 @@ class OutputParser:
         out.append(Piece("call", arguments, name))
         rest = rest.lstrip()
         self._buffer, self._state, self._in_block = rest, "content", True
+
+    def _name(self, written: str) -> str:
+        """A call's name as written before its arguments; raises `_NotACall` where it runs
+        across text no name holds (a call whose arguments never opened, and the next call)."""
+        name = written.strip().strip('"')
+        if NOT_IN_A_NAME.search(name) is None:
+            return name
+        heads = [at for h, _ in self._openers if (at := self._buffer.find(h, 1)) >= 0]
+        raise _NotACall(min(heads, default=len(self._buffer)))
 
     def _parse_params(self) -> tuple[str, str, str] | None:
         """`name`, then `key_open key key_end value value_end` for each argument, then the
@@ -345,8 +400,8 @@ class OutputParser:
         if first is None or (closed is not None and closed.start() < first.end()):
             if closed is None:
                 return None
-            return text[: closed.start()].strip().strip('"'), "{}", text[closed.end() :]
-        name, arguments, at = text[: first.start()].strip().strip('"'), {}, first.end()
+            return self._name(text[: closed.start()]), "{}", text[closed.end() :]
+        name, arguments, at = self._name(text[: first.start()]), {}, first.end()
         while True:
             key_end = p.key_end.search(text, at)
             if not key_end:
@@ -387,13 +442,17 @@ class OutputParser:
         else:  # the arguments follow the name directly (Gemma 4's `call:name{...}`)
             args_from = max(text.find(opening), 0)
             name = text[:args_from]
-        name = name.strip().strip('"')
         args_at = text.find(opening, args_from)
-        if args_at < 0 or not name or text[args_from:args_at].strip():
+        if args_at < 0 or not (name := self._name(name)) or text[args_from:args_at].strip():
             return None
         try:
             value, args_end = decode_arguments(call.notation, text, args_at)
         except ValueError:
+            # Not whole yet; unless the call closed and the next one opened before its
+            # arguments did (Gemma 4's string never ended): up to that close it is content.
+            closed = self._close.search(text, args_at) if self._close else None
+            if closed and self._next_call_opens(text[closed.end() :]):
+                raise _NotACall(closed.end()) from None
             return None
         rest = text[args_end:]
         if self._close is not None:
