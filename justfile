@@ -100,6 +100,7 @@ bench *NAMES: setup
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" UV="{{uv}}" \
     LOOPD_TEMPLATES="$(UV="{{uv}}" {{py}} scripts/assets.py templates-path)" \
     LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
+    LOOPD_SWA_MODEL="$(UV="{{uv}}" {{py}} scripts/assets.py candidate-path gemma3-270m)" \
     PYTHONPATH=tests:bench {{py}} bench/run.py "$@"
 
 # Write the generated docs (config reference, protocol schemas) from the code

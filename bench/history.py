@@ -1,14 +1,16 @@
 """`just bench history`: time to first token against the length of the history, through loopd
 and sent directly, and what loopd adds to it.
 
-For each size, one llama-server (SmolLM2-135M, whose 8,192-token training context is the most
-llama-server gives a slot) holds a session whose first message is a document of that many
-tokens. Then, in pairs, alternating which goes first: a question through `loopd serve` and the
-socket (its time to the first content event), and the very request body loopd sends for such
-a question, built beforehand from the session's log (`ExactHistory.next_prompt`,
-`PromptRequest`) and sent straight to `/completion` with httpx; and, for reference, the whole
-history sent as messages to the chat endpoint, which renders and tokenizes it all again. Each
-request processes only its question: the history is cached.
+For each model and size, one llama-server holds a session whose first message is a document of
+that many tokens: SmolLM2-135M (its 8,192-token training context is the most llama-server gives
+a slot), and Gemma 3 270M ($LOOPD_SWA_MODEL; sliding-window attention, 32k context, a template
+with other delimiters), when it is there. Then, in pairs, alternating which goes first: a
+question through `loopd serve` and the socket (its time to the first content event), and the
+very request body loopd sends for such a question, built beforehand from the session's log
+(`ExactHistory.next_prompt`, `PromptRequest`) and sent straight to `/completion` with httpx;
+and, for reference (SmolLM2 only), the whole history sent as messages to the chat endpoint,
+which renders and tokenizes it all again. Each request processes only its question: the
+history is cached.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +35,28 @@ from loopd.session.store import Store
 from loopd.turn.exact import ExactHistory
 from support.daemon import Daemon
 
-# llama-server caps a slot at the model's training context (8,192 for SmolLM2), so the
-# longest history that fits, with room for the questions, is about 7,000 tokens.
-SIZES = (1_000, 3_000, 7_000)
-# Even: each side goes first as often (the first leaves the slot to the second's advantage).
-PAIRS = 6
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    sizes: tuple[int, ...]
+    pairs: int
+    """Even: each side goes first as often (the first leaves the slot to the second's
+    advantage)."""
+    messages: bool
+    """Also send the history as messages to the chat endpoint (not for Gemma: where its
+    rendering parts from the slot early, each such request processes the long history again,
+    minutes at 28,000 tokens on two cores)."""
+
+
+# llama-server caps a slot at the model's training context (8,192 for SmolLM2; 32,768 for
+# Gemma 3 270M), so the longest history that fits, with room for the questions, is about 7,000
+# (28,000) tokens.
+SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), pairs=6, messages=True)
+GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), pairs=4, messages=False)
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
-# About one token per word of this text for SmolLM2's tokenizer.
+# About one token per word of this text for SmolLM2's and Gemma's tokenizers.
 WORDS = "the quick brown fox jumps over a lazy dog while seven birds sing".split()  # noqa: SIM905
 
 
@@ -108,7 +125,7 @@ async def through_loopd(client: Any, turn: str) -> float:
     return (first or time.perf_counter()) - start
 
 
-async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, Any]:
+async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path) -> dict[str, Any]:
     spec = LaunchSpec(binary=binary, model=model, n_ctx=tokens + 4096, threads=2)
     async with managed_server(spec, tmp / f"llama-{tokens}.log") as server:
         d = patient_daemon(tmp / f"loopd-{tokens}", server.url)
@@ -128,7 +145,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
             ):
                 exact = ExactHistory(llama)
                 chats: list[bytes] = []
-                for pair in range(PAIRS):
+                for pair in range(which.pairs):
                     header, records, _ = store.read(store.latest() or "")
                     # The very prompt loopd would send for this question, built beforehand.
                     question = f"Question d{pair}: and now?"
@@ -162,8 +179,14 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                         else:
                             took, seen = await first_content(http, "/completion", same)
                             direct_ms.append(1000 * took)
+<<<<<<< HEAD
                             direct_server_ms.append(seen.get("prompt_ms", 0.0))
                     chats.append(canonical(chat))
+=======
+                            direct_server_ms.append(prompt_ms)
+                    if which.messages:
+                        chats.append(canonical(chat))
+>>>>>>> holdback
                 # Afterwards, not in between: the chat endpoint's rendering of the history is
                 # not the slot's tokens, so a request after it would pay for what it changed.
                 for body in chats:
@@ -179,6 +202,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
             await d.close_clients()
     loopd, direct = statistics.median(loopd_ms), statistics.median(direct_ms)
     return {
+        "model": which.name,
         "tokens": tokens,
         "loopd_ms": loopd,
         "direct_ms": direct,
@@ -193,29 +217,39 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
         ),
         "server_ms": statistics.median(server_ms),
         "direct_server_ms": statistics.median(direct_server_ms),
-        "messages_ms": statistics.median(chat_ms),
+        "messages_ms": statistics.median(chat_ms) if chat_ms else None,
         "ratio": loopd / direct,
     }
 
 
-async def measure(binary: Path, model: Path) -> dict[str, Any]:
+async def measure(binary: Path, model: Path, swa_model: Path | None = None) -> dict[str, Any]:
+    models = [(SMOLLM2, model), *([(GEMMA3, swa_model)] if swa_model else [])]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [await _size(binary, model, tokens, Path(tmp)) for tokens in SIZES]
+        rows = [
+            await _size(binary, path, which, tokens, Path(tmp))
+            for which, path in models
+            for tokens in which.sizes
+        ]
     return {"rows": rows}
 
 
 def table(f: dict[str, Any]) -> list[str]:
     head = (
-        "| history (tokens) | through loopd (server's prompt time) | direct `/completion` "
+        "| model | history (tokens) | through loopd (server's prompt time) | direct `/completion` "
         "(server's prompt time) | loopd adds | history as messages (chat endpoint) |"
     )
     return [
         head,
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
         *(
-            f"| {r['tokens']:,} | {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
+            f"| {r.get('model', SMOLLM2.name)} | {r['tokens']:,} "
+            f"| {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
             f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.0f} ms "
-            f"| {r['messages_ms']:.0f} ms |"
+            f"| {_ms(r.get('messages_ms'))} |"
             for r in f["rows"]
         ),
     ]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"

@@ -66,7 +66,7 @@ def _cost(work: list[tuple[ChatFormat, Case]]) -> dict[str, float]:
     started = time.perf_counter()
     for _ in range(ROUNDS):
         for (fmt, case), split in zip(work, pieces, strict=True):
-            parser = parser_for(fmt, ArgumentTypes(case.raw["tools"]))
+            parser = parser_for(fmt, ArgumentTypes(case.raw["tools"]), tokens=False)
             for piece in split:
                 parser.feed(piece)
             parser.finish()

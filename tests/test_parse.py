@@ -314,6 +314,29 @@ def test_special_tokens_that_end_the_answer_are_not_content(size: int) -> None:
     assert pieces == [Piece("content", "Hi <|x|> there.")]
 
 
+# Gemma 3 270M on its GGUF's ChatML template, as llama-server streamed it token by token: it
+# writes the template's end of message as text.
+CHATML = ChatFormat("<|im_start|>assistant\n", None, False, (), None)
+GEMMA_3_TOKENS = ["<", "|", "im", "_", "end", "|>", "\n", "<", "|", "im", "_", "start", "|>"]
+
+
+def test_a_tag_written_token_by_token_goes_on_at_once() -> None:
+    """Where each piece is whole tokens, a special token comes in one: a tag the model spells
+    out is text, passed on at its first piece (held, it cost the answer's first seven tokens)."""
+    parser = OutputParser(CHATML, tokens=True)
+    assert [parser.feed(text) for text in GEMMA_3_TOKENS[:2]] == [
+        [Piece("content", "<")],
+        [Piece("content", "|")],
+    ]
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+def test_a_special_token_that_ends_the_answer_in_one_piece_is_not_content(tokens: bool) -> None:
+    parser = OutputParser(CHATML, tokens=tokens)
+    out = [p for text in ["Hi", " there.", "<|im_end|>", "\n"] for p in parser.feed(text)]
+    assert merged(out + parser.finish()) == [Piece("content", "Hi there.")]
+
+
 def test_a_marker_of_the_generation_prompt_written_again_is_not_content() -> None:
     raw = "<|im_start|>assistant\nParis."
     fmt = ChatFormat("<|im_start|>assistant\n", None, False, (), None)

@@ -9,8 +9,9 @@ import pytest
 
 from loopd.infer import Content, Progress, StreamErrorEvent, ToolCallDelta, Unread, _parse
 from loopd.infer._assemble import Assembler
+from loopd.infer._format import ChatFormat
 from loopd.infer._parse import OutputParser
-from loopd.infer._raw import RawAssembler
+from loopd.infer._raw import RawAssembler, parser_for
 from loopd.infer._types import one_prompt
 from support.formats import QWEN
 
@@ -78,6 +79,15 @@ def test_text_goes_on_at_once() -> None:
     """Only a delimiter's text waits for the next chunk; words are passed on as they come."""
     raw = assembler()
     assert [e for e in raw.feed(chunk("Hello", [10], 1)) if isinstance(e, Content)]
+
+
+def test_the_client_reads_tokens_a_tag_spelled_out_goes_on_at_once() -> None:
+    """The parser the client gives the stream takes its pieces for whole tokens: Gemma 3's
+    `<|im_end|>` written as text is content from its first token, as the server sent it."""
+    chatml = ChatFormat("<|im_start|>assistant\n", None, False, (), None)
+    raw = RawAssembler(parser_for(chatml), Assembler())
+    events = raw.feed(chunk("<", [236820], 1))
+    assert [e.text for e in events if isinstance(e, Content)] == ["<"]
 
 
 def test_a_tool_call_becomes_deltas_and_a_call() -> None:

@@ -96,7 +96,7 @@ def load_cases(path: Path) -> dict[str, list[Case]]:
 def parse(fmt: ChatFormat, case: Case, piece: int) -> Message:
     """What loopd's parser makes of the case's input fed `piece` characters at a time (all of
     it at once when `piece` is 0), with the case's tools."""
-    parser, text = parser_for(fmt, ArgumentTypes(case.raw["tools"])), case.input
+    parser, text = parser_for(fmt, ArgumentTypes(case.raw["tools"]), tokens=False), case.input
     pieces = []
     step = piece or max(len(text), 1)
     for at in range(0, len(text), step):

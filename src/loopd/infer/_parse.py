@@ -30,9 +30,11 @@ _MARKER = rf"\s*(?:{_TAG})(?:\w{{1,20}}\s*(?:{_TAG}))?"
 END_MARKERS = re.compile(rf"(?:{_MARKER})+\s*$")
 # While the answer goes on: what may still turn out to be such a run, held back until the next
 # piece says (whitespace, tokens, a token and the start of its name, the start of a token).
-MAYBE_END = re.compile(
-    rf"(?:{_MARKER})*\s*(?:(?:{_TAG})\w{{0,20}}\s*)?(?:<[|\uff5c]?[^<>\s]{{0,60}})?$"
-)
+_MAYBE_RUN = rf"(?:{_MARKER})*\s*(?:(?:{_TAG})\w{{0,20}}\s*)?"
+MAYBE_END = re.compile(rf"{_MAYBE_RUN}(?:<[|\uff5c]?[^<>\s]{{0,60}})?$")
+# Where each piece is whole tokens (llama-server's stream), a special token's text comes in one
+# piece: the start of a tag is text the model writes (Gemma 3's `<`, `|`, `im`, ...), not one.
+MAYBE_END_OF_TOKENS = re.compile(rf"{_MAYBE_RUN}$")
 
 # A value between these is text, whatever it holds (a closing tag too).
 CDATA = ("<![CDATA[", "]]>")
@@ -167,8 +169,12 @@ def _held(text: str, delimiter: str) -> int:
 
 
 class OutputParser:
-    def __init__(self, fmt: ChatFormat, types: ArgumentTypes | None = None) -> None:
+    def __init__(
+        self, fmt: ChatFormat, types: ArgumentTypes | None = None, *, tokens: bool = False
+    ) -> None:
         self.fmt = fmt
+        self._tokens = tokens
+        """Each piece is whole tokens: a special token's text is never split over two."""
         self._types = types or ArgumentTypes()
         self._state: Literal["start", "reasoning", "content", "call"] = (
             "reasoning" if fmt.thinking_open else "start"
@@ -268,7 +274,7 @@ class OutputParser:
                 continue
             if head.startswith(marker):
                 head = head[len(marker) :].lstrip()
-            elif marker.startswith(head) and not final:
+            elif marker.startswith(head) and not final and not self._tokens:
                 return False
         for prefix in prefixes:
             if head.startswith(prefix):
@@ -322,7 +328,7 @@ class OutputParser:
             self._emit_content(out, ending.start() if ending else len(self._buffer))
             self._buffer = ""
             return
-        maybe = MAYBE_END.search(self._buffer)
+        maybe = (MAYBE_END_OF_TOKENS if self._tokens else MAYBE_END).search(self._buffer)
         ending_at = maybe.start() if maybe else len(self._buffer)
         keep = max([len(self._buffer) - ending_at, *self._held_openers()])
         self._emit_content(out, len(self._buffer) - keep)

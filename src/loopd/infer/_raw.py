@@ -28,9 +28,13 @@ __all__ = ["RawAssembler", "parser_for"]
 log = logging.getLogger(__name__)
 
 
-def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputParser | HarmonyParser:
-    """The parser of a format: harmony's messages, or the learned delimiters."""
-    return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types)
+def parser_for(
+    fmt: ChatFormat, types: ArgumentTypes | None = None, *, tokens: bool = True
+) -> OutputParser | HarmonyParser:
+    """The parser of a format: harmony's messages, or the learned delimiters; `tokens`: each
+    piece it is fed is the text of whole tokens, as llama-server streams them (False for text
+    cut anywhere)."""
+    return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types, tokens=tokens)
 
 
 class _RawChunk(Loose):
