@@ -179,14 +179,9 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
                         else:
                             took, seen = await first_content(http, "/completion", same)
                             direct_ms.append(1000 * took)
-<<<<<<< HEAD
                             direct_server_ms.append(seen.get("prompt_ms", 0.0))
-                    chats.append(canonical(chat))
-=======
-                            direct_server_ms.append(prompt_ms)
                     if which.messages:
                         chats.append(canonical(chat))
->>>>>>> holdback
                 # Afterwards, not in between: the chat endpoint's rendering of the history is
                 # not the slot's tokens, so a request after it would pay for what it changed.
                 for body in chats:

@@ -622,8 +622,10 @@ GRANITE_33 = ChatFormat(
     [
         (
             COMMAND_R7B,
-            '<|START_ACTION|>\n[\n    {"tool_call_id": "0", "tool_name": "find_tool", '
-            '"parameters": {"query": "weather"}}\n]<|END_ACTION|>',
+            (
+                '<|START_ACTION|>\n[\n    {"tool_call_id": "0", "tool_name": "find_tool", '
+                '"parameters": {"query": "weather"}}\n]<|END_ACTION|>'
+            ),
         ),
         (
             GLM_47,
@@ -631,8 +633,10 @@ GRANITE_33 = ChatFormat(
         ),
         (
             GRANITE_33,
-            '<|tool_call|>[\n  {\n    "name": "find_tool",\n    "arguments": {"query": "weather"}\n'
-            "  }\n]",
+            (
+                '<|tool_call|>[\n  {\n    "name": "find_tool",\n'
+                '    "arguments": {"query": "weather"}\n  }\n]'
+            ),
         ),
     ],
     ids=["cohere", "glm", "granite"],

@@ -49,7 +49,7 @@ OPEN_WINDOW = 200
 NOT_IN_A_NAME = re.compile(r"[\s<>{}\[\]()\"'`]")
 
 
-class _NotACall(Exception):  # noqa: N818 - a signal inside the parser, not an error
+class _NotACall(Exception):
     """The text after a call's opening cannot be a call, whatever follows: it is content up to
     `end` (where the next call may open)."""
 
@@ -460,14 +460,20 @@ class OutputParser:
             if closed and self._next_call_opens(text[closed.end() :]):
                 raise _NotACall(closed.end()) from None
             return None
-        rest = text[args_end:]
-        if self._close is not None:
-            close = self._close.match(rest.lstrip())
-            if close is not None:
-                rest = rest.lstrip()[close.end() :]
-            elif final and call.close.strip().startswith(rest.strip()):
-                rest = ""  # the model stopped before its closing tag: the call is whole
-            elif not self._next_call_opens(rest):
-                return None
+        rest = self._after_close(text[args_end:], final)
+        if rest is None:
+            return None
         written = text[args_at:args_end] if call.notation == "json" else json.dumps(value)
         return name, written, rest
+
+    def _after_close(self, rest: str, final: bool) -> str | None:
+        """What follows a call's close, after its arguments; None while the close is still to
+        come."""
+        call = self.fmt.tool_call
+        if self._close is None or call is None:
+            return rest
+        if close := self._close.match(rest.lstrip()):
+            return rest.lstrip()[close.end() :]
+        if final and call.close.strip().startswith(rest.strip()):
+            return ""  # the model stopped before its closing tag: the call is whole
+        return rest if self._next_call_opens(rest) else None
