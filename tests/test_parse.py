@@ -562,15 +562,21 @@ _ADVERSARIAL = st.lists(
 @given(text=_ADVERSARIAL, size=st.integers(1, 9))
 # A call's arguments nested past Python's stack: json.loads raised RecursionError in harmony.
 @example(text="to=functions.<|channel|>analysis<|message|>" + "[" * 2000, size=1)
+# A message opened and never given a header: harmony's reader looped for ever.
+@example(text="<|end|><|start|>assistant" + "[" * 500, size=1)
 def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> None:
     """Random and adversarial text in every format, whole and in pieces: the parser reads it
-    without raising (where it would, the answer goes on: tests/test_raw.py)."""
-    results = []
-    for step in (size, max(len(text), 1)):
-        parser = parser_for(fmt)
+    without raising (where it would, the answer goes on: tests/test_raw.py), and cut anywhere
+    it reads as whole; as pieces of whole tokens (a tag never cut), it reads without raising."""
+
+    def read(step: int, *, tokens: bool) -> list[Piece]:
+        parser = parser_for(fmt, tokens=tokens)
         pieces = [p for i in range(0, len(text), step) for p in parser.feed(text[i : i + step])]
-        results.append(merged([*pieces, *parser.finish()]))
-    assert results[0] == results[1]
+        return merged([*pieces, *parser.finish()])
+
+    whole = max(len(text), 1)
+    assert read(size, tokens=False) == read(whole, tokens=False)
+    read(size, tokens=True)
 
 
 # As learned from llama.cpp's templates on a real llama-server.
