@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from history import MAX_TOKENS, SAMPLING, document, first_content, patient_daemon, through_loopd
+from history import document, first_content, loopds_request, patient_daemon, through_loopd
 
-from loopd.config import LoopConfig
-from loopd.infer import Client, Generation, PromptRequest, slot_tokens
+from loopd.infer import Client, slot_tokens
 from loopd.server_proc import LaunchSpec, managed_server
-from loopd.session.records import UsageRecord, UserRecord
+from loopd.session.records import UsageRecord
 from loopd.session.store import Store
 from loopd.turn.exact import ExactHistory
 from support.daemon import LineClient
@@ -84,18 +83,9 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                 for pair in range(PAIRS):
                     turn = f"f{pair}"
                     # The very prompt loopd sends for the fork's question, built beforehand.
-                    after = [*records, UserRecord(content=f"Question {turn}: and now?")]
-                    built = await exact.next_prompt(header.baseline, after, thinking=True)
+                    question = f"Question {turn}: and now?"
                     body = json.loads(
-                        PromptRequest(
-                            prompt=built.pieces,
-                            format=built.format,
-                            generation=Generation(
-                                thinking_cap=LoopConfig().thinking_cap,
-                                max_tokens=MAX_TOKENS,
-                                sampling=SAMPLING,
-                            ),
-                        ).body()
+                        await loopds_request(exact, header.baseline, records, question)
                     )
                     body |= {"cache_prompt": False, "id_slot": BASELINE_SLOT}
                     row: dict[str, Any] = {}

@@ -30,7 +30,7 @@ from loopd.config import LoopConfig
 from loopd.infer import Client, Generation, PromptRequest
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.session.baseline import make_baseline, messages
-from loopd.session.records import UsageRecord, UserRecord
+from loopd.session.records import Baseline, Record, UsageRecord, UserRecord
 from loopd.session.store import Store
 from loopd.turn.exact import ExactHistory
 from support.daemon import Daemon
@@ -77,6 +77,21 @@ def patient_daemon(home: Path, url: str, server: str = "") -> Daemon:
         "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
     )
     return d
+
+
+async def loopds_request(
+    exact: ExactHistory, baseline: Baseline, records: list[Record], question: str
+) -> bytes:
+    """The very request body loopd sends for `question` after `records`, built beforehand."""
+    after = [*records, UserRecord(content=question)]
+    built = await exact.next_prompt(baseline, after, thinking=True)
+    return PromptRequest(
+        prompt=built.pieces,
+        format=built.format,
+        generation=Generation(
+            thinking_cap=LoopConfig().thinking_cap, max_tokens=MAX_TOKENS, sampling=SAMPLING
+        ),
+    ).body()
 
 
 async def first_content(
@@ -149,17 +164,7 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
                     header, records, _ = store.read(store.latest() or "")
                     # The very prompt loopd would send for this question, built beforehand.
                     question = f"Question d{pair}: and now?"
-                    after = [*records, UserRecord(content=question)]
-                    built = await exact.next_prompt(header.baseline, after, thinking=True)
-                    same = PromptRequest(
-                        prompt=built.pieces,
-                        format=built.format,
-                        generation=Generation(
-                            thinking_cap=LoopConfig().thinking_cap,
-                            max_tokens=MAX_TOKENS,
-                            sampling=SAMPLING,
-                        ),
-                    ).body()
+                    same = await loopds_request(exact, header.baseline, records, question)
                     chat = {
                         "messages": [
                             *messages(header.baseline, records),
