@@ -18,7 +18,7 @@ from pydantic import Field, TypeAdapter
 
 from ._assemble import Assembler, Loose, PromptProgress, read_chunk
 from ._format import ChatFormat
-from ._harmony import HarmonyParser
+from ._messages import MessageParser
 from ._parse import OutputParser, Piece
 from ._schema import ArgumentTypes
 from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings, Unread
@@ -28,9 +28,10 @@ __all__ = ["RawAssembler", "parser_for"]
 log = logging.getLogger(__name__)
 
 
-def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputParser | HarmonyParser:
-    """The parser of a format: harmony's messages, or the learned delimiters."""
-    return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types)
+def parser_for(fmt: ChatFormat, types: ArgumentTypes | None = None) -> OutputParser | MessageParser:
+    """The parser of a format: its messages (harmony's, muse-glimmer's), or the learned
+    delimiters."""
+    return MessageParser(fmt, types) if fmt.messages else OutputParser(fmt, types)
 
 
 class _RawChunk(Loose):
@@ -49,7 +50,7 @@ _CHUNK = TypeAdapter(_RawChunk)
 
 @dataclass
 class RawAssembler:
-    parser: OutputParser | HarmonyParser
+    parser: OutputParser | MessageParser
     inner: Assembler
     tokens: list[PromptPiece] = field(default_factory=list)
     _held: str = ""
