@@ -482,9 +482,13 @@ def _muse(*messages: str, end: str = "<|eot|>") -> str:
             _muse("to=user<|message|>Looking.", MUSE_WEATHER, end=""),
             [Piece("content", "Looking."), Piece("call", '{"city": "Paris"}', "weather.get")],
         ),
-        (
-            _muse(_muse_call("n", n="1"), _muse_call("n", n="2"), end="<|eom|>"),
-            [Piece("call", '{"n": 1}', "n"), Piece("call", '{"n": 2}', "n")],
+        (  # two calls, each a message of its own
+            _muse("to=self<|message|>Both.", _muse_call("n", n="1"), _muse_call("n", n="2")),
+            [
+                Piece("reasoning", "Both."),
+                Piece("call", '{"n": 1}', "n"),
+                Piece("call", '{"n": 2}', "n"),
+            ],
         ),
         (  # a call's markup in the reasoning or the content is text
             _muse(f"to=self<|message|>Use {MUSE_WEATHER}", f"to=user<|message|>Or {MUSE_WEATHER}"),
