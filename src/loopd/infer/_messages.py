@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ._format import ChatFormat
 from ._parse import OutputParser, Piece, _held
@@ -56,8 +56,16 @@ def _recipient(header: str, *, ignore: str = "") -> str | None:
 
 @dataclass(frozen=True)
 class Harmony:
-    ends: tuple[str, ...] = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
-    header_starts: tuple[str, ...] = ("<|channel|>", "<|start|>", "<|constrain|>", "<|end|>", "to=")
+    """gpt-oss's messages: a channel and maybe a recipient; a call's body is JSON."""
+
+    ends: ClassVar[tuple[str, ...]] = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
+    header_starts: ClassVar[tuple[str, ...]] = (
+        "<|channel|>",
+        "<|start|>",
+        "<|constrain|>",
+        "<|end|>",
+        "to=",
+    )
     """What a header may open with; text that cannot begin any of these is plain content."""
 
     def kind(self, header: str) -> tuple[Kind, str]:
@@ -82,10 +90,12 @@ class Harmony:
 
 @dataclass(frozen=True)
 class Atem:
+    """muse-glimmer's messages: a recipient alone; a call's body is `<atem:function_calls>`."""
+
     fmt: ChatFormat
     types: ArgumentTypes | None = None
-    ends: tuple[str, ...] = ("<|eom|>", "<|eot|>", "<|start|>")
-    header_starts: tuple[str, ...] = ("<|start|>", "to=")
+    ends: ClassVar[tuple[str, ...]] = ("<|eom|>", "<|eot|>", "<|start|>")
+    header_starts: ClassVar[tuple[str, ...]] = ("<|start|>", "to=")
 
     def kind(self, header: str) -> tuple[Kind, str]:
         recipient = _recipient(header)
