@@ -6,21 +6,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.infer._harmony import HarmonyParser
+from loopd.infer._messages import MessageParser
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
 from support.formats import GPT_OSS, merged
 
 
 def read(text: str, size: int = 0) -> list[Piece]:
-    parser = HarmonyParser(GPT_OSS)
+    parser = MessageParser(GPT_OSS)
     step = size or max(len(text), 1)
     out = [p for at in range(0, len(text), step) for p in parser.feed(text[at : at + step])]
     return merged(out + parser.finish())
 
 
 def test_a_harmony_format_gets_the_harmony_parser() -> None:
-    assert isinstance(parser_for(GPT_OSS), HarmonyParser)
+    assert isinstance(parser_for(GPT_OSS), MessageParser)
 
 
 def test_reasoning_then_the_final_answer() -> None:

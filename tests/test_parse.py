@@ -14,7 +14,7 @@ from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
 from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from support.formats import GEMMA_4, GPT_OSS, LFM2, QWEN, QWEN_CODER, merged
+from support.formats import GEMMA_4, GPT_OSS, LFM2, MUSE_GLIMMER, QWEN, QWEN_CODER, merged
 
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
@@ -466,6 +466,96 @@ def test_what_is_not_gemmas_notation_is_refused(text: str) -> None:
         decode_arguments("gemma", text, 0)
 
 
+# muse-glimmer writes an answer as messages, each to a recipient: itself (reasoning), the user
+# (content) or a tool (a call), one after another (`<|eom|><|start|>assistant to=...`).
+def _muse_call(name: str, **arguments: str) -> str:
+    params = "".join(
+        f'<atem:parameter name="{k}">{v}</atem:parameter>\n' for k, v in arguments.items()
+    )
+    return (
+        f'to={name}<|message|><atem:function_calls>\n<atem:invoke name="{name}">\n{params}'
+        "</atem:invoke>\n</atem:function_calls>"
+    )
+
+
+MUSE_WEATHER = _muse_call("weather.get", city="Paris")
+MUSE_TOOLS = ArgumentTypes([_tool("weather.get", city={"type": "string"}), _tool("n", n={})])
+
+
+def _muse(*messages: str, end: str = "<|eot|>") -> str:
+    """An answer of these messages, as the model writes it after the generation prompt."""
+    return " " + "<|eom|><|start|>assistant ".join(messages) + end
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (  # the issue's: reasoning, then a call, not one call named `self<|message|>...`
+            _muse("to=self<|message|>Let me check the weather.", MUSE_WEATHER),
+            [
+                Piece("reasoning", "Let me check the weather."),
+                Piece("call", '{"city": "Paris"}', "weather.get"),
+            ],
+        ),
+        (  # an answer with no call: no markup in the content
+            _muse("to=self<|message|>A greeting.", "to=user<|message|>Hello!"),
+            [Piece("reasoning", "A greeting."), Piece("content", "Hello!")],
+        ),
+        (  # content, then a call, the answer ending with the call's close
+            _muse("to=user<|message|>Looking.", MUSE_WEATHER, end=""),
+            [Piece("content", "Looking."), Piece("call", '{"city": "Paris"}', "weather.get")],
+        ),
+        (  # two calls, each a message of its own
+            _muse("to=self<|message|>Both.", _muse_call("n", n="1"), _muse_call("n", n="2")),
+            [
+                Piece("reasoning", "Both."),
+                Piece("call", '{"n": 1}', "n"),
+                Piece("call", '{"n": 2}', "n"),
+            ],
+        ),
+        (  # a call's markup in the reasoning or the content is text
+            _muse(f"to=self<|message|>Use {MUSE_WEATHER}", f"to=user<|message|>Or {MUSE_WEATHER}"),
+            [
+                Piece("reasoning", f"Use {MUSE_WEATHER}"),
+                Piece("content", f"Or {MUSE_WEATHER}"),
+            ],
+        ),
+        (  # a body for a tool that is no call stays visible
+            _muse("to=self<|message|>Hm.", "to=weather.get<|message|>Paris?"),
+            [Piece("reasoning", "Hm."), Piece("content", "Paris?")],
+        ),
+    ],
+)
+@pytest.mark.parametrize("size", [1, 3, 0])
+def test_muse_glimmers_messages_by_their_recipients(
+    raw: str, expected: list[Piece], size: int
+) -> None:
+    parser, step = parser_for(MUSE_GLIMMER, MUSE_TOOLS), size or len(raw)
+    pieces = [p for at in range(0, len(raw), step) for p in parser.feed(raw[at : at + step])]
+    assert merged([*pieces, *parser.finish()]) == expected
+
+
+# What muse-glimmer writes, and pieces of it.
+_MUSE_MARKUP = [
+    *("<|start|>assistant ", "to=self", "to=user", "to=n", "<|message|>", "<|eom|>", "<|eot|>"),
+    *_muse_call("n", n="1").split("\n"),
+    *("<|", "|>", "<", "\n", " ", "=", '"', "1"),
+]
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.lists(st.sampled_from(_MUSE_MARKUP) | st.text(max_size=4), max_size=20), st.integers(1, 7)
+)
+def test_muse_glimmer_reads_the_same_in_pieces_as_whole(parts: list[str], size: int) -> None:
+    text, results = "".join(parts), []
+    for step in (size, max(len(text), 1)):
+        parser = parser_for(MUSE_GLIMMER, MUSE_TOOLS)
+        pieces = [p for i in range(0, len(text), step) for p in parser.feed(text[i : i + step])]
+        results.append(merged([*pieces, *parser.finish()]))
+    assert results[0] == results[1]
+
+
 def test_calls_written_as_python_become_json() -> None:
     raw = (
         "Looking.<|tool_call_start|>[find_tool(query='a) b'), call_tool(name='read_file', "
@@ -562,6 +652,9 @@ _ADVERSARIAL = st.lists(
 @given(text=_ADVERSARIAL, size=st.integers(1, 9))
 # A call's arguments nested past Python's stack: json.loads raised RecursionError in harmony.
 @example(text="to=functions.<|channel|>analysis<|message|>" + "[" * 2000, size=1)
+# A call with no name, then whitespace: a call named "", and the whitespace read otherwise
+# in pieces.
+@example(text='"<invoke name=">\n</invoke>\n', size=1)
 # A message opened and never given a header: harmony's reader looped for ever.
 @example(text="<|end|><|start|>assistant" + "[" * 500, size=1)
 def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> None:
@@ -706,3 +799,8 @@ def test_a_malformed_call_stays_content_and_the_good_call_after_it_is_read(bad: 
             Piece("content", bad),
             Piece("call", '{"zone": "UTC"}', "get_time"),
         ]
+
+
+def test_a_call_without_a_name_is_content() -> None:
+    raw = 'See: <minimax:tool_call>\n<invoke name="">\n</invoke>\n</minimax:tool_call>'
+    assert parse(MINIMAX, [raw]) == [Piece("content", raw)]

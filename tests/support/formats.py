@@ -79,7 +79,7 @@ def merged(pieces: Iterable[Piece]) -> list[Piece]:
 
 MUSE_GLIMMER = ChatFormat(
     generation_prompt="<|start|>assistant",
-    think=None,
+    think=("to=self<|message|>", "<|eom|>"),
     thinking_open=False,
     content_prefixes=("to=user<|message|>",),
     tool_call=ToolCallFormat(

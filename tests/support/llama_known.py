@@ -3,10 +3,6 @@ why (tests/test_llama_cases.py). The list only shrinks: a case read right fails 
 it is taken off."""
 
 BY_REASON: dict[str, list[str]] = {
-    "muse-glimmer's several messages (to=user, to=self) not read as messages": [
-        "muse-glimmer#2",
-        "muse-glimmer#6",
-    ],
     "Apriel 1.6's reasoning, opened by plain text in its generation prompt, not learned": [
         "Apriel-1.6-15b-Thinker-fixed#0",
         "Apriel-1.6-15b-Thinker-fixed#1",

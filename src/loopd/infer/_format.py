@@ -126,10 +126,15 @@ class ChatFormat:
     calls follow none of the shapes it knows: loopd could not read them)."""
 
     @property
+    def messages(self) -> bool:
+        """An answer of several messages, each a header, `<|message|>` and a body (`_messages`),
+        not a pair of tags: gpt-oss's harmony, muse-glimmer's messages to a recipient."""
+        return self.think is not None and self.think[0].endswith("<|message|>")
+
+    @property
     def harmony(self) -> bool:
-        """gpt-oss's message format: channels, recipients and several messages in one answer
-        (`_harmony`), not a pair of tags."""
-        return self.think is not None and self.think[0].startswith("<|channel|>")
+        """gpt-oss's message format: channels, recipients and several messages in one answer."""
+        return self.messages and self.think is not None and self.think[0].startswith("<|channel|>")
 
     def markers(self) -> list[str]:
         """Every delimiter the parser looks for, to be sent as `preserved_tokens` so the server

@@ -140,7 +140,7 @@ def _specials(delimiters: Iterable[str]) -> tuple[str, ...]:
 # A harmony call's header after the tool's name: the template writes
 # `<|channel|>commentary json<|message|>`; gpt-oss names the channel first
 # (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`). The parser reads
-# any header with that recipient (`_harmony`).
+# any header with that recipient (`_messages`).
 HARMONY_RECIPIENT = "to=functions."
 HARMONY_HEADER = '"<|channel|>commentary"? ( " " "<|constrain|>"? "json" )? "<|message|>"'
 

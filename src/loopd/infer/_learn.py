@@ -62,6 +62,9 @@ KNOWN_THINK_TAGS = (
     ("◁think▷", "◁/think▷"),
     ("<|channel|>analysis<|message|>", "<|end|>"),
     ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+    # muse-glimmer: a message to itself. Its template writes no content beside calls, so the
+    # probe, whose message has both, never shows what follows the reasoning.
+    ("to=self<|message|>", "<|eom|>"),
 )
 
 

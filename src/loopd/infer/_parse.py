@@ -291,6 +291,10 @@ class OutputParser:
         """After a call: another call of the same block, the block's end, or what follows.
         False while the text could still be either."""
         call, head = self.fmt.tool_call, self._buffer.lstrip()
+        # What follows a call starts after its whitespace, in whichever piece that comes.
+        self._buffer = head
+        if not head and not final:
+            return False
         if call is None or not (call.again or call.block_close or self._tail):
             self._in_block = False
             return True
@@ -392,8 +396,12 @@ class OutputParser:
         name = written.strip().strip('"')
         if NOT_IN_A_NAME.search(name) is None:
             return name
+        raise _NotACall(self._next_head())
+
+    def _next_head(self) -> int:
+        """Where the next call's opening may begin, past the start of the call read now."""
         heads = [at for h, _ in self._openers if (at := self._buffer.find(h, 1)) >= 0]
-        raise _NotACall(min(heads, default=len(self._buffer)))
+        return min(heads, default=len(self._buffer))
 
     def _parse_params(self) -> tuple[str, str, str] | None:
         """`name`, then `key_open key key_end value value_end` for each argument, then the
@@ -406,8 +414,12 @@ class OutputParser:
         if first is None or (closed is not None and closed.start() < first.end()):
             if closed is None:
                 return None
-            return self._name(text[: closed.start()]), "{}", text[closed.end() :]
+            if not (name := self._name(text[: closed.start()])):
+                raise _NotACall(self._next_head())
+            return name, "{}", text[closed.end() :]
         name, arguments, at = self._name(text[: first.start()]), {}, first.end()
+        if not name:
+            raise _NotACall(self._next_head())
         while True:
             key_end = p.key_end.search(text, at)
             if not key_end:

@@ -18,7 +18,7 @@ from pydantic import Field, TypeAdapter
 
 from ._assemble import Assembler, Loose, PromptProgress, read_chunk
 from ._format import ChatFormat
-from ._harmony import HarmonyParser
+from ._messages import MessageParser
 from ._parse import OutputParser, Piece
 from ._schema import ArgumentTypes
 from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings, Unread
@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 
 def parser_for(
     fmt: ChatFormat, types: ArgumentTypes | None = None, *, tokens: bool = True
-) -> OutputParser | HarmonyParser:
-    """The parser of a format: harmony's messages, or the learned delimiters; `tokens`: each
-    piece it is fed is the text of whole tokens, as llama-server streams them (False for text
-    cut anywhere)."""
-    return HarmonyParser(fmt) if fmt.harmony else OutputParser(fmt, types, tokens=tokens)
+) -> OutputParser | MessageParser:
+    """The parser of a format: its messages (harmony's, muse-glimmer's), or the learned
+    delimiters; `tokens`: each piece it is fed is the text of whole tokens, as llama-server
+    streams them (False for text cut anywhere)."""
+    return MessageParser(fmt, types) if fmt.messages else OutputParser(fmt, types, tokens=tokens)
 
 
 class _RawChunk(Loose):
@@ -53,7 +53,7 @@ _CHUNK = TypeAdapter(_RawChunk)
 
 @dataclass
 class RawAssembler:
-    parser: OutputParser | HarmonyParser
+    parser: OutputParser | MessageParser
     inner: Assembler
     tokens: list[PromptPiece] = field(default_factory=list)
     _held: str = ""
