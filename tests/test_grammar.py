@@ -245,6 +245,15 @@ NOTATION_ANSWERS = {
         "<|channel|>analysis<|message|>Notes.<|end|><|start|>assistant ",
         'to=functions.edit<|channel|>commentary json<|message|>{"path": "a.md", "count": 2}',
     ),
+    "llm-jp, harmony's header spaced": (
+        GPT_OSS,
+        "<|channel|>final<|message|>Hello!<|return|>",
+        "<|channel|>analysis<|message|>Notes.<|end|><|start|>assistant ",
+        (
+            "to=functions.edit<|channel|>commentary <|constrain|> json<|message|>"
+            '{"path": "a.md", "count": 2}'
+        ),
+    ),
     "gpt-oss, the channel first": (
         GPT_OSS,
         "<|channel|>final<|message|>Hello!<|return|>",

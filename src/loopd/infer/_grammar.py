@@ -137,12 +137,12 @@ def _specials(delimiters: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for d in delimiters for m in SPECIAL.findall(d)))
 
 
-# A harmony call's header after the tool's name: the template writes
-# `<|channel|>commentary json<|message|>`; gpt-oss names the channel first
-# (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`). The parser reads
-# any header with that recipient (`_messages`).
+# A harmony call's header after the tool's name: gpt-oss's template writes
+# `<|channel|>commentary json<|message|>`, llm-jp's `<|channel|>commentary <|constrain|> json`;
+# gpt-oss names the channel first (`<|channel|>commentary to=functions.NAME
+# <|constrain|>json<|message|>`). The parser reads any header with that recipient (`_messages`).
 HARMONY_RECIPIENT = "to=functions."
-HARMONY_HEADER = '"<|channel|>commentary"? ( " " "<|constrain|>"? "json" )? "<|message|>"'
+HARMONY_HEADER = '"<|channel|>commentary"? ( " " ( "<|constrain|>" " "? )? "json" )? "<|message|>"'
 
 
 def _harmony(offered: list[tuple[str, Mapping[str, Any]]]) -> CallGrammar:

@@ -390,11 +390,12 @@ class OutputParser:
         rest = rest.lstrip()
         self._buffer, self._state, self._in_block = rest, "content", True
 
-    def _name(self, written: str) -> str:
+    def _name(self, written: str, *, whole: bool = False) -> str:
         """A call's name as written before its arguments; raises `_NotACall` where it runs
-        across text no name holds (a call whose arguments never opened, and the next call)."""
+        across text no name holds (a call whose arguments never opened, and the next call),
+        or where it is empty and `whole` (no more of it is to come)."""
         name = written.strip().strip('"')
-        if NOT_IN_A_NAME.search(name) is None:
+        if NOT_IN_A_NAME.search(name) is None and (name or not whole):
             return name
         raise _NotACall(self._next_head())
 
@@ -414,12 +415,8 @@ class OutputParser:
         if first is None or (closed is not None and closed.start() < first.end()):
             if closed is None:
                 return None
-            if not (name := self._name(text[: closed.start()])):
-                raise _NotACall(self._next_head())
-            return name, "{}", text[closed.end() :]
-        name, arguments, at = self._name(text[: first.start()]), {}, first.end()
-        if not name:
-            raise _NotACall(self._next_head())
+            return self._name(text[: closed.start()], whole=True), "{}", text[closed.end() :]
+        name, arguments, at = self._name(text[: first.start()], whole=True), {}, first.end()
         while True:
             key_end = p.key_end.search(text, at)
             if not key_end:
