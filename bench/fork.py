@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from history import document, first_content, loopds_request, patient_daemon, through_loopd
+from history import first_content, loopds_request, patient_daemon, read_document, through_loopd
 
 from loopd.infer import Client, slot_tokens
 from loopd.server_proc import LaunchSpec, managed_server
@@ -68,9 +68,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
         rows = []
         try:
             client = await d.connect()
-            done = await client.turn("doc", document(tokens), timeout=3600)
-            if done[-1]["type"] != "turn_done":
-                raise RuntimeError(f"the document's turn failed: {done[-1]}")
+            await read_document(client, tokens)
             store = Store(d.home / "sessions")
             parent = store.latest() or ""
             header, records, _ = store.read(parent)

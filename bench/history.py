@@ -33,7 +33,7 @@ from loopd.session.baseline import make_baseline, messages
 from loopd.session.records import Baseline, Record, UsageRecord, UserRecord
 from loopd.session.store import Store
 from loopd.turn.exact import ExactHistory
-from support.daemon import Daemon
+from support.daemon import Daemon, LineClient
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,13 @@ def patient_daemon(home: Path, url: str, server: str = "") -> Daemon:
         "[server.sampling]\ntemperature = 0\nignore_eos = true\n"
     )
     return d
+
+
+async def read_document(client: LineClient, tokens: int) -> None:
+    """A first turn whose message is a document of about `tokens` tokens."""
+    done = await client.turn("doc", document(tokens), timeout=3600)
+    if done[-1]["type"] != "turn_done":
+        raise RuntimeError(f"the document's turn failed: {done[-1]}")
 
 
 async def loopds_request(
@@ -149,10 +156,7 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
         server_ms, direct_server_ms = [], []
         try:
             client = await d.connect()
-            # The history, processed once.
-            done = await client.turn("doc", document(tokens), timeout=3600)
-            if done[-1]["type"] != "turn_done":
-                raise RuntimeError(f"the document's turn failed: {done[-1]}")
+            await read_document(client, tokens)  # the history, processed once
             store = Store(d.home / "sessions")
             async with (
                 httpx.AsyncClient(base_url=server.url, timeout=3600) as http,
