@@ -18,7 +18,17 @@ from loopd.infer._grammar import call_grammar
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
 from loopd.session.baseline import TOOLS
-from support.formats import GEMMA_4, GPT_OSS, KIMI_K3, LFM2, MUSE_GLIMMER, QWEN, QWEN_CODER, merged
+from support.formats import (
+    FUNCTIONARY_V32,
+    GEMMA_4,
+    GPT_OSS,
+    KIMI_K3,
+    LFM2,
+    MUSE_GLIMMER,
+    QWEN,
+    QWEN_CODER,
+    merged,
+)
 from support.gbnf import Sampler, prefix_allowed
 
 
@@ -188,7 +198,13 @@ OPTIONAL = {  # no property required: a comma only between those written
 }
 ALL_TOOLS = [*TOOLS, EDIT, OPTIONAL]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in ALL_TOOLS}
-NOTATIONS = {"Gemma 4": GEMMA_4, "LFM2": LFM2, "gpt-oss": GPT_OSS, "Qwen": QWEN}
+NOTATIONS = {
+    "Gemma 4": GEMMA_4,
+    "LFM2": LFM2,
+    "gpt-oss": GPT_OSS,
+    "Qwen": QWEN,
+    "Functionary v3.2": FUNCTIONARY_V32,
+}
 
 
 def _read(fmt: ChatFormat, text: str) -> list[Piece]:
@@ -253,6 +269,20 @@ NOTATION_ANSWERS = {
             "to=functions.edit<|channel|>commentary <|constrain|> json<|message|>"
             '{"path": "a.md", "count": 2}'
         ),
+    ),
+    # The generation prompt wrote the first call's opening (`>>>`): the grammar applies from
+    # the start of the answer, where the call's name is; a later call has its opening.
+    "Functionary v3.2, the first call": (
+        FUNCTIONARY_V32,
+        "all\nHello!<|eot_id|>",
+        "",
+        'find_tool\n{"query": "weather"}',
+    ),
+    "Functionary v3.2, a call after content": (
+        FUNCTIONARY_V32,
+        "all\nHello! find_tool was not needed.<|eot_id|>",
+        "all\nLet me look.",
+        '>>>edit\n{"path": "a.md", "count": 2}',
     ),
     "gpt-oss, the channel first": (
         GPT_OSS,

@@ -14,7 +14,18 @@ from loopd.infer._notation import decode_arguments
 from loopd.infer._parse import OutputParser, Piece
 from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from support.formats import GEMMA_4, GPT_OSS, LFM2, MUSE_GLIMMER, QWEN, QWEN_CODER, merged
+from support.formats import (
+    COMMAND_R7B,
+    FUNCTIONARY_V32,
+    GEMMA_4,
+    GPT_OSS,
+    LFM2,
+    MUSE_GLIMMER,
+    QWEN,
+    QWEN_CODER,
+    SOLAR_OPEN,
+    merged,
+)
 
 QWQ = ChatFormat(
     generation_prompt="<|im_start|>assistant\n<think>\n",
@@ -627,7 +638,10 @@ def test_python_arguments_read_as_llama_cpp_reads_them(text: str, expected: obje
     assert decode_arguments("python", text + "]", 0) == (expected, len(text))
 
 
-FORMATS = [QWEN, QWQ, LLAMA, QWEN_CODER, MINIMAX, MINIMAX_M3, MISTRAL, GEMMA_4, LFM2, GPT_OSS]
+FORMATS = [
+    *(QWEN, QWQ, LLAMA, QWEN_CODER, MINIMAX, MINIMAX_M3, MISTRAL, GEMMA_4, LFM2, GPT_OSS),
+    *(COMMAND_R7B, SOLAR_OPEN, FUNCTIONARY_V32),
+]
 
 
 def _delimiters(fmt: ChatFormat) -> list[str]:
@@ -673,19 +687,6 @@ def test_no_text_makes_a_parser_raise(fmt: ChatFormat, text: str, size: int) -> 
 
 
 # As learned from llama.cpp's templates on a real llama-server.
-COMMAND_R7B = ChatFormat(
-    generation_prompt="",
-    think=("<|START_THINKING|>", "<|END_THINKING|>"),
-    thinking_open=False,
-    content_prefixes=("<|START_RESPONSE|>",),
-    tool_call=ToolCallFormat(
-        open='<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "',
-        mid='", "parameters": ',
-        close="}",
-        block_close="]<|END_ACTION|>",
-        again=',\n    {"tool_call_id": "1", "tool_name": "',
-    ),
-)
 GLM_47 = ChatFormat(
     generation_prompt="<|assistant|></think>",
     think=("<think>", "</think>"),
@@ -804,3 +805,68 @@ def test_a_malformed_call_stays_content_and_the_good_call_after_it_is_read(bad: 
 def test_a_call_without_a_name_is_content() -> None:
     raw = 'See: <minimax:tool_call>\n<invoke name="">\n</invoke>\n</minimax:tool_call>'
     assert parse(MINIMAX, [raw]) == [Piece("content", raw)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "raw"),
+    [
+        (
+            COMMAND_R7B,
+            "<|START_ACTION|>[\n"
+            + ",\n".join(
+                f'    {{"tool_call_id": "{n}", "tool_name": "find_tool", '
+                f'"parameters": {{"query": "{q}"}}}}'
+                for n, q in ((0, "a"), (1, "b"), (2, "c"))
+            )
+            + "\n]<|END_ACTION|>",
+        ),
+        (
+            SOLAR_OPEN,
+            "<|tool_calls|>"
+            + "".join(
+                f"<|tool_call:begin|>{i}<|tool_call:name|>find_tool"
+                f'<|tool_call:args|>{{"query": "{q}"}}<|tool_call:end|>'
+                for i, q in (("k3x9q2m0aa", "a"), ("p0w2e7r1zz", "b"), ("a1b2c3d4e5", "c"))
+            )
+            + "<|calls|>",
+        ),
+    ],
+    ids=["command-r7b", "solar-open"],
+)
+def test_calls_numbered_by_the_model_are_read_whatever_their_numbers(
+    fmt: ChatFormat, raw: str
+) -> None:
+    """The template numbers a block's calls in their openings (Command R7B's `"0"`, `"1"`, ...)
+    or names each with an id the model makes up (Solar Open): a third call is read too, and
+    any id the model writes."""
+    expected = [Piece("call", f'{{"query": "{q}"}}', "find_tool") for q in "abc"]
+    assert parse(fmt, [raw]) == expected
+    assert parse(fmt, [raw[i : i + 4] for i in range(0, len(raw), 4)]) == expected
+
+
+FUNCTIONARY_ANSWERS = [
+    ("all\nParis.", [Piece("content", "Paris.")]),
+    ('find_tool\n{"query": "weather"}', [Piece("call", '{"query": "weather"}', "find_tool")]),
+    (
+        'all\nLet me look.>>>find_tool\n{"query": "weather"}',
+        [Piece("content", "Let me look."), Piece("call", '{"query": "weather"}', "find_tool")],
+    ),
+    (
+        'find_tool\n{"query": "a"}>>>find_tool\n{"query": "b"}',
+        [
+            Piece("call", '{"query": "a"}', "find_tool"),
+            Piece("call", '{"query": "b"}', "find_tool"),
+        ],
+    ),
+    # Not a call, though the prompt opened one: what the model wrote, as content.
+    ("Paris is the capital.\nOf France.", [Piece("content", "Paris is the capital.\nOf France.")]),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), FUNCTIONARY_ANSWERS)
+def test_a_call_whose_opening_the_generation_prompt_wrote(raw: str, expected: list[Piece]) -> None:
+    """Functionary v3.2's generation prompt ends with `>>>`, which opens a call (`>>>name\n`)
+    and its content (`>>>all\n`): the answer starts with a call's name or with `all`."""
+    assert FUNCTIONARY_V32.prompt_opens_call
+    assert parse(FUNCTIONARY_V32, [raw]) == expected
+    assert parse(FUNCTIONARY_V32, [raw[i : i + 2] for i in range(0, len(raw), 2)]) == expected

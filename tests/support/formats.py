@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from loopd.infer._format import ChatFormat, ParamFormat, ToolCallFormat
+from loopd.infer._format import CALL_ID, ChatFormat, ParamFormat, ToolCallFormat
 from loopd.infer._parse import Piece
 
 QWEN = ChatFormat(
@@ -107,5 +107,41 @@ KIMI_K3 = ChatFormat(
             value_end="<|close|>argument",
         ),
         again='<|open|>call tool="',
+    ),
+)
+
+
+FUNCTIONARY_V32 = ChatFormat(  # as learned from Functionary v3.2's template
+    generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n>>>",
+    think=None,
+    thinking_open=False,
+    content_prefixes=("all",),
+    tool_call=ToolCallFormat(open=">>>", mid="\n", close=""),
+)
+
+COMMAND_R7B = ChatFormat(
+    generation_prompt="",
+    think=("<|START_THINKING|>", "<|END_THINKING|>"),
+    thinking_open=False,
+    content_prefixes=("<|START_RESPONSE|>",),
+    tool_call=ToolCallFormat(
+        open=f'<|START_ACTION|>[\n    {{"tool_call_id": "{CALL_ID}", "tool_name": "',
+        mid='", "parameters": ',
+        close="}",
+        block_close="]<|END_ACTION|>",
+        again=f',\n    {{"tool_call_id": "{CALL_ID}", "tool_name": "',
+    ),
+)
+SOLAR_OPEN = ChatFormat(
+    generation_prompt="<|begin|>assistant",
+    think=None,
+    thinking_open=False,
+    content_prefixes=("<|content|>",),
+    tool_call=ToolCallFormat(
+        open=f"<|tool_calls|><|tool_call:begin|>{CALL_ID}<|tool_call:name|>",
+        mid="<|tool_call:args|>",
+        close="<|tool_call:end|>",
+        block_close="<|calls|>",
+        again=f"<|tool_call:begin|>{CALL_ID}<|tool_call:name|>",
     ),
 )

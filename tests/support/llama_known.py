@@ -10,8 +10,5 @@ BY_REASON: dict[str, list[str]] = {
     "a doubled <|channel> before Gemma 4's empty thought channel": [
         "google-gemma-4-31B-it#25",
     ],
-    "the call's opener (>>>) is in the generation prompt": [
-        "meetkai-functionary-medium-v3.2#1",
-    ],
 }
 KNOWN = {case: reason for reason, cases in BY_REASON.items() for case in cases}

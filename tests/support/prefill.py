@@ -84,6 +84,7 @@ def prefills(fmt: ChatFormat) -> Callable[[list[Record]], tuple[str, str]]:
             return "", ""
         head, grammar = arguments(call, find, end)
         name = "find_tool" if find else "call_tool"
-        return close_thinking + call.open + name + call.mid + head, grammar
+        opening = close_thinking + call.open + name + call.mid + head
+        return opening.replace(CALL_ID, "call00001"), grammar
 
     return prefill

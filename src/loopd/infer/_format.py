@@ -136,6 +136,14 @@ class ChatFormat:
         """gpt-oss's message format: channels, recipients and several messages in one answer."""
         return self.messages and self.think is not None and self.think[0].startswith("<|channel|>")
 
+    @property
+    def prompt_opens_call(self) -> bool:
+        """The generation prompt ends with a call's opening (Functionary v3.2's `>>>`, which
+        opens its content too, as `>>>all`): an answer that does not start with a content
+        prefix starts with a call's name."""
+        call = self.tool_call
+        return bool(call and call.open.strip() and self.generation_prompt.endswith(call.open))
+
     def markers(self) -> list[str]:
         """Every delimiter the parser looks for, to be sent as `preserved_tokens` so the server
         keeps the text of those that are special tokens."""

@@ -106,17 +106,23 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     rules.add("tool", " | ".join(names))
     opening, close = _delimiter(call.open.lstrip()), _delimiter(call.close)
     one = _sequence(opening, "tool", close)
+    # The grammar applies from where the trigger's match starts: the opening, which the match
+    # is whole; where the generation prompt wrote the first call's opening (Functionary v3.2's
+    # `>>>`), also the name of a call at the start of the answer.
+    trigger = _regex(call.open.lstrip())
+    first = one
+    if fmt.prompt_opens_call:
+        trigger, first = f"(?:^|{trigger})", _sequence(f"( {opening} )?", "tool", close)
+    trigger += _names(offered)
     if call.block_close:
         again = _delimiter(call.again) if call.again else opening
         if call.notation == "python":  # LFM2 writes `, ` between the calls of its list
             again += " ws"
         more = _sequence(again, "tool", close)
-        root = f"{one} ( {more} )* {_delimiter(call.block_close)}"
+        root = f"{first} ( {more} )* {_delimiter(call.block_close)}"
     else:
-        root = f"{one} ( ws {one} )*"
+        root = f"{first} ( ws {one} )*"
     rules.add("root", root)
-    # The grammar applies from where the match starts, the opening, which the match is whole.
-    trigger = _regex(call.open.lstrip()) + _names(offered)
     delimiters = [call.open, call.close, call.block_close, call.again, call.mid]
     if call.params:
         delimiters += [call.params.key_open, call.params.key_end, call.params.value_end]

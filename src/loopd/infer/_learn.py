@@ -14,6 +14,7 @@ Sans-IO: `learn_format(render)` takes the render function as an argument.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, get_args
 
@@ -241,9 +242,36 @@ def _without_ending(without: str, with_prompt: str) -> str:
     return shared
 
 
+def _id(index: int) -> str:
+    return f"c0000000{index}"
+
+
+def _ids(delimiter: str) -> str:
+    """A delimiter with the probe's call ids in it (Solar Open's `<|tool_call:begin|>c00000001`)
+    as any id: the model writes its own."""
+    return delimiter.replace(_id(1), CALL_ID).replace(_id(2), CALL_ID)
+
+
+def _numbered(open_: str, again: str) -> tuple[str, str]:
+    """The openings of a block's first call and of the next, where the template numbers its
+    calls in them (Command R7B's `"tool_call_id": "0"`, then `"1"`): the number as any id, so
+    a third call, or one the model numbers otherwise, is read too."""
+    tail = _common_suffix([open_, again])
+    while tail and tail[0].isdigit():
+        tail = tail[1:]
+    first, second = open_[: len(open_) - len(tail)], again[: len(again) - len(tail)]
+    number, other = (re.search(r"\d+$", t) for t in (first, second))
+    if not (number and other and number.group(0) != other.group(0)):
+        return open_, again
+    first, second = first[: number.start()], second[: other.start()]
+    if not _common_suffix([first, second]).strip():
+        return open_, again
+    return first + CALL_ID + tail, second + CALL_ID + tail
+
+
 def _call(name: str, index: int, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "id": f"c0000000{index}",
+        "id": _id(index),
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments or {KEY: VALUE})},
     }
@@ -307,13 +335,13 @@ async def _tool_call_format(probe: _Probe, header: str) -> ToolCallFormat | None
     mid = one[name_at + len(NAME) : args_at]
     if two and second and (other := _locate(two[second[2] :], NAME_2)):
         mid = _varying(mid, two[second[2] :][other[0] + len(NAME_2) : other[1]])
-    first_id = _call(NAME, 1)["id"]
+    open_, again = _numbered(_ids(open_.lstrip()), _ids(again) if block_close else "")
     return ToolCallFormat(
-        open=open_.lstrip().replace(first_id, CALL_ID),
-        mid=mid.replace(first_id, CALL_ID),
-        close=close.replace(first_id, CALL_ID),
+        open=open_,
+        mid=_ids(mid),
+        close=_ids(close),
         block_close=block_close,
-        again=again if block_close else "",
+        again=again,
         notation=notation,
         content_last=one.find(CONTENT) > name_at,
     )
@@ -358,13 +386,16 @@ async def _param_format(probe: _Probe, header: str) -> ToolCallFormat:
     # What opens a call after another, where a block has no close of its own but opens its
     # calls otherwise than its first (Kimi-K3's `<|open|>call tool="`).
     again_alone = bool(again) and again != open_.strip()
+    open_, again = _numbered(
+        _ids(open_.lstrip()), _ids(again) if block_close or again_alone else ""
+    )
     return ToolCallFormat(
-        open=open_.lstrip(),
-        mid=mid,
-        close=close,
+        open=open_,
+        mid=_ids(mid),
+        close=_ids(close),
         params=ParamFormat(key_open=key_open, key_end=key_end, value_end=value_end),
         block_close=block_close,
-        again=again if block_close or again_alone else "",
+        again=again,
     )
 
 

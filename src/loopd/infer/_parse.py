@@ -50,11 +50,8 @@ NOT_IN_A_NAME = re.compile(r"[\s<>{}\[\]()\"'`]")
 
 
 class _NotACall(Exception):
-    """The text after a call's opening cannot be a call, whatever follows: it is content up to
-    `end` (where the next call may open)."""
-
-    def __init__(self, end: int) -> None:
-        self.end = end
+    """The text after a call's opening cannot be a call, whatever follows: the opening is
+    content, and the text after it is read again as content, where the next call may open."""
 
 
 @dataclass(frozen=True)
@@ -147,16 +144,22 @@ def _short_open(opening: str) -> str:
 
 def _loose_prefix(text: str, marker: str) -> int | None:
     """Where `marker` ends at the start of `text`, whitespace anywhere aside (Command R+'s
-    `]```` written `]\n````); -1 while `text` could still become it; None where it cannot."""
-    target, got = "".join(marker.split()), ""
+    `]```` written `]\n````), a call id in it as any the model wrote; -1 while `text` could
+    still become it; None where it cannot."""
+    target, at_target = "".join(marker.split()), 0
     for at, char in enumerate(text):
+        if target.startswith(CALL_ID, at_target):
+            after = target[at_target + len(CALL_ID) : at_target + len(CALL_ID) + 1]
+            if not (char.isspace() or char in ('"', after)):
+                continue  # the id goes on
+            at_target += len(CALL_ID)
         if char.isspace():
             continue
-        got += char
-        if got == target:
-            return at + 1
-        if not target.startswith(got):
+        if char != target[at_target : at_target + 1]:
             return None
+        at_target += 1
+        if at_target == len(target):
+            return at + 1
     return -1
 
 
@@ -192,6 +195,9 @@ class OutputParser:
         self._mid = delimiter_pattern(call.mid) if call and call.mid.strip() else None
         close = call.close.rstrip().removesuffix(self._tail) if call else ""
         self._close = delimiter_pattern(close) if close.strip() else None
+        self._opening_in_prompt = call.open if call and fmt.prompt_opens_call else ""
+        """The call's opening where the generation prompt ends with it (Functionary v3.2's
+        `>>>`): an answer without a content prefix is a call."""
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -262,9 +268,29 @@ class OutputParser:
 
     def _content_begins(self, final: bool) -> bool:
         """Content starts after whitespace and the template's content prefix (harmony's final
-        channel header); False while that is still to come."""
+        channel header); False while that is still to come, or where the answer is a call
+        whose opening the generation prompt wrote."""
         if self._content_started:
             return True
+        read = self._answer_head(final)
+        if read is None:
+            return False
+        head, prefixed = read
+        if not head and not final:
+            self._buffer = ""
+            return False
+        opening = "" if prefixed else self._opening_in_prompt
+        if opening and opening.startswith(head) and not final:
+            return False  # the opening written again, or a name that starts like it
+        self._buffer, self._content_started = head, True
+        if opening and head and not head.startswith(opening):
+            self._state, self._opened = "call", ""
+            return False
+        return True
+
+    def _answer_head(self, final: bool) -> tuple[str, bool] | None:
+        """The answer after whitespace, markers of the generation prompt and content prefixes,
+        and whether a prefix was there; None while those may still come."""
         head = self._buffer.lstrip()
         # A marker of the generation prompt written again (Command R+'s `<|CHATBOT_TOKEN|>`),
         # where it does not begin the content prefix (Kimi-K3's `<|open|>response<|sep|>`).
@@ -275,17 +301,14 @@ class OutputParser:
             if head.startswith(marker):
                 head = head[len(marker) :].lstrip()
             elif marker.startswith(head) and not final and not self._tokens:
-                return False
+                return None
+        prefixed = False
         for prefix in prefixes:
             if head.startswith(prefix):
-                head = head[len(prefix) :].lstrip()
+                head, prefixed = head[len(prefix) :].lstrip(), True
             elif prefix.startswith(head) and not final:
-                return False
-        if not head and not final:
-            self._buffer = ""
-            return False
-        self._buffer, self._content_started = head, True
-        return True
+                return None
+        return head, prefixed
 
     def _block(self, final: bool) -> bool:
         """After a call: another call of the same block, the block's end, or what follows.
@@ -306,7 +329,7 @@ class OutputParser:
             end = _loose_prefix(head, marker) if marker else None
             if end is not None and end >= 0:
                 self._buffer, self._state = head[end:], state  # type: ignore[assignment]
-                self._opened = marker
+                self._opened = head[:end]
                 self._in_block = state == "call"
                 return True
             if end is not None and not final:
@@ -358,10 +381,8 @@ class OutputParser:
         llama.cpp reads it (Kimi's `{...}<|tool_call_begin|>`)."""
         call, head = self.fmt.tool_call, rest.lstrip()
         again = call.again if call else ""
-        return bool(head) and (
-            bool(again and head.startswith(again))
-            or any(head.startswith(h) for h, _ in self._openers)
-        )
+        opens_again = bool(again) and (_loose_prefix(head, again) or 0) > 0
+        return bool(head) and (opens_again or any(head.startswith(h) for h, _ in self._openers))
 
     def _held_openers(self) -> list[int]:
         return [_held(self._buffer, head) for head, _ in self._openers]
@@ -376,9 +397,8 @@ class OutputParser:
     def _call(self, out: list[Piece], final: bool) -> None:
         try:
             parsed = self._parse_call(final)
-        except _NotACall as e:
-            out.append(Piece("content", self._opened + self._buffer[: e.end]))
-            self._buffer, self._state, self._wrote_content = self._buffer[e.end :], "content", True
+        except _NotACall:
+            self._not_a_call(out)
             return
         if parsed is None:
             if final:  # never closed: what the model wrote stays visible as content
@@ -390,6 +410,13 @@ class OutputParser:
         rest = rest.lstrip()
         self._buffer, self._state, self._in_block = rest, "content", True
 
+    def _not_a_call(self, out: list[Piece]) -> None:
+        """The call's opening is content; the text after it is read again as content, where
+        the next call may open."""
+        if self._opened:
+            out.append(Piece("content", self._opened))
+        self._state, self._wrote_content = "content", True
+
     def _name(self, written: str, *, whole: bool = False) -> str:
         """A call's name as written before its arguments; raises `_NotACall` where it runs
         across text no name holds (a call whose arguments never opened, and the next call),
@@ -397,12 +424,7 @@ class OutputParser:
         name = written.strip().strip('"')
         if NOT_IN_A_NAME.search(name) is None and (name or not whole):
             return name
-        raise _NotACall(self._next_head())
-
-    def _next_head(self) -> int:
-        """Where the next call's opening may begin, past the start of the call read now."""
-        heads = [at for h, _ in self._openers if (at := self._buffer.find(h, 1)) >= 0]
-        return min(heads, default=len(self._buffer))
+        raise _NotACall
 
     def _parse_params(self) -> tuple[str, str, str] | None:
         """`name`, then `key_open key key_end value value_end` for each argument, then the
@@ -467,7 +489,7 @@ class OutputParser:
             # arguments did (Gemma 4's string never ended): up to that close it is content.
             closed = self._close.search(text, args_at) if self._close else None
             if closed and self._next_call_opens(text[closed.end() :]):
-                raise _NotACall(closed.end()) from None
+                raise _NotACall from None
             return None
         rest = self._after_close(text[args_end:], final)
         if rest is None:
