@@ -17,6 +17,7 @@ from loopd.infer._gbnf import Rules
 from loopd.infer._grammar import call_grammar
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
+from loopd.infer._schema import ArgumentTypes
 from loopd.session.baseline import TOOLS
 from support.formats import (
     FUNCTIONARY_V32,
@@ -204,12 +205,14 @@ NOTATIONS = {
     "gpt-oss": GPT_OSS,
     "Qwen": QWEN,
     "Functionary v3.2": FUNCTIONARY_V32,
+    "muse-glimmer": MUSE_GLIMMER,
+    "Kimi-K3": KIMI_K3,
 }
 
 
 def _read(fmt: ChatFormat, text: str) -> list[Piece]:
     """The text as loopd's parser reads it, streamed a few characters at a time."""
-    parser = parser_for(fmt)
+    parser = parser_for(fmt, ArgumentTypes(ALL_TOOLS))
     pieces = [p for at in range(0, len(text), 3) for p in parser.feed(text[at : at + 3])]
     return merged(pieces + parser.finish())
 
@@ -363,3 +366,37 @@ def test_optional_properties_take_a_comma_only_between_them() -> None:
         prefix_allowed(grammar.gbnf, '<tool_call>\n{"name": "look", "arguments": {, "b": "x"}')
         is None
     )
+
+
+def test_a_block_s_next_call_opens_as_the_template_opens_it() -> None:
+    """muse-glimmer's next call is the next message (`<|eom|><|start|>assistant to=`), Kimi-K3's
+    the next `<|open|>call`: the grammar allows a second call written so, which used to end
+    the grammar's reach after one."""
+    for fmt, second in (
+        (
+            MUSE_GLIMMER,
+            (
+                "<|eom|><|start|>assistant to=look<|message|><atem:function_calls>\n"
+                '<atem:invoke name="look">\n</atem:invoke>\n</atem:function_calls>'
+            ),
+        ),
+        (KIMI_K3, '<|open|>call tool="look" index="1"<|sep|><|close|>call<|sep|>'),
+    ):
+        assert fmt.tool_call is not None
+        grammar = call_grammar(fmt, ALL_TOOLS)
+        assert grammar is not None
+        first = Sampler(grammar.gbnf, random.Random(0)).text()
+        calls = first + second
+        assert prefix_allowed(grammar.gbnf, calls) == calls, calls
+        assert [p.kind for p in _read(fmt, calls)].count("call") >= 2
+
+
+def test_a_parameter_of_listed_strings_is_written_as_one_of_them() -> None:
+    """An enum of strings written one by one is text, as the parser reads it (its value with
+    quotes around it was the string with the quotes, not one the schema lists)."""
+    grammar = call_grammar(QWEN_CODER, ALL_TOOLS)
+    assert grammar is not None
+    rules = dict(line.split(" ::= ", 1) for line in grammar.gbnf.splitlines())
+    assert '"mode" ">\\n" ( "fast" | "safe" ) "\\n</parameter"' in rules["tool-edit"], rules[
+        "tool-edit"
+    ]

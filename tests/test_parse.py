@@ -870,3 +870,13 @@ def test_a_call_whose_opening_the_generation_prompt_wrote(raw: str, expected: li
     assert FUNCTIONARY_V32.prompt_opens_call
     assert parse(FUNCTIONARY_V32, [raw]) == expected
     assert parse(FUNCTIONARY_V32, [raw[i : i + 2] for i in range(0, len(raw), 2)]) == expected
+
+
+def test_a_muse_glimmer_call_without_arguments() -> None:
+    """`<atem:invoke name="NAME">` closed at once: read as a call of no arguments, not as
+    content whose name runs across the invoke tag."""
+    raw = _muse(_muse_call("list_sessions"))
+    for step in (3, len(raw)):
+        parser = parser_for(MUSE_GLIMMER, MUSE_TOOLS)
+        pieces = [p for at in range(0, len(raw), step) for p in parser.feed(raw[at : at + step])]
+        assert merged([*pieces, *parser.finish()]) == [Piece("call", "{}", "list_sessions")]

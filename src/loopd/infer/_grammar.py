@@ -16,6 +16,7 @@ from typing import Any
 from ._format import CALL_ID, PARAM_KEY, SPECIAL, ChatFormat, ToolCallFormat
 from ._gbnf import ID_CHARS, JSON, SYNTAX, Rules, excluding, literal
 from ._notation import GEMMA_QUOTE
+from ._schema import value_types
 
 __all__ = ["CallGrammar", "call_grammar"]
 
@@ -71,11 +72,16 @@ class CallGrammar:
         return _regex(self.word) if self.word else self.trigger
 
 
-def _may_be_text(schema: Any) -> bool:
-    if not isinstance(schema, Mapping):
-        return False
-    kind = schema.get("type")
-    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+def _param_value(rules: Rules, name: str, schema: Any, defs: Mapping[str, Any], end: str) -> str:
+    """A parameter written as text, as the parser types it (`_schema`): any text up to its
+    end where the schema allows a string (only the strings it lists, where it lists only
+    strings: an enum), else JSON of its schema."""
+    if "string" not in value_types(schema, defs):
+        return rules.schema(schema, f"json-{name}")
+    listed = [schema["const"]] if "const" in schema else schema.get("enum") or []
+    if listed and all(isinstance(v, str) for v in listed):
+        return "( " + " | ".join(literal(v) for v in listed) + " )"
+    return rules.add(f"text-{name}", excluding(end))
 
 
 def _tools(tools: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -114,12 +120,14 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     if fmt.prompt_opens_call:
         trigger, first = f"(?:^|{trigger})", _sequence(f"( {opening} )?", "tool", close)
     trigger += _names(offered)
-    if call.block_close:
+    if call.block_close or call.again:
+        # A block's next call opens otherwise than its first (muse-glimmer's next message,
+        # Kimi-K3's next `<|open|>call`), and the block may have a close of its own.
         again = _delimiter(call.again) if call.again else opening
         if call.notation == "python":  # LFM2 writes `, ` between the calls of its list
             again += " ws"
         more = _sequence(again, "tool", close)
-        root = f"{first} ( {more} )* {_delimiter(call.block_close)}"
+        root = _sequence(first, f"( {more} )*", _delimiter(call.block_close))
     else:
         root = f"{first} ( ws {one} )*"
     rules.add("root", root)
@@ -191,14 +199,11 @@ def _params(rules: Rules, call: ToolCallFormat, name: str, params: Mapping[str, 
     mid = _delimiter(call.mid)
     if not properties:
         return mid
+    defs = {**params.get("definitions", {}), **params.get("$defs", {})}
     pairs = []
     for key, schema in properties.items():
         end = p.value_end.replace(PARAM_KEY, key)
-        value = (
-            rules.add(f"text-{name}-{key}", excluding(end))
-            if _may_be_text(schema)
-            else rules.schema(schema, f"json-{name}-{key}")
-        )
+        value = _param_value(rules, f"{name}-{key}", schema, defs, end)
         pairs.append(f"{literal(key)} {_delimiter(p.key_end)} {value} {_delimiter(end)}")
     required = [i for i, k in enumerate(properties) if k in params.get("required", ())]
     key_open = _delimiter(p.key_open)

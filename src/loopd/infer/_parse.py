@@ -437,7 +437,10 @@ class OutputParser:
         if first is None or (closed is not None and closed.start() < first.end()):
             if closed is None:
                 return None
-            return self._name(text[: closed.start()], whole=True), "{}", text[closed.end() :]
+            named = text[: closed.start()]  # up to what the call opens with after its name
+            if self._mid is not None and (mid := self._mid.search(named)):
+                named = named[: mid.start()]  # (muse-glimmer's `<atem:invoke name="NAME"`)
+            return self._name(named, whole=True), "{}", text[closed.end() :]
         name, arguments, at = self._name(text[: first.start()], whole=True), {}, first.end()
         while True:
             key_end = p.key_end.search(text, at)

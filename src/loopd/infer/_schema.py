@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ArgumentTypes", "read_tagged"]
+__all__ = ["ArgumentTypes", "read_tagged", "value_types"]
 
 
 def _json_type(value: object) -> str:
@@ -34,7 +34,9 @@ def _json_type(value: object) -> str:
     return "array" if isinstance(value, list) else "string"
 
 
-def _types(schema: Any, defs: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> set[str]:
+def value_types(
+    schema: Any, defs: Mapping[str, Any], seen: frozenset[str] = frozenset()
+) -> set[str]:
     """The JSON types a value of `schema` may have; empty for any (a cycle of references
     counts as any)."""
     if not isinstance(schema, Mapping):
@@ -49,9 +51,9 @@ def _types(schema: Any, defs: Mapping[str, Any], seen: frozenset[str] = frozense
         return {_json_type(v) for v in schema["enum"]}
     if isinstance(ref := schema.get("$ref"), str):
         name = ref.rpartition("/")[2]
-        return set() if name in seen else _types(defs.get(name), defs, seen | {name})
+        return set() if name in seen else value_types(defs.get(name), defs, seen | {name})
     parts = [*schema.get("anyOf", ()), *schema.get("oneOf", ()), *schema.get("allOf", ())]
-    found = [_types(part, defs, seen) for part in parts]
+    found = [value_types(part, defs, seen) for part in parts]
     return set() if not found or not all(found) else set().union(*found)
 
 
@@ -88,7 +90,7 @@ def _branch(schema: Any, kind: str, defs: Mapping[str, Any]) -> Any:
         return None
     for key in ("anyOf", "oneOf"):
         for part in schema.get(key, ()):
-            if kind in _types(part, defs):
+            if kind in value_types(part, defs):
                 return part
     return schema
 
@@ -112,13 +114,13 @@ class ArgumentTypes:
         schema = properties.get(key)
         written: Tagged = text
         tagged = tags and text.lstrip().startswith(tags + "<")
-        if tagged and (schema is None or "string" not in _types(schema, defs)):
+        if tagged and (schema is None or "string" not in value_types(schema, defs)):
             written = read_tagged(text, tags)
         return self._typed(written, schema, defs)
 
     def _typed(self, written: Tagged, schema: Any, defs: Mapping[str, Any]) -> object:
         if isinstance(written, str):
-            return _leaf(written, None if schema is None else _types(schema, defs))
+            return _leaf(written, None if schema is None else value_types(schema, defs))
         if isinstance(written, list):
             part = _branch(schema, "array", defs)
             items = part.get("items") if isinstance(part, Mapping) else None
