@@ -21,13 +21,12 @@ prompt wrote it once, when the session's first request was made.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from loopd.infer import (
     OPENING,
-    AnyRequest,
     ChatFormat,
     ChatRequest,
     Client,
@@ -43,6 +42,7 @@ from loopd.infer import (
 )
 from loopd.session.baseline import messages
 from loopd.session.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
+from loopd.turn.guess import Guessed, Request, Shapes
 
 if TYPE_CHECKING:
     from loopd.session.store import Session
@@ -68,6 +68,9 @@ class NextPrompt:
     record: PromptRecord
     """What this request adds; appended with its answer."""
     format: ChatFormat
+    check: Callable[[], Awaitable[NextPrompt | None]] | None = None
+    """Where the new messages' rendering was guessed (`guess.Shapes`): renders them, and
+    returns None where the guess was right, else the prompt to send instead."""
 
 
 async def next_request(
@@ -77,39 +80,56 @@ async def next_request(
     *,
     prefill: str = "",
     grammar: str = "",
-) -> tuple[AnyRequest, PromptRecord | None]:
-    """The session's next request: token-exact when it can be, else its history as messages.
-    The `prompt` record, if any, is appended with the answer. `prefill`: text the answer starts
-    with (the model continues it); `grammar`: GBNF for the rest of it, token-exact requests
-    only (the chat endpoint refuses a grammar beside tools)."""
+) -> Request | Guessed:
+    """The session's next request: token-exact when it can be, else its history as messages,
+    with the `prompt` record, if any, to append with the answer; `Guessed` where the new
+    messages' rendering was guessed, to be checked as it goes (`guess.send`).
+    `prefill`: text the answer starts with (the model continues it); `grammar`: GBNF for the
+    rest of it, token-exact requests only (the chat endpoint refuses a grammar beside tools)."""
     baseline, records = session.baseline, list(session.records)
     date = session.header.created.strftime("%d %b %Y")
-    if exact is not None:
+
+    def as_messages() -> Request:
+        started = [{"role": "assistant", "content": prefill}] if prefill else []
+        chat = ChatRequest(
+            messages=messages(baseline, records) + started,
+            tools=list(baseline.tools),
+            generation=generation,
+            date=date,
+        )
+        return chat, None
+
+    if exact is None:
+        return as_messages()
+
+    def prompt_request(nxt: NextPrompt) -> Request:
+        record = nxt.record.model_copy(update={"text": nxt.record.text + prefill})
+        request = PromptRequest(
+            prompt=[*nxt.pieces[:-1], record.text],
+            format=nxt.format,
+            generation=generation,
+            prefill=prefill,
+            grammar=grammar,
+            tools=baseline.tools,
+        )
+        return request, record
+
+    try:
+        nxt = await exact.next_prompt(baseline, records, thinking=generation.thinking, date=date)
+    except FormatError:
+        return as_messages()  # logged where it was found
+    if nxt.check is None:
+        return prompt_request(nxt)
+    check = nxt.check
+
+    async def checked() -> Request | None:
         try:
-            nxt = await exact.next_prompt(
-                baseline, records, thinking=generation.thinking, date=date
-            )
+            right = await check()
         except FormatError:
-            pass  # logged where it was found: this request goes as messages
-        else:
-            record = nxt.record.model_copy(update={"text": nxt.record.text + prefill})
-            request = PromptRequest(
-                prompt=[*nxt.pieces[:-1], record.text],
-                format=nxt.format,
-                generation=generation,
-                prefill=prefill,
-                grammar=grammar,
-                tools=baseline.tools,
-            )
-            return request, record
-    started = [{"role": "assistant", "content": prefill}] if prefill else []
-    chat = ChatRequest(
-        messages=messages(baseline, records) + started,
-        tools=list(baseline.tools),
-        generation=generation,
-        date=date,
-    )
-    return chat, None
+            return as_messages()
+        return None if right is None else prompt_request(right)
+
+    return Guessed(prompt_request(nxt), checked)
 
 
 def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
@@ -167,13 +187,14 @@ class ExactHistory:
         self._formats: dict[tuple[str, bool], ChatFormat | FormatError] = {}
         self._texts: dict[int, str] = {}
         """The text of each end token met: a model has one or two, asked for once each."""
+        self._shapes = Shapes()
 
     def on(self, client: Client) -> ExactHistory:
         """The same, asking `client`'s server (another server of the same model)."""
         if client is self.client:
             return self
         other = ExactHistory(client)
-        other._formats, other._texts = self._formats, self._texts
+        other._formats, other._texts, other._shapes = self._formats, self._texts, self._shapes
         return other
 
     async def format(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
@@ -242,9 +263,30 @@ class ExactHistory:
             stand_in,
             *messages(baseline, records[at + 1 :])[1:],
         ]
-        rendered = await self._render(
-            baseline, conversation, generation_prompt=True, thinking=thinking
-        )
+        shape = Shapes.key(conversation, list(baseline.tools), thinking)
+
+        async def render() -> str:
+            text = await self._render(
+                baseline, conversation, generation_prompt=True, thinking=thinking
+            )
+            if shape is not None:
+                self._shapes.keep(shape, text)
+            return text
+
+        guess = self._shapes.guess(shape) if shape is not None else None
+        if guess is None:
+            return await self._after(pieces, answer, fmt, await render())
+
+        async def check() -> NextPrompt | None:
+            rendered = await render()
+            return None if rendered == guess else await self._after(pieces, answer, fmt, rendered)
+
+        return replace(await self._after(pieces, answer, fmt, guess), check=check)
+
+    async def _after(
+        self, pieces: list[PromptPiece], answer: AssistantRecord, fmt: ChatFormat, rendered: str
+    ) -> NextPrompt:
+        """The prompt after `answer`: what the template wrote after the stand-in for it."""
         try:
             cut = _end_of_answer(rendered, answer, fmt)
         except FormatError as e:

@@ -54,6 +54,7 @@ from loopd.tools import Registry, ToolPort
 from loopd.turn.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.turn.changes import Hands
 from loopd.turn.exact import ExactHistory, next_request
+from loopd.turn.guess import send
 from loopd.turn.waiting import Elsewhere, ServerWait, wait_reason
 from loopd.wire.events import CacheLoss, TurnEvent
 
@@ -276,10 +277,10 @@ class _Turn:
             self.output, rt = False, self.rt
             try:
                 # Built anew each try: with exact history it asks the server too.
-                request, prompt = await next_request(
+                nxt = await next_request(
                     rt.exact, session, generation, prefill=prefill, grammar=grammar
                 )
-                completion = await rt.inference.chat(request, self._pass_on)
+                completion, prompt = await send(rt.inference, nxt, self._pass_on)
             except InferError as e:
                 if is_context_full(e):
                     raise SessionFull(str(e)) from e

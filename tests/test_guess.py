@@ -1,0 +1,151 @@
+"""A request sent from a guessed rendering of its new message, checked as it goes
+(`loopd.turn.guess`): the guess kept only where it can be put back, the answer held until the
+check, a wrong guess cancelled before anything of it is passed on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from loopd.infer import AnyRequest, ChatEvent, ChatRequest, Completion, Content, EventSink, Progress
+from loopd.session.records import PromptRecord
+from loopd.turn.guess import SAID, Guessed, Request, Shapes, send
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
+
+
+def _said(words: str) -> list[dict[str, Any]]:
+    return [CONVERSATION[0], {"role": "user", "content": words}]
+
+
+def test_a_rendering_is_kept_by_the_conversation_around_the_users_words() -> None:
+    shapes = Shapes()
+    first = Shapes.key(_said("Hello there."), "tools")
+    assert first is not None
+    shapes.keep(first, "<s>Be brief.</s><u>Hello there.</u><a>")
+    nxt = Shapes.key(_said("And now?"), "tools")
+    assert nxt is not None
+    assert shapes.guess(nxt) == "<s>Be brief.</s><u>And now?</u><a>"
+    # Other tools, or other messages around the words: no guess.
+    assert shapes.guess(Shapes.key(_said("And now?"), "other tools")) is None  # type: ignore[arg-type]
+    other = [{"role": "system", "content": "Be long."}, {"role": "user", "content": "x"}]
+    assert shapes.guess(Shapes.key(other, "tools")) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("said", "rendered"),
+    [
+        ("  padded  ", "<u>padded</u>"),  # the template trimmed the words: not there as said
+        ("a", "<s>a system</s><u>a</u>"),  # there twice: which is the user's is not known
+        (f"{SAID} itself", f"<u>{SAID} itself</u>"),
+    ],
+)
+def test_a_rendering_the_words_cannot_be_put_back_into_is_not_kept(
+    said: str, rendered: str
+) -> None:
+    shapes = Shapes()
+    key = Shapes.key(_said(said), "tools")
+    assert key is not None
+    shapes.keep(key, rendered)
+    assert shapes.guess(key) is None
+
+
+def test_no_guess_where_the_conversation_does_not_end_with_the_users_words() -> None:
+    assert Shapes.key([*CONVERSATION, {"role": "tool", "content": "r"}]) is None
+    assert Shapes.key([CONVERSATION[0], {"role": "user", "content": ""}]) is None
+
+
+GUESSED = ChatRequest(messages=[{"role": "user", "content": "guessed"}])
+RIGHT = ChatRequest(messages=[{"role": "user", "content": "right"}])
+RECORD = PromptRecord(text="guessed")
+RIGHT_RECORD = PromptRecord(text="right")
+
+
+class Model:
+    """Answers each request with a progress event and three words, a checkpoint between each."""
+
+    def __init__(self) -> None:
+        self.sent: list[AnyRequest] = []
+        self.finished: list[AnyRequest] = []
+
+    @property
+    def retry(self) -> Any:
+        raise NotImplementedError
+
+    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
+        self.sent.append(request)
+        on_event(Progress(total=3, cache=0, processed=3))
+        words = request.messages[0]["content"]  # type: ignore[union-attr]
+        for word in (words, " is", " said"):
+            await trio.sleep(0.01)
+            on_event(Content(text=word))
+        self.finished.append(request)
+        return Completion(
+            content=f"{words} is said", reasoning_content=None, finish_reason="stop", timings=None
+        )
+
+
+def _checked(after: float, right: Request | None) -> Guessed:
+    async def check() -> Request | None:
+        await trio.sleep(after)
+        return right
+
+    return Guessed((GUESSED, RECORD), check)
+
+
+@pytest.mark.parametrize("after", [0.0, 0.015, 1.0], ids=["before", "during", "after"])
+async def test_a_right_guess_passes_its_answer_on_once_checked(after: float) -> None:
+    """Whenever the check ends (before the answer starts, during it, after it ended), the
+    events are passed on once each, in order, and none before the check."""
+    model, seen, checked = Model(), list[ChatEvent](), trio.Event()
+
+    def on_event(event: ChatEvent) -> None:
+        assert checked.is_set() or after == 0.0
+        seen.append(event)
+
+    async def check() -> Request | None:
+        await trio.sleep(after)
+        checked.set()
+        return None
+
+    completion, record = await send(model, Guessed((GUESSED, RECORD), check), on_event)
+    assert completion.content == "guessed is said"
+    assert record is RECORD
+    assert model.sent == [GUESSED]
+    assert [getattr(e, "text", None) for e in seen] == [None, "guessed", " is", " said"]
+
+
+@pytest.mark.parametrize("after", [0.0, 0.015, 1.0], ids=["before", "during", "after"])
+async def test_a_wrong_guess_is_cancelled_and_nothing_of_it_passed_on(after: float) -> None:
+    model, seen = Model(), list[ChatEvent]()
+    completion, record = await send(model, _checked(after, (RIGHT, RIGHT_RECORD)), seen.append)
+    assert completion.content == "right is said"
+    assert record is RIGHT_RECORD
+    assert model.sent == [GUESSED, RIGHT]
+    assert "".join(getattr(e, "text", "") for e in seen) == "right is said"
+    assert (GUESSED in model.finished) == (after == 1.0)  # cut short unless it had ended
+
+
+async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() -> None:
+    class Failing(Model):
+        async def chat(self, _request: AnyRequest, _on_event: EventSink) -> Completion:
+            raise RuntimeError("the server went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        await send(Failing(), _checked(0.01, None), lambda _: None)
+    # A wrong guess's failure is the guess's: the right request is sent.
+    model = Model()
+    calls = 0
+
+    async def chat(request: AnyRequest, on_event: EventSink) -> Completion:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("the guessed one")
+        return await Model.chat(model, request, on_event)
+
+    model.chat = chat  # type: ignore[method-assign]
+    completion, _ = await send(model, _checked(0.01, (RIGHT, RIGHT_RECORD)), lambda _: None)
+    assert completion.content == "right is said"
