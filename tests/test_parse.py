@@ -196,6 +196,8 @@ SCHEMAS = ArgumentTypes(
             limit={"oneOf": [{"type": "integer"}, {"$ref": "#/$defs/max"}]},
             tags={"anyOf": [{"type": "array"}, {"type": "string"}]},
             kind={"enum": ["a", "b"]},
+            point={"type": "object"},
+            items={"type": "array"},
         )
     ]
 )
@@ -223,6 +225,13 @@ def _params(**values: str) -> str:
         ("count", "many", "many"),
         ("unknown", "42", "42"),
         ("unknown", '{"a": 1}', {"a": 1}),
+        # An object or a list written as a Python literal (ByteDance Seed-OSS's template
+        # writes such values with `| string`), where the schema asks for one.
+        ("point", "{'x': 3, 'on': True}", {"x": 3, "on": True}),
+        ("items", "['x', ('y', None)]", ["x", ["y", None]]),
+        ("point", "{'x': 3", "{'x': 3"),
+        ("point", "['x']", "['x']"),
+        ("tags", "['x']", "['x']"),  # a string allowed: the text is one
     ],
 )
 def test_a_value_written_as_text_is_typed_by_the_tools_schema(

@@ -68,14 +68,6 @@ UNREADABLE: dict[str, str] = {
     "mapping prints no text in llama.cpp's Jinja",
 }
 
-# Templates whose rendered calls loopd misreads: its learned format or its parser is wrong.
-MISREAD: dict[str, str] = {
-    # The template writes a value that is no string with `| string`, as Python writes it
-    # (`{'path': 'today.md'}`), so the model writes it so too; llama.cpp reads it as a string
-    # as well.
-    "ByteDance-Seed-OSS": "an object argument written as a Python literal is read as a string",
-}
-
 
 def _render(client: Client) -> Render:
     async def render(conversation: list[dict[str, Any]], *, generation_prompt: bool) -> str:
@@ -90,9 +82,7 @@ def _params() -> list[Any]:
     params = []
     for path in sorted(ALL_TEMPLATES.glob("*.jinja")):
         name = path.name.removesuffix(".jinja")
-        reason = UNREADABLE.get(name) or (
-            f"loopd misreads it: {MISREAD[name]}" if name in MISREAD else None
-        )
+        reason = UNREADABLE.get(name)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params

@@ -15,7 +15,7 @@ import re
 from string import hexdigits
 from typing import Literal
 
-__all__ = ["GEMMA_QUOTE", "OPENING", "Notation", "decode_arguments"]
+__all__ = ["GEMMA_QUOTE", "OPENING", "Notation", "decode_arguments", "python_literal"]
 
 Notation = Literal["json", "gemma", "python"]
 
@@ -121,6 +121,17 @@ def _python(text: str, at: int) -> tuple[dict[str, object], int]:
     each value a Python literal where an object may be written as JSON (`{"a": true}`).
     `ValueError` when it is not one, or not whole yet."""
     return _PythonReader(text).call(at)
+
+
+def python_literal(text: str) -> object:
+    """A whole value written as a Python literal: a mapping or a list as a template's
+    `| string` writes one (`{'path': 'a.md'}`, ByteDance Seed-OSS). `ValueError` where it is
+    none."""
+    reader = _PythonReader(text + "\n")  # a number at the end is whole
+    value, end = reader.value(0, 0)
+    if text[end:].strip():
+        raise ValueError("more than one value")
+    return value
 
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")

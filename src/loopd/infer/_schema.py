@@ -8,6 +8,9 @@ types, else as text (`parsers/qwen3-coder.cpp`, `value_types` in `common/json-sc
 parameter of no known tool, or a value that is not JSON where JSON is due, is kept as loopd kept
 it before: an object or a list when it is one in JSON, else the text.
 
+Where the schema asks for an object or a list and the text is no JSON, a Python literal is
+read (`{'path': 'a.md'}`: ByteDance Seed-OSS's template writes such values with `| string`).
+
 MiniMax-M3 writes an object or a list as nested tags (`<real>1.5</real>`, `<item>a</item>`):
 read as such where the schema allows no string, each leaf typed by its part of the schema.
 """
@@ -18,6 +21,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ._notation import python_literal
 
 __all__ = ["ArgumentTypes", "read_tagged", "value_types"]
 
@@ -78,10 +83,22 @@ def _leaf(text: str, types: set[str] | None) -> object:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
-        return text
+        return _literal(text, types)
     # A value that may be a string is JSON only where it is one of its other types.
     fits = not types or "string" not in types or _json_type(value) in types
     return value if fits else text
+
+
+def _literal(text: str, types: set[str]) -> object:
+    """A list or an object the schema asks for, written as a Python literal (as a template's
+    `| string` writes one); else the text."""
+    if not types & {"object", "array"} or "string" in types:
+        return text
+    try:
+        value = python_literal(text.strip())
+    except (ValueError, RecursionError):
+        return text
+    return value if _json_type(value) in types else text
 
 
 def _branch(schema: Any, kind: str, defs: Mapping[str, Any]) -> Any:
