@@ -7,10 +7,12 @@ a slot), and Gemma 3 270M ($LOOPD_SWA_MODEL; sliding-window attention, 32k conte
 with other delimiters), when it is there. Then, in pairs, alternating which goes first: a
 question through `loopd serve` and the socket (its time to the first content event), and the
 very request body loopd sends for such a question, built beforehand from the session's log
-(`ExactHistory.next_prompt`, `PromptRequest`) and sent straight to `/completion` with httpx;
-and, for reference (SmolLM2 only), the whole history sent as messages to the chat endpoint,
-which renders and tokenizes it all again. Each request processes only its question: the
-history is cached.
+(`ExactHistory.next_prompt`, `PromptRequest`) and sent straight to `/completion` with httpx.
+Before each, the slot is set back to what the log holds (the history and the last answer, as
+loopd's next request expects to find it), so both process the same tokens; what loopd adds is
+the difference of the two times, pair by pair, in all and outside the server's prompt time.
+For reference (SmolLM2 only), the whole history sent as messages to the chat endpoint, which
+renders and tokenizes it all again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import httpx
 
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
-from loopd.infer import Client, Generation, PromptRequest
+from loopd.infer import Client, Generation, PromptPiece, PromptRequest
 from loopd.server_proc import LaunchSpec, managed_server
 from loopd.session.baseline import make_baseline, messages
 from loopd.session.records import Baseline, Record, UsageRecord, UserRecord
@@ -52,8 +54,8 @@ class Model:
 # llama-server caps a slot at the model's training context (8,192 for SmolLM2; 32,768 for
 # Gemma 3 270M), so the longest history that fits, with room for the questions, is about 7,000
 # (28,000) tokens.
-SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), pairs=6, messages=True)
-GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), pairs=4, messages=False)
+SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), pairs=10, messages=True)
+GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), pairs=6, messages=False)
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 # About one token per word of this text for SmolLM2's and Gemma's tokenizers.
@@ -88,17 +90,20 @@ async def read_document(client: LineClient, tokens: int) -> None:
 
 async def loopds_request(
     exact: ExactHistory, baseline: Baseline, records: list[Record], question: str
-) -> bytes:
-    """The very request body loopd sends for `question` after `records`, built beforehand."""
+) -> tuple[bytes, bytes]:
+    """The very request body loopd sends for `question` after `records`, built beforehand; and
+    one that leaves the slot holding what that request expects to find there (all of it but
+    the text after the last answer), generating one token, which it does not keep."""
     after = [*records, UserRecord(content=question)]
     built = await exact.next_prompt(baseline, after, thinking=True)
-    return PromptRequest(
-        prompt=built.pieces,
-        format=built.format,
-        generation=Generation(
-            thinking_cap=LoopConfig().thinking_cap, max_tokens=MAX_TOKENS, sampling=SAMPLING
-        ),
-    ).body()
+
+    def body(prompt: list[PromptPiece], max_tokens: int) -> bytes:
+        generation = Generation(
+            thinking_cap=LoopConfig().thinking_cap, max_tokens=max_tokens, sampling=SAMPLING
+        )
+        return PromptRequest(prompt=prompt, format=built.format, generation=generation).body()
+
+    return body(built.pieces, MAX_TOKENS), body(built.pieces[:-1], 1)
 
 
 async def first_content(
@@ -166,9 +171,8 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
                 chats: list[bytes] = []
                 for pair in range(which.pairs):
                     header, records, _ = store.read(store.latest() or "")
-                    # The very prompt loopd would send for this question, built beforehand.
                     question = f"Question d{pair}: and now?"
-                    same = await loopds_request(exact, header.baseline, records, question)
+                    same, reset = await loopds_request(exact, header.baseline, records, question)
                     chat = {
                         "messages": [
                             *messages(header.baseline, records),
@@ -183,6 +187,7 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
                     }
                     order = ("loopd", "direct") if pair % 2 == 0 else ("direct", "loopd")
                     for who in order:
+                        await first_content(http, "/completion", reset)
                         if who == "loopd":
                             loopd_ms.append(1000 * await through_loopd(client, f"q{pair}"))
                         else:
@@ -210,14 +215,17 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
         "tokens": tokens,
         "loopd_ms": loopd,
         "direct_ms": direct,
-        # What loopd adds: its time to the first token less the server's prompt time, against
-        # the same for the direct request, per pair. The two need not process the same number
-        # of tokens: each reuses the start of the other's question (the template's words).
+        # What loopd adds, pair by pair (both processed the same tokens): in all, and outside
+        # the server's prompt time (its noise, tens of ms on two cores, taken out; but so is
+        # what loopd's work beside the request costs the prompt, seen in the prompt times).
         "added_ms": statistics.median(
             (a - a_server) - (b - b_server)
             for a, a_server, b, b_server in zip(
                 loopd_ms, server_ms, direct_ms, direct_server_ms, strict=True
             )
+        ),
+        "added_total_ms": statistics.median(
+            a - b for a, b in zip(loopd_ms, direct_ms, strict=True)
         ),
         "server_ms": statistics.median(server_ms),
         "direct_server_ms": statistics.median(direct_server_ms),
@@ -240,16 +248,17 @@ async def measure(binary: Path, model: Path, swa_model: Path | None = None) -> d
 def table(f: dict[str, Any]) -> list[str]:
     head = (
         "| model | history (tokens) | through loopd (server's prompt time) | direct `/completion` "
-        "(server's prompt time) | loopd adds | history as messages (chat endpoint) |"
+        "(server's prompt time) | loopd adds, outside the prompt time | loopd adds in all "
+        "| history as messages (chat endpoint) |"
     )
     return [
         head,
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *(
             f"| {r.get('model', SMOLLM2.name)} | {r['tokens']:,} "
             f"| {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
-            f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.0f} ms "
-            f"| {_ms(r.get('messages_ms'))} |"
+            f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.1f} ms "
+            f"| {_ms(r.get('added_total_ms'))} | {_ms(r.get('messages_ms'))} |"
             for r in f["rows"]
         ),
     ]

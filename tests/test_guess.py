@@ -9,8 +9,18 @@ from typing import Any
 import pytest
 import trio
 
-from loopd.infer import AnyRequest, ChatEvent, ChatRequest, Completion, Content, EventSink, Progress
+from loopd.infer import (
+    AnyRequest,
+    ChatEvent,
+    ChatRequest,
+    Completion,
+    ConnectError,
+    Content,
+    EventSink,
+    Progress,
+)
 from loopd.session.records import PromptRecord
+from loopd.session.store import StoreError
 from loopd.turn.guess import SAID, Guessed, Request, Shapes, send
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
@@ -149,3 +159,49 @@ async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() ->
     model.chat = chat  # type: ignore[method-assign]
     completion, _ = await send(model, _checked(0.01, (RIGHT, RIGHT_RECORD)), lambda _: None)
     assert completion.content == "right is said"
+
+
+async def test_a_failed_check_raises_its_own_error() -> None:
+    """Raised as it is, not in a group: the turn retries a server that went away."""
+
+    async def check() -> Request | None:
+        raise ConnectError("cannot connect to llama-server", None)
+
+    model = Model()
+    with pytest.raises(ConnectError):
+        await send(model, Guessed((GUESSED, RECORD), check), lambda _: None)
+    assert model.finished == []  # the guessed request was cancelled
+
+
+@pytest.mark.parametrize("guessed", [True, False], ids=["guessed", "rendered"])
+@pytest.mark.parametrize("after", [0.0, 0.015, 1.0], ids=["before", "during", "after"])
+async def test_nothing_is_passed_on_before_the_question_is_durable(
+    guessed: bool, after: float
+) -> None:
+    model, seen, durable = Model(), list[ChatEvent](), trio.Event()
+
+    def on_event(event: ChatEvent) -> None:
+        assert durable.is_set()
+        seen.append(event)
+
+    async def first() -> None:
+        await trio.sleep(after)
+        durable.set()
+
+    request = _checked(0.0, None) if guessed else (GUESSED, RECORD)
+    completion, record = await send(model, request, on_event, first=first)
+    assert (completion.content, record) == ("guessed is said", RECORD)
+    assert [getattr(e, "text", None) for e in seen] == [None, "guessed", " is", " said"]
+
+
+async def test_a_question_that_cannot_be_made_durable_fails_its_request() -> None:
+    model = Model()
+
+    async def first() -> None:
+        await trio.sleep(0.015)
+        raise StoreError("cannot write its records to disk")
+
+    seen = list[ChatEvent]()
+    with pytest.raises(StoreError):
+        await send(model, (GUESSED, RECORD), seen.append, first=first)
+    assert (seen, model.finished) == ([], [])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,6 +64,45 @@ async def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
         await session.append(UserRecord(content="hello"))
         on_disk = session.path.read_bytes().splitlines()
     assert json.loads(on_disk[-1])["content"] == "hello"
+
+
+async def test_a_record_added_is_on_disk_after_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's question: kept at once, written while its request goes."""
+    synced: list[int] = []  # the log's size each fsync made durable
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with await Store(tmp_path).create(BASELINE) as session:
+        synced.clear()
+        session.add(UserRecord(content="hello"))
+        assert session.records[-1].kind == "user"
+        assert b"hello" not in session.path.read_bytes()
+        await session.sync()
+        assert json.loads(session.path.read_bytes().splitlines()[-1])["content"] == "hello"
+        assert synced == [session.path.stat().st_size]
+        await session.sync()  # nothing new to write
+        session.add(UserRecord(content="again"))
+        await session.append(TurnEndRecord(reason="answer"))  # writes what was added first
+        assert synced == [synced[0], session.path.stat().st_size]
+    with await Store(tmp_path).open(session.id) as reopened:
+        assert [r.kind for r in reopened.records] == ["user", "user", "turn_end"]
+
+
+async def test_a_sync_that_fails_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fsync(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with await Store(tmp_path).create(BASELINE) as session:
+        session.add(UserRecord(content="hello"))
+        monkeypatch.setattr(os, "fsync", fsync)
+        with pytest.raises(StoreError, match="cannot append a record"):
+            await session.sync()
 
 
 async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:

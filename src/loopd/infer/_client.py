@@ -125,6 +125,14 @@ class Client:
             timeout=httpx.Timeout(None, connect=self.timeouts.connect),
             transport=transport,
         )
+        self._urls: dict[str, httpx.URL] = {}
+
+    def _url(self, path: str) -> httpx.URL:
+        """`path` on the server, parsed once: httpx parses a path anew for each request, a
+        cost on the way to every first token. (The paths loopd asks are few.)"""
+        if (url := self._urls.get(path)) is None:
+            url = self._urls[path] = httpx.URL(self.base_url + path)
+        return url
 
     async def __aenter__(self) -> Self:
         return self
@@ -238,11 +246,11 @@ class Client:
         return None
 
     async def _get_json(self, path: str) -> dict[str, Any]:
-        return await self._json(path, self._http.build_request("GET", path))
+        return await self._json(path, self._http.build_request("GET", self._url(path)))
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._json(
-            path, self._http.build_request("POST", path, content=canonical(body))
+            path, self._http.build_request("POST", self._url(path), content=canonical(body))
         )
 
     async def _json(self, path: str, request: httpx.Request) -> dict[str, Any]:
@@ -291,7 +299,7 @@ class Client:
         path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         http_request = self._http.build_request(
             "POST",
-            path,
+            self._url(path),
             content=request.body(),
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )

@@ -1,11 +1,13 @@
 """The session store: one append-only JSONL log per session, and nothing said is ever lost.
 
 Each append is one `write` of one line, then `fsync`, in a worker thread that a cancelled
-caller waits for, so a record is either whole on disk or not there at all. A crash in the
-middle of a write leaves a torn last line: opening cuts it off and says so; every record
-before it is kept. Anything else that does not parse is an error naming the file and line,
-never skipped: a listing names such a log apart, with why (`Listing.unreadable`). One process
-writes a session at a time (an exclusive `flock` on the log).
+caller waits for, so a record is either whole on disk or not there at all. (A turn's question
+is kept at once and written by `sync` while its request goes; nothing of the answer is passed
+on before.) A crash in the middle of a write leaves a torn last line: opening cuts it off and
+says so; every record before it is kept. Anything else that does not parse is an error naming
+the file and line, never skipped: a listing names such a log apart, with why
+(`Listing.unreadable`). One process writes a session at a time (an exclusive `flock` on the
+log).
 
     StoreError
      ├── SessionLocked      another process has the session open for writing
@@ -214,6 +216,8 @@ class Session:
         self._fd: int | None = fd
         self._records = records
         self._size = os.fstat(fd).st_size
+        self._unwritten: list[bytes] = []
+        """Lines of records `add`ed, not yet written."""
         self._write_lock = trio.Lock()
         self._thread = trio.CapacityLimiter(1)
         """The session's appends run in a thread of their own, never on trio's shared ones: a
@@ -291,31 +295,52 @@ class Session:
         return None
 
     async def append(self, record: Record) -> None:
-        """Write one record and fsync it; when this returns, the record is on disk."""
-        if isinstance(record, SessionHeader):
-            raise StoreError("a session has one header, written when it is created")
-        line = dump(record)
+        """Write one record and fsync it; when this returns, the record is on disk (and every
+        record `add`ed before it)."""
+        line = dump(self._checked(record))
         async with self._write_lock:
             # Not abandoned on cancel: a cancelled caller waits for the write to finish, so
             # the log and `records` never disagree.
             await trio.to_thread.run_sync(self._write, line, limiter=self._thread)
-            self._records.append(record)
-            self._granted |= granted_tools([record])
-            self._note(record)
+            self._keep(record)
+
+    def add(self, record: Record) -> None:
+        """`record` in `records` at once, written and made durable by the next `sync` or
+        `append`: a turn's question, on disk while its request goes, not before it."""
+        self._unwritten.append(dump(self._checked(record)))
+        self._keep(record)
+
+    async def sync(self) -> None:
+        """Every record added is on disk; at once where there is none."""
+        if self._unwritten:
+            async with self._write_lock:
+                await trio.to_thread.run_sync(self._write, b"", limiter=self._thread)
+
+    def _checked(self, record: Record) -> Record:
+        if isinstance(record, SessionHeader):
+            raise StoreError("a session has one header, written when it is created")
+        return record
+
+    def _keep(self, record: Record) -> None:
+        self._records.append(record)
+        self._granted |= granted_tools([record])
+        self._note(record)
 
     def _write(self, line: bytes) -> None:
         if self._fd is None:
             raise StoreError(f"{self.path}: the session is closed")
+        lines = b"".join([*self._unwritten, line])
         try:
-            written = os.write(self._fd, line)
-            while written < len(line):  # a regular file takes it whole, but be sure
-                written += os.write(self._fd, line[written:])
+            written = os.write(self._fd, lines)
+            while written < len(lines):  # a regular file takes it whole, but be sure
+                written += os.write(self._fd, lines[written:])
             os.fsync(self._fd)
         except OSError as e:
             # Never leave half a line behind a later record: cut back to the last whole one.
             os.ftruncate(self._fd, self._size)
             raise StoreError(f"{self.path}: cannot append a record: {e}") from e
-        self._size += len(line)
+        self._size += len(lines)
+        self._unwritten.clear()
 
     def close(self) -> None:
         if self._fd is not None:

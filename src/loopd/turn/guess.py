@@ -15,6 +15,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import outcome
 import trio
 
 from loopd.infer import AnyRequest, ChatEvent, Completion, EventSink
@@ -98,32 +99,56 @@ class _Held:
 
 
 async def send(
-    inference: Inference, request: Request | Guessed, on_event: EventSink
+    inference: Inference,
+    request: Request | Guessed,
+    on_event: EventSink,
+    *,
+    first: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Completion, PromptRecord | None]:
     """The request's completion, and the `prompt` record to append with it. A guessed request
-    is sent at once while it is checked; where the check finds another, that one's."""
+    is sent at once while it is checked; where the check finds another, that one's. `first`
+    (the question made durable) runs while the request goes: nothing of the answer is passed
+    on before it is done. An error of the check or of `first` is raised as it is."""
     if not isinstance(request, Guessed):
-        return await inference.chat(request[0], on_event), request[1]
+        if first is None:
+            return await inference.chat(request[0], on_event), request[1]
+        request = Guessed(request, _right)
     held = _Held(on_event)
-    answered: list[Completion] = []
-    failed: list[Exception] = []
-    async with trio.open_nursery() as nursery:
+    guess = trio.CancelScope()
+    checked: list[outcome.Outcome[Request | None]] = []
 
-        async def guessed() -> None:
-            try:
-                answered.append(await inference.chat(request.request[0], held))
-            except Exception as e:  # noqa: BLE001 - raised below, once the check is done
-                failed.append(e)
-
-        nursery.start_soon(guessed)
-        await trio.lowlevel.checkpoint()  # the guessed request goes first, checked as it waits
-        right = await request.check()
-        if right is None:
+    async def check() -> None:
+        checked.append(await outcome.acapture(_before_output, request.check, first))
+        if isinstance(checked[0], outcome.Value) and checked[0].value is None:
             held.release()
         else:
-            nursery.cancel_scope.cancel()  # nothing of it was passed on
+            guess.cancel()  # nothing of it was passed on
+
+    answered: Completion | Exception | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check)  # as the request waits: it goes first
+        with guess:
+            try:
+                answered = await inference.chat(request.request[0], held)
+            except Exception as e:  # noqa: BLE001 - raised below, once the check is done
+                answered = e
+    right = checked[0].unwrap()
     if right is not None:
         return await inference.chat(right[0], on_event), right[1]
-    if failed:
-        raise failed[0]
-    return answered[0], request.request[1]
+    if isinstance(answered, Exception):
+        raise answered
+    assert answered is not None  # noqa: S101 - cancelled only for a wrong guess
+    return answered, request.request[1]
+
+
+async def _before_output(
+    check: Callable[[], Awaitable[Request | None]], first: Callable[[], Awaitable[None]] | None
+) -> Request | None:
+    right = await check()
+    if first is not None:
+        await first()
+    return right
+
+
+async def _right() -> None:
+    """The check of a request that was not guessed."""

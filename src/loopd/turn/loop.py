@@ -155,7 +155,7 @@ async def run_turn(
 ) -> TurnOutcome:
     """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
     and `[loop] thinking` for this turn only."""
-    await session.append(UserRecord(content=content))
+    session.add(UserRecord(content=content))  # on disk as it is asked (`first`)
     reason: TurnEndReason = "error"
     try:
         think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
@@ -280,7 +280,7 @@ class _Turn:
                 nxt = await next_request(
                     rt.exact, session, generation, prefill=prefill, grammar=grammar
                 )
-                completion, prompt = await send(rt.inference, nxt, self._pass_on)
+                answered = await send(rt.inference, nxt, self._pass_on, first=session.sync)
             except InferError as e:
                 if is_context_full(e):
                     raise SessionFull(str(e)) from e
@@ -290,7 +290,7 @@ class _Turn:
                     self.rt = moved  # tried there at once, its slot pinned by its `inference`
             else:
                 self.wait = None
-                return completion, prompt
+                return answered
 
     def _pass_on(self, event: ChatEvent) -> None:
         self.output = self.output or is_output(event)
