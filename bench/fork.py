@@ -82,7 +82,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                     turn = f"f{pair}"
                     # The very prompt loopd sends for the fork's question, built beforehand.
                     question = f"Question {turn}: and now?"
-                    same, _ = await loopds_request(exact, header.baseline, records, question)
+                    same, _, _ = await loopds_request(exact, header.baseline, records, question)
                     body = json.loads(same)
                     body |= {"cache_prompt": False, "id_slot": BASELINE_SLOT}
                     row: dict[str, Any] = {}

@@ -4,13 +4,16 @@ and sent directly, and what loopd adds to it.
 For each model and size, one llama-server holds a session whose first message is a document of
 that many tokens: SmolLM2-135M (its 8,192-token training context is the most llama-server gives
 a slot), and Gemma 3 270M ($LOOPD_SWA_MODEL; sliding-window attention, 32k context, a template
-with other delimiters), when it is there. Then, in pairs, alternating which goes first: a
-question through `loopd serve` and the socket (its time to the first content event), and the
-very request body loopd sends for such a question, built beforehand from the session's log
-(`ExactHistory.next_prompt`, `PromptRequest`) and sent straight to `/completion` with httpx.
-Before each, the slot is set back to what the log holds (the history and the last answer, as
-loopd's next request expects to find it), so both process the same tokens; what loopd adds is
-the difference of the two times, pair by pair, in all and outside the server's prompt time.
+with other delimiters), when it is there. Then, in rounds, each side first as often: a
+question through `loopd serve` and the socket (its time to the first content event); the very
+request body loopd sends for such a question, built beforehand from the session's log
+(`ExactHistory.next_prompt`, `PromptRequest`) and sent straight to `/completion` with httpx;
+and that body again with the rendering loopd checks its guess by asked beside it, as loopd asks
+it (`loopd.turn.guess`). Before each, the slot is set back to what the log holds (the history
+and the last answer, as loopd's next request expects to find it), so all process the same
+tokens. What loopd adds is the difference of the times, round by round, in all and outside the
+server's prompt time; the third side splits the latter into what the check's rendering costs
+the server and what is loopd's own.
 For reference (SmolLM2 only), the whole history sent as messages to the chat endpoint, which
 renders and tokenizes it all again.
 """
@@ -21,11 +24,13 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import trio
 
 from loopd.canonical import canonical
 from loopd.config import LoopConfig
@@ -42,9 +47,9 @@ from support.daemon import Daemon, LineClient
 class Model:
     name: str
     sizes: tuple[int, ...]
-    pairs: int
-    """Even: each side goes first as often (the first leaves the slot to the second's
-    advantage)."""
+    rounds: int
+    """A multiple of three: each side goes first as often (the machine is warmer or colder
+    for it)."""
     messages: bool
     """Also send the history as messages to the chat endpoint (not for Gemma: where its
     rendering parts from the slot early, each such request processes the long history again,
@@ -54,8 +59,8 @@ class Model:
 # llama-server caps a slot at the model's training context (8,192 for SmolLM2; 32,768 for
 # Gemma 3 270M), so the longest history that fits, with room for the questions, is about 7,000
 # (28,000) tokens.
-SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), pairs=10, messages=True)
-GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), pairs=6, messages=False)
+SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), rounds=9, messages=True)
+GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), rounds=6, messages=False)
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 # About one token per word of this text for SmolLM2's and Gemma's tokenizers.
@@ -90,10 +95,11 @@ async def read_document(client: LineClient, tokens: int) -> None:
 
 async def loopds_request(
     exact: ExactHistory, baseline: Baseline, records: list[Record], question: str
-) -> tuple[bytes, bytes]:
-    """The very request body loopd sends for `question` after `records`, built beforehand; and
-    one that leaves the slot holding what that request expects to find there (all of it but
-    the text after the last answer), generating one token, which it does not keep."""
+) -> tuple[bytes, bytes, Callable[[], Awaitable[object]] | None]:
+    """The very request body loopd sends for `question` after `records`, built beforehand; one
+    that leaves the slot holding what that request expects to find there (all of it but the
+    text after the last answer), generating one token, which it does not keep; and the check
+    loopd sends beside it, where it guessed the rendering (`loopd.turn.guess`)."""
     after = [*records, UserRecord(content=question)]
     built = await exact.next_prompt(baseline, after, thinking=True)
 
@@ -103,7 +109,17 @@ async def loopds_request(
         )
         return PromptRequest(prompt=prompt, format=built.format, generation=generation).body()
 
-    return body(built.pieces, MAX_TOKENS), body(built.pieces[:-1], 1)
+    return body(built.pieces, MAX_TOKENS), body(built.pieces[:-1], 1), built.check
+
+
+async def beside_check(
+    http: httpx.AsyncClient, body: bytes, check: Callable[[], Awaitable[object]]
+) -> tuple[float, dict[str, Any]]:
+    """`first_content` of `body`, with the rendering loopd checks its guess by asked beside
+    it, as loopd does: what that rendering costs the server is the difference."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check)
+        return await first_content(http, "/completion", body)
 
 
 async def first_content(
@@ -157,11 +173,12 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
     async with managed_server(spec, tmp / f"llama-{tokens}.log") as server:
         d = patient_daemon(tmp / f"loopd-{tokens}", server.url)
         await d.start()
-        loopd_ms, direct_ms, chat_ms = [], [], []
-        server_ms, direct_server_ms = [], []
+        loopd_ms, direct_ms, checked_ms, chat_ms = [], [], [], []
+        server_ms, direct_server_ms, checked_server_ms = [], [], []
         try:
             client = await d.connect()
             await read_document(client, tokens)  # the history, processed once
+            await client.turn("warm", "Question w: and now?")  # loopd keeps its rendering
             store = Store(d.home / "sessions")
             async with (
                 httpx.AsyncClient(base_url=server.url, timeout=3600) as http,
@@ -169,14 +186,20 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
             ):
                 exact = ExactHistory(llama)
                 chats: list[bytes] = []
-                for pair in range(which.pairs):
+                header, records, _ = store.read(store.latest() or "")
+                await loopds_request(exact, header.baseline, records, "?")  # a rendering kept
+                for n in range(which.rounds):
                     header, records, _ = store.read(store.latest() or "")
-                    question = f"Question d{pair}: and now?"
-                    same, reset = await loopds_request(exact, header.baseline, records, question)
+                    question = f"Question d{n}: and now?"
+                    same, reset, check = await loopds_request(
+                        exact, header.baseline, records, question
+                    )
+                    if check is None:
+                        raise RuntimeError("the bench's request was not guessed")
                     chat = {
                         "messages": [
                             *messages(header.baseline, records),
-                            {"role": "user", "content": f"Question m{pair}: and now?"},
+                            {"role": "user", "content": f"Question m{n}: and now?"},
                         ],
                         "tools": list(make_baseline().tools),
                         "stream": True,
@@ -185,15 +208,19 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
                         "max_tokens": MAX_TOKENS,
                         **SAMPLING,
                     }
-                    order = ("loopd", "direct") if pair % 2 == 0 else ("direct", "loopd")
-                    for who in order:
+                    sides = ("loopd", "direct", "checked")
+                    for who in sides[n % 3 :] + sides[: n % 3]:  # each goes first as often
                         await first_content(http, "/completion", reset)
                         if who == "loopd":
-                            loopd_ms.append(1000 * await through_loopd(client, f"q{pair}"))
-                        else:
+                            loopd_ms.append(1000 * await through_loopd(client, f"q{n}"))
+                        elif who == "direct":
                             took, seen = await first_content(http, "/completion", same)
                             direct_ms.append(1000 * took)
                             direct_server_ms.append(seen.get("prompt_ms", 0.0))
+                        else:
+                            took, seen = await beside_check(http, same, check)
+                            checked_ms.append(1000 * took)
+                            checked_server_ms.append(seen.get("prompt_ms", 0.0))
                     if which.messages:
                         chats.append(canonical(chat))
                 # Afterwards, not in between: the chat endpoint's rendering of the history is
@@ -205,7 +232,7 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
             # the same request should cost the server the same.
             _, records, _ = store.read(store.latest() or "")
             timings = [r.timings for r in records if isinstance(r, UsageRecord) and r.timings]
-            server_ms = [t.prompt_ms for t in timings[1:]]  # the document's is not one of them
+            server_ms = [t.prompt_ms for t in timings[2:]]  # not the document's, not "warm"
         finally:
             await d.kill()
             await d.close_clients()
@@ -215,23 +242,31 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
         "tokens": tokens,
         "loopd_ms": loopd,
         "direct_ms": direct,
-        # What loopd adds, pair by pair (both processed the same tokens): in all, and outside
+        # What loopd adds, round by round (all processed the same tokens): in all, and outside
         # the server's prompt time (its noise, tens of ms on two cores, taken out; but so is
         # what loopd's work beside the request costs the prompt, seen in the prompt times).
-        "added_ms": statistics.median(
-            (a - a_server) - (b - b_server)
-            for a, a_server, b, b_server in zip(
-                loopd_ms, server_ms, direct_ms, direct_server_ms, strict=True
-            )
-        ),
+        "added_ms": _added(loopd_ms, server_ms, direct_ms, direct_server_ms),
         "added_total_ms": statistics.median(
             a - b for a, b in zip(loopd_ms, direct_ms, strict=True)
         ),
+        # Of that, the rendering loopd checks its guess by (the server's work beside the
+        # request), and the rest: loopd's own.
+        "check_ms": _added(checked_ms, checked_server_ms, direct_ms, direct_server_ms),
+        "own_ms": _added(loopd_ms, server_ms, checked_ms, checked_server_ms),
         "server_ms": statistics.median(server_ms),
         "direct_server_ms": statistics.median(direct_server_ms),
+        "checked_server_ms": statistics.median(checked_server_ms),
         "messages_ms": statistics.median(chat_ms) if chat_ms else None,
         "ratio": loopd / direct,
     }
+
+
+def _added(a: list[float], a_server: list[float], b: list[float], b_server: list[float]) -> float:
+    """What side `a` adds to side `b` outside the server's prompt time, round by round."""
+    return statistics.median(
+        (x - x_server) - (y - y_server)
+        for x, x_server, y, y_server in zip(a, a_server, b, b_server, strict=True)
+    )
 
 
 async def measure(binary: Path, model: Path, swa_model: Path | None = None) -> dict[str, Any]:
@@ -248,8 +283,8 @@ async def measure(binary: Path, model: Path, swa_model: Path | None = None) -> d
 def table(f: dict[str, Any]) -> list[str]:
     head = (
         "| model | history (tokens) | through loopd (server's prompt time) | direct `/completion` "
-        "(server's prompt time) | loopd adds, outside the prompt time | loopd adds in all "
-        "| history as messages (chat endpoint) |"
+        "(server's prompt time) | loopd adds, outside the prompt time: in all (the check's "
+        "rendering; loopd's own) | loopd adds in all | history as messages (chat endpoint) |"
     )
     return [
         head,
@@ -258,10 +293,16 @@ def table(f: dict[str, Any]) -> list[str]:
             f"| {r.get('model', SMOLLM2.name)} | {r['tokens']:,} "
             f"| {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
             f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.1f} ms "
-            f"| {_ms(r.get('added_total_ms'))} | {_ms(r.get('messages_ms'))} |"
+            f"({_parts(r)}) | {_ms(r.get('added_total_ms'))} | {_ms(r.get('messages_ms'))} |"
             for r in f["rows"]
         ),
     ]
+
+
+def _parts(r: dict[str, Any]) -> str:
+    if "own_ms" not in r:
+        return "-"
+    return f"{r['check_ms']:.1f}; {r['own_ms']:.1f}"
 
 
 def _ms(value: float | None) -> str:

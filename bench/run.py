@@ -137,15 +137,18 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             "## 8. Time to first token against the length of the history",
             "",
             (
-                "Medians of 10 pairs per size for SmolLM2-135M, 6 for Gemma 3 270M "
+                "Medians of 9 rounds per size for SmolLM2-135M, 6 for Gemma 3 270M "
                 "(bench/history.py): time to the first token of a question after a cached "
                 "document, through loopd and the socket, and with the very request body loopd "
-                "sends for it, sent straight to `/completion`. Before each, the slot is set "
-                "back to the history as the log holds it, so both process the same tokens. "
-                "What loopd adds is compared pair by pair: outside the server's prompt time "
-                "(each side's time less its prompt time, which takes out the prompt's noise, "
-                "tens of milliseconds here) and in all (which keeps what loopd's work beside "
-                "the request costs the prompt on a server whose cores all compute it). The "
+                "sends for it, sent straight to `/completion`, alone and with the rendering "
+                "loopd checks its guessed rendering by asked beside it. Before each, the slot "
+                "is set back to the history as the log holds it, so all process the same "
+                "tokens. What loopd adds is compared round by round: outside the server's "
+                "prompt time (each side's time less its prompt time, which takes out the "
+                "prompt's noise, tens of milliseconds here), split into what the check's "
+                "rendering costs the server and what is loopd's own; and in all (which keeps "
+                "what loopd's work beside the request costs the prompt on a server whose cores "
+                "all compute it, and the prompt's noise). The "
                 "last column sends the whole history as messages, which the server renders "
                 "and tokenizes again on every request (SmolLM2 only, to keep the run short)."
             ),

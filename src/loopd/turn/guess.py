@@ -7,6 +7,7 @@ rendering with those words replaced by a marker (`Shapes`), sends the next reque
 from it, and renders the real one beside it (`send`). What the answer says is held
 until the two are compared; where they differ (a template that trims the message, or reads
 it), the guessed request is cancelled, nothing of it passed on, and the rendered one sent.
+The question's record is made durable the same way, beside the request (`send`'s `first`).
 """
 
 from __future__ import annotations
