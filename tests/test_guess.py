@@ -205,3 +205,20 @@ async def test_a_question_that_cannot_be_made_durable_fails_its_request() -> Non
     with pytest.raises(StoreError):
         await send(model, (GUESSED, RECORD), seen.append, first=first)
     assert (seen, model.finished) == ([], [])
+
+
+async def test_the_question_is_made_durable_even_where_the_check_fails() -> None:
+    """The turn then waits for the server to come back: its question must be on disk."""
+
+    async def check() -> Request | None:
+        raise ConnectError("cannot connect to llama-server", None)
+
+    durable = trio.Event()
+
+    async def first() -> None:
+        await trio.sleep(0.015)
+        durable.set()
+
+    with pytest.raises(ConnectError):
+        await send(Model(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
+    assert durable.is_set()

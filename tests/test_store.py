@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -80,29 +82,62 @@ async def test_a_record_added_is_on_disk_after_sync(
     monkeypatch.setattr(os, "fsync", fsync)
     with await Store(tmp_path).create(BASELINE) as session:
         synced.clear()
-        session.add(UserRecord(content="hello"))
+        await session.add(UserRecord(content="hello"))
         assert session.records[-1].kind == "user"
         assert b"hello" not in session.path.read_bytes()
         await session.sync()
         assert json.loads(session.path.read_bytes().splitlines()[-1])["content"] == "hello"
         assert synced == [session.path.stat().st_size]
         await session.sync()  # nothing new to write
-        session.add(UserRecord(content="again"))
+        await session.add(UserRecord(content="again"))
         await session.append(TurnEndRecord(reason="answer"))  # writes what was added first
         assert synced == [synced[0], session.path.stat().st_size]
     with await Store(tmp_path).open(session.id) as reopened:
         assert [r.kind for r in reopened.records] == ["user", "user", "turn_end"]
 
 
-async def test_a_sync_that_fails_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_sync_that_fails_keeps_what_was_added_for_the_next_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+
     def fsync(_fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     with await Store(tmp_path).create(BASELINE) as session:
-        session.add(UserRecord(content="hello"))
+        await session.add(UserRecord(content="hello"))
         monkeypatch.setattr(os, "fsync", fsync)
         with pytest.raises(StoreError, match="cannot append a record"):
             await session.sync()
+        assert session.records[-1].kind == "user"
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        await session.append(TurnEndRecord(reason="error"))
+    with await Store(tmp_path).open(session.id) as reopened:
+        assert [r.kind for r in reopened.records] == ["user", "turn_end"]
+
+
+async def test_a_record_added_while_an_append_is_written_keeps_the_logs_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question added while another task's record is being written (a slow disk): it is
+    neither lost nor put before that record, in memory or in the log."""
+    real_fsync, writing = os.fsync, threading.Event()
+
+    def slow_fsync(fd: int) -> None:
+        writing.set()
+        time.sleep(0.2)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    with await Store(tmp_path).create(BASELINE) as session:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.append, TurnEndRecord(reason="answer"))
+            await trio.to_thread.run_sync(writing.wait)
+            await session.add(UserRecord(content="next"))
+        await session.sync()
+        kinds = [r.kind for r in session.records]
+    with await Store(tmp_path).open(session.id) as reopened:
+        assert [r.kind for r in reopened.records] == kinds == ["turn_end", "user"]
 
 
 async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:

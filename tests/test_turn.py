@@ -144,6 +144,21 @@ async def test_a_plain_answer(harness: Any) -> None:
     assert h.session.records[-1] == TurnEndRecord(reason="answer", time=h.session.records[-1].time)
 
 
+async def test_the_question_is_on_disk_before_any_of_its_answer_is_passed_on(
+    harness: Any,
+) -> None:
+    h = await harness("plain")
+    on_disk: list[bool] = []
+
+    def seen(event: TurnEvent) -> None:
+        if isinstance(event, Content):
+            on_disk.append(b'"kind":"user"' in h.session.path.read_bytes())
+
+    await h.turn("what is on disk?", on_event=seen)
+    assert on_disk
+    assert all(on_disk)
+
+
 async def test_find_tool_then_an_answer(harness: Any) -> None:
     h = await harness(
         Reply(tool_calls=(("c1", "find_tool", '{"query": "read a note"}'),)),

@@ -299,22 +299,36 @@ class Session:
         record `add`ed before it)."""
         line = dump(self._checked(record))
         async with self._write_lock:
-            # Not abandoned on cancel: a cancelled caller waits for the write to finish, so
-            # the log and `records` never disagree.
-            await trio.to_thread.run_sync(self._write, line, limiter=self._thread)
+            await self._write(line)
             self._keep(record)
 
-    def add(self, record: Record) -> None:
+    async def add(self, record: Record) -> None:
         """`record` in `records` at once, written and made durable by the next `sync` or
-        `append`: a turn's question, on disk while its request goes, not before it."""
-        self._unwritten.append(dump(self._checked(record)))
-        self._keep(record)
+        `append`: a turn's question, on disk while its request goes, not before it. (After an
+        append under way, so that the log and `records` keep one order.)"""
+        line = dump(self._checked(record))
+        async with self._write_lock:
+            self._unwritten.append(line)
+            self._keep(record)
 
     async def sync(self) -> None:
         """Every record added is on disk; at once where there is none."""
         if self._unwritten:
             async with self._write_lock:
-                await trio.to_thread.run_sync(self._write, b"", limiter=self._thread)
+                if self._unwritten:  # else an append under way wrote them
+                    await self._write(b"")
+
+    async def _write(self, line: bytes) -> None:
+        """What was added, then `line`, written and fsynced in the session's own thread. Not
+        abandoned on cancel: a cancelled caller waits for the write to finish, so the log and
+        `records` never disagree. What was added stays to be written if this fails."""
+        added, self._unwritten = self._unwritten, []
+        try:
+            lines = b"".join([*added, line])
+            await trio.to_thread.run_sync(self._write_now, lines, limiter=self._thread)
+        except BaseException:
+            self._unwritten[:0] = added
+            raise
 
     def _checked(self, record: Record) -> Record:
         if isinstance(record, SessionHeader):
@@ -326,10 +340,9 @@ class Session:
         self._granted |= granted_tools([record])
         self._note(record)
 
-    def _write(self, line: bytes) -> None:
+    def _write_now(self, lines: bytes) -> None:
         if self._fd is None:
             raise StoreError(f"{self.path}: the session is closed")
-        lines = b"".join([*self._unwritten, line])
         try:
             written = os.write(self._fd, lines)
             while written < len(lines):  # a regular file takes it whole, but be sure
@@ -340,7 +353,6 @@ class Session:
             os.ftruncate(self._fd, self._size)
             raise StoreError(f"{self.path}: cannot append a record: {e}") from e
         self._size += len(lines)
-        self._unwritten.clear()
 
     def close(self) -> None:
         if self._fd is not None:

@@ -99,6 +99,42 @@ class _Held:
             self.on_event(event)
 
 
+class _Before:
+    """What is done before the answer is passed on, beside its request: the check of a guessed
+    rendering, and the question made durable. The request is cancelled on an error of either
+    (the turn's) or a wrong guess (nothing of it was passed on)."""
+
+    def __init__(self, held: _Held, guess: trio.CancelScope) -> None:
+        self.held, self.guess = held, guess
+        self.checked: list[outcome.Outcome[Request | None]] = []
+        self.durable: list[outcome.Outcome[None]] = []
+
+    async def check(self, check: Callable[[], Awaitable[Request | None]]) -> None:
+        self.checked.append(await outcome.acapture(check))
+        self._settle()
+
+    async def make_durable(self, first: Callable[[], Awaitable[None]] | None) -> None:
+        self.durable.append(await outcome.acapture(first) if first else outcome.Value(None))
+        self._settle()
+
+    def _settle(self) -> None:
+        done = [*self.checked, *self.durable]
+        if any(isinstance(o, outcome.Error) for o in done):
+            self.guess.cancel()
+        elif len(done) == 2:
+            right = self.checked[0]
+            if isinstance(right, outcome.Value) and right.value is None:
+                self.held.release()
+            else:
+                self.guess.cancel()
+
+    def right(self) -> Request | None:
+        """The request to send instead of the guessed one, if any; raises what failed (first
+        the question not made durable, whatever the check said)."""
+        self.durable[0].unwrap()
+        return self.checked[0].unwrap()
+
+
 async def send(
     inference: Inference,
     request: Request | Guessed,
@@ -114,41 +150,23 @@ async def send(
         if first is None:
             return await inference.chat(request[0], on_event), request[1]
         request = Guessed(request, _right)
-    held = _Held(on_event)
-    guess = trio.CancelScope()
-    checked: list[outcome.Outcome[Request | None]] = []
-
-    async def check() -> None:
-        checked.append(await outcome.acapture(_before_output, request.check, first))
-        if isinstance(checked[0], outcome.Value) and checked[0].value is None:
-            held.release()
-        else:
-            guess.cancel()  # nothing of it was passed on
-
+    before = _Before(_Held(on_event), trio.CancelScope())
     answered: Completion | Exception | None = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(check)  # as the request waits: it goes first
-        with guess:
+        nursery.start_soon(before.check, request.check)  # both as the request waits: it
+        nursery.start_soon(before.make_durable, first)  # goes first
+        with before.guess:
             try:
-                answered = await inference.chat(request.request[0], held)
+                answered = await inference.chat(request.request[0], before.held)
             except Exception as e:  # noqa: BLE001 - raised below, once the check is done
                 answered = e
-    right = checked[0].unwrap()
+    right = before.right()
     if right is not None:
         return await inference.chat(right[0], on_event), right[1]
     if isinstance(answered, Exception):
         raise answered
     assert answered is not None  # noqa: S101 - cancelled only for a wrong guess
     return answered, request.request[1]
-
-
-async def _before_output(
-    check: Callable[[], Awaitable[Request | None]], first: Callable[[], Awaitable[None]] | None
-) -> Request | None:
-    right = await check()
-    if first is not None:
-        await first()
-    return right
 
 
 async def _right() -> None:

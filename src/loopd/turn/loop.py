@@ -155,7 +155,7 @@ async def run_turn(
 ) -> TurnOutcome:
     """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
     and `[loop] thinking` for this turn only."""
-    session.add(UserRecord(content=content))  # on disk as it is asked (`first`)
+    await session.add(UserRecord(content=content))  # on disk as it is asked (`first`)
     reason: TurnEndReason = "error"
     try:
         think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
@@ -276,8 +276,7 @@ class _Turn:
         while True:
             self.output, rt = False, self.rt
             try:
-                # Built anew each try: with exact history it asks the server too.
-                nxt = await next_request(
+                nxt = await next_request(  # built anew each try: it may ask the server
                     rt.exact, session, generation, prefill=prefill, grammar=grammar
                 )
                 answered = await send(rt.inference, nxt, self._pass_on, first=session.sync)
@@ -286,6 +285,7 @@ class _Turn:
                     raise SessionFull(str(e)) from e
                 if self.output or (why := wait_reason(e)) is None:
                     raise InferFailed(e) from e
+                await session.sync()  # the question is on disk while the turn waits
                 if moved := await wait.after(why, e, rt.elsewhere):
                     self.rt = moved  # tried there at once, its slot pinned by its `inference`
             else:
