@@ -297,7 +297,7 @@ class Session:
     async def append(self, record: Record) -> None:
         """Write one record and fsync it; when this returns, the record is on disk (and every
         record `add`ed before it)."""
-        line = dump(self._checked(record))
+        line = self._line(record)
         async with self._write_lock:
             await self._write(line)
             self._keep(record)
@@ -306,7 +306,7 @@ class Session:
         """`record` in `records` at once, written and made durable by the next `sync` or
         `append`: a turn's question, on disk while its request goes, not before it. (After an
         append under way, so that the log and `records` keep one order.)"""
-        line = dump(self._checked(record))
+        line = self._line(record)
         async with self._write_lock:
             self._unwritten.append(line)
             self._keep(record)
@@ -330,10 +330,10 @@ class Session:
             self._unwritten[:0] = added
             raise
 
-    def _checked(self, record: Record) -> Record:
+    def _line(self, record: Record) -> bytes:
         if isinstance(record, SessionHeader):
             raise StoreError("a session has one header, written when it is created")
-        return record
+        return dump(record)
 
     def _keep(self, record: Record) -> None:
         self._records.append(record)
