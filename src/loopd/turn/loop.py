@@ -155,7 +155,7 @@ async def run_turn(
 ) -> TurnOutcome:
     """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
     and `[loop] thinking` for this turn only."""
-    await session.add(UserRecord(content=content))  # on disk as it is asked (`first`)
+    await session.append(UserRecord(content=content))
     reason: TurnEndReason = "error"
     try:
         think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
