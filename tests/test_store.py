@@ -68,10 +68,10 @@ async def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
     assert json.loads(on_disk[-1])["content"] == "hello"
 
 
-async def test_a_record_added_is_on_disk_after_sync(
+async def test_a_record_added_is_written_at_once_and_durable_after_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A turn's question: kept at once, written while its request goes."""
+    """A turn's question: written at once, fsynced while its request goes."""
     synced: list[int] = []  # the log's size each fsync made durable
     real_fsync = os.fsync
 
@@ -84,7 +84,8 @@ async def test_a_record_added_is_on_disk_after_sync(
         synced.clear()
         await session.add(UserRecord(content="hello"))
         assert session.records[-1].kind == "user"
-        assert b"hello" not in session.path.read_bytes()
+        assert json.loads(session.path.read_bytes().splitlines()[-1])["content"] == "hello"
+        assert synced == []  # not waited for
         await session.sync()
         assert json.loads(session.path.read_bytes().splitlines()[-1])["content"] == "hello"
         assert synced == [session.path.stat().st_size]
@@ -114,6 +115,49 @@ async def test_a_sync_that_fails_keeps_what_was_added_for_the_next_append(
         await session.append(TurnEndRecord(reason="error"))
     with await Store(tmp_path).open(session.id) as reopened:
         assert [r.kind for r in reopened.records] == ["user", "turn_end"]
+
+
+async def test_an_add_that_cannot_write_keeps_nothing_and_leaves_the_log_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+
+    def full(_fd: int, _data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with await Store(tmp_path).create(BASELINE) as session:
+        await session.add(UserRecord(content="kept"))
+        size = session.path.stat().st_size
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(StoreError, match="No space left"):
+            await session.add(UserRecord(content="lost"))
+        assert [r.kind for r in session.records] == ["user"]
+        monkeypatch.setattr(os, "write", real_write)
+        # The failed write cut the log back to its durable end; what was added before is
+        # written again ahead of the next record.
+        assert session.path.stat().st_size < size
+        await session.append(TurnEndRecord(reason="error"))
+    with await Store(tmp_path).open(session.id) as reopened:
+        assert [(r.kind, getattr(r, "content", None)) for r in reopened.records] == [
+            ("user", "kept"),
+            ("turn_end", None),
+        ]
+
+
+async def test_a_record_added_is_in_the_log_of_a_process_killed_before_any_fsync(
+    tmp_path: Path,
+) -> None:
+    """kill -9 between a question's write and its fsync (a request under way): the kernel
+    holds what was written, so the log a restart opens has the question."""
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        pass
+    with running(ADDER, str(tmp_path), session.id) as adder:
+        adder.wait()  # it kills itself, the fsync never made
+    with await store.open(session.id) as reopened:
+        assert [(r.kind, getattr(r, "content", None)) for r in reopened.records] == [
+            ("user", "asked")
+        ]
 
 
 async def test_a_record_added_while_an_append_is_written_keeps_the_logs_order(
@@ -455,6 +499,20 @@ APPENDER = textwrap.dedent("""
             while True:
                 n += 1
                 await session.append(UserRecord(content=f"{n:06d}" * 50_000))
+    trio.run(main)
+""")
+
+ADDER = textwrap.dedent("""
+    import os, signal, sys, trio
+    from pathlib import Path
+    from loopd.session.store import Store
+    from loopd.session.records import UserRecord
+    async def main():
+        with await Store(Path(sys.argv[1])).open(sys.argv[2]) as session:
+            print("holding", flush=True)
+            os.fsync = lambda fd: signal.pause()  # a disk that never finishes
+            await session.add(UserRecord(content="asked"))
+            os.kill(os.getpid(), signal.SIGKILL)
     trio.run(main)
 """)
 

@@ -2,12 +2,12 @@
 
 Each append is one `write` of one line, then `fsync`, in a worker thread that a cancelled
 caller waits for, so a record is either whole on disk or not there at all. (A turn's question
-is kept at once and written by `sync` while its request goes; nothing of the answer is passed
-on before.) A crash in the middle of a write leaves a torn last line: opening cuts it off and
-says so; every record before it is kept. Anything else that does not parse is an error naming
-the file and line, never skipped: a listing names such a log apart, with why
-(`Listing.unreadable`). One process writes a session at a time (an exclusive `flock` on the
-log).
+is written at once, so that a killed loopd leaves it in the log, and fsynced by `sync` while
+its request goes; nothing of the answer is passed on before.) A crash in the middle of a
+write leaves a torn last line: opening cuts it off and says so; every record before it is
+kept. Anything else that does not parse is an error naming the file and line, never skipped:
+a listing names such a log apart, with why (`Listing.unreadable`). One process writes a
+session at a time (an exclusive `flock` on the log).
 
     StoreError
      ├── SessionLocked      another process has the session open for writing
@@ -216,8 +216,11 @@ class Session:
         self._fd: int | None = fd
         self._records = records
         self._size = os.fstat(fd).st_size
-        self._unwritten: list[bytes] = []
-        """Lines of records `add`ed, not yet written."""
+        """Where the log's durable records end."""
+        self._unsynced: list[bytes] = []
+        """Lines of records `add`ed, not yet durable: in the file after `_size`, or, where a
+        write failed, nowhere yet (`_end == _size`)."""
+        self._end = self._size
         self._write_lock = trio.Lock()
         self._thread = trio.CapacityLimiter(1)
         """The session's appends run in a thread of their own, never on trio's shared ones: a
@@ -299,36 +302,35 @@ class Session:
         record `add`ed before it)."""
         line = self._line(record)
         async with self._write_lock:
-            await self._write(line)
+            await self._write(line, durable=True)
             self._keep(record)
 
     async def add(self, record: Record) -> None:
-        """`record` in `records` at once, written and made durable by the next `sync` or
-        `append`: a turn's question, on disk while its request goes, not before it. (After an
-        append under way, so that the log and `records` keep one order.)"""
+        """Write `record` without waiting for the disk, made durable by the next `sync` or
+        `append`: a turn's question, in the log if loopd is killed (the kernel holds it), on
+        the disk while its request goes. (After an append under way, so that the log and
+        `records` keep one order.)"""
         line = self._line(record)
         async with self._write_lock:
-            self._unwritten.append(line)
+            await self._write(line, durable=False)
             self._keep(record)
+            self._unsynced.append(line)
 
     async def sync(self) -> None:
         """Every record added is on disk; at once where there is none."""
-        if self._unwritten:
+        if self._unsynced:
             async with self._write_lock:
-                if self._unwritten:  # else an append under way wrote them
-                    await self._write(b"")
+                if self._unsynced:  # else an append under way made them durable
+                    await self._write(b"", durable=True)
 
-    async def _write(self, line: bytes) -> None:
-        """What was added, then `line`, written and fsynced in the session's own thread. Not
-        abandoned on cancel: a cancelled caller waits for the write to finish, so the log and
-        `records` never disagree. What was added stays to be written if this fails."""
-        added, self._unwritten = self._unwritten, []
-        try:
-            lines = b"".join([*added, line])
-            await trio.to_thread.run_sync(self._write_now, lines, limiter=self._thread)
-        except BaseException:
-            self._unwritten[:0] = added
-            raise
+    async def _write(self, line: bytes, *, durable: bool) -> None:
+        """`line` written (and what was added, where a failed write cut it off), fsynced if
+        `durable`, in the session's own thread. Not abandoned on cancel: a cancelled caller
+        waits for the write to finish, so the log and `records` never disagree."""
+        behind = b"".join(self._unsynced) if self._end == self._size else b""
+        await trio.to_thread.run_sync(self._write_now, behind + line, durable, limiter=self._thread)
+        if durable:
+            self._unsynced = []
 
     def _line(self, record: Record) -> bytes:
         if isinstance(record, SessionHeader):
@@ -340,19 +342,24 @@ class Session:
         self._granted |= granted_tools([record])
         self._note(record)
 
-    def _write_now(self, lines: bytes) -> None:
+    def _write_now(self, lines: bytes, durable: bool) -> None:
         if self._fd is None:
             raise StoreError(f"{self.path}: the session is closed")
         try:
             written = os.write(self._fd, lines)
             while written < len(lines):  # a regular file takes it whole, but be sure
                 written += os.write(self._fd, lines[written:])
-            os.fsync(self._fd)
+            if durable:
+                os.fsync(self._fd)
         except OSError as e:
-            # Never leave half a line behind a later record: cut back to the last whole one.
+            # Never leave half a line behind a later record, nor a line a failed fsync may
+            # have lost: cut back to the last durable one; what was added is written again.
             os.ftruncate(self._fd, self._size)
+            self._end = self._size
             raise StoreError(f"{self.path}: cannot append a record: {e}") from e
-        self._size += len(lines)
+        self._end += len(lines)
+        if durable:
+            self._size = self._end
 
     def close(self) -> None:
         if self._fd is not None:

@@ -155,7 +155,7 @@ async def run_turn(
 ) -> TurnOutcome:
     """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
     and `[loop] thinking` for this turn only."""
-    await session.append(UserRecord(content=content))
+    await session.add(UserRecord(content=content))  # durable while its request goes (`first`)
     reason: TurnEndReason = "error"
     try:
         think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
