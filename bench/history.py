@@ -16,15 +16,21 @@ server's prompt time; the third side splits the latter into what the check's ren
 the server and what is loopd's own.
 For reference (SmolLM2 only), the whole history sent as messages to the chat endpoint, which
 renders and tokenizes it all again.
+Last, without the server's noise: loopd restarted on the same session and its very request sent
+directly, both against `instant.py`, which answers each request as the real server first did,
+after a fixed time to the first token; the difference is loopd's own work.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +56,8 @@ class Model:
     rounds: int
     """A multiple of three: each side goes first as often (the machine is warmer or colder
     for it)."""
+    instant_rounds: int
+    """Rounds against a server that answers at once (`instant.py`): even, for the same."""
     messages: bool
     """Also send the history as messages to the chat endpoint (not for Gemma: where its
     rendering parts from the slot early, each such request processes the long history again,
@@ -59,8 +67,8 @@ class Model:
 # llama-server caps a slot at the model's training context (8,192 for SmolLM2; 32,768 for
 # Gemma 3 270M), so the longest history that fits, with room for the questions, is about 7,000
 # (28,000) tokens.
-SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), rounds=9, messages=True)
-GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), rounds=6, messages=False)
+SMOLLM2 = Model("SmolLM2-135M", (1_000, 3_000, 7_000), 9, 20, messages=True)
+GEMMA3 = Model("Gemma 3 270M", (2_000, 14_000, 28_000), 6, 20, messages=False)
 MAX_TOKENS = 8
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 # About one token per word of this text for SmolLM2's and Gemma's tokenizers.
@@ -236,6 +244,7 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
         finally:
             await d.kill()
             await d.close_clients()
+        instant = await _instant(d.home, server.url, which.instant_rounds)
     loopd, direct = statistics.median(loopd_ms), statistics.median(direct_ms)
     return {
         "model": which.name,
@@ -258,7 +267,85 @@ async def _size(binary: Path, model: Path, which: Model, tokens: int, tmp: Path)
         "checked_server_ms": statistics.median(checked_server_ms),
         "messages_ms": statistics.median(chat_ms) if chat_ms else None,
         "ratio": loopd / direct,
+        # Against a server that answers at once: what loopd's own work adds, without the
+        # server's noise or the check's cost on its cores.
+        "instant_loopd_ms": statistics.median(instant[0]),
+        "instant_direct_ms": statistics.median(instant[1]),
+        "instant_added_ms": statistics.median(a - b for a, b in zip(*instant, strict=True)),
     }
+
+
+INSTANT_PROMPT_TIME = 0.02
+"""A short prompt's time to first token on a GPU: long enough for the check and the fsync
+loopd does beside its request, as on any real server."""
+
+
+async def _instant(home: Path, upstream: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Time to first content through loopd (restarted on the same session) and of its very
+    request sent directly, both against `InstantServer` in front of `upstream`: each request
+    is asked of `upstream` once, beforehand, then answered at once."""
+    loopd_ms: list[float] = []
+    direct_ms: list[float] = []
+    async with instant_server(upstream, INSTANT_PROMPT_TIME) as url:
+        d = patient_daemon(home, url)
+        await d.start()
+        try:
+            client = await d.connect()
+            await client.turn("instant", "Question w: and now?")  # loopd keeps its rendering
+            store = Store(home / "sessions")
+            async with (
+                httpx.AsyncClient(base_url=url, timeout=3600) as http,
+                httpx.AsyncClient(base_url=upstream, timeout=3600) as real,
+                Client(url) as llama,
+            ):
+                exact = ExactHistory(llama)
+                header, records, _ = store.read(store.latest() or "")
+                await loopds_request(exact, header.baseline, records, "?")  # a rendering kept
+                for n in range(rounds):
+                    header, records, _ = store.read(store.latest() or "")
+                    same, reset, check = await loopds_request(
+                        exact, header.baseline, records, f"Question i{n}: and now?"
+                    )
+                    if check is None:
+                        raise RuntimeError("the bench's request was not guessed")
+                    await first_content(real, "/completion", reset)  # the slot as the log holds
+                    await first_content(http, "/completion", same)  # asked for real, once
+                    await check()
+                    missed = (await http.get("/missed")).json()
+                    for who in ("loopd", "direct") if n % 2 else ("direct", "loopd"):
+                        if who == "loopd":
+                            loopd_ms.append(1000 * await through_loopd(client, f"i{n}"))
+                        else:
+                            direct_ms.append(
+                                1000 * (await first_content(http, "/completion", same))[0]
+                            )
+                    if (await http.get("/missed")).json() != missed:
+                        raise RuntimeError("loopd sent a request the bench did not build")
+        finally:
+            await d.kill()
+            await d.close_clients()
+    return loopd_ms, direct_ms
+
+
+@asynccontextmanager
+async def instant_server(upstream: str, prompt_time: float) -> AsyncIterator[str]:
+    """`instant.py` in front of `upstream`, a process of its own; its URL."""
+    script = Path(__file__).with_name("instant.py")
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(script), upstream, "--prompt-time", str(prompt_time)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None  # noqa: S101 - piped above
+        said = b""
+        while not said.endswith(b"\n"):
+            if not (more := await process.stdout.receive_some()):
+                raise RuntimeError("the instant server ended before it said its URL")
+            said += more
+        yield said.decode().strip()
+    finally:
+        process.kill()
+        await process.wait()
 
 
 def _added(a: list[float], a_server: list[float], b: list[float], b_server: list[float]) -> float:
@@ -284,16 +371,18 @@ def table(f: dict[str, Any]) -> list[str]:
     head = (
         "| model | history (tokens) | through loopd (server's prompt time) | direct `/completion` "
         "(server's prompt time) | loopd adds, outside the prompt time: in all (the check's "
-        "rendering; loopd's own) | loopd adds in all | history as messages (chat endpoint) |"
+        "rendering; loopd's own) | loopd adds in all | history as messages (chat endpoint) "
+        "| against a server that answers at once: loopd adds (through loopd; direct) |"
     )
     return [
         head,
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
         *(
             f"| {r.get('model', SMOLLM2.name)} | {r['tokens']:,} "
             f"| {r['loopd_ms']:.0f} ms ({r['server_ms']:.0f}) "
             f"| {r['direct_ms']:.0f} ms ({r['direct_server_ms']:.0f}) | {r['added_ms']:.1f} ms "
-            f"({_parts(r)}) | {_ms(r.get('added_total_ms'))} | {_ms(r.get('messages_ms'))} |"
+            f"({_parts(r)}) | {_ms(r.get('added_total_ms'))} | {_ms(r.get('messages_ms'))} "
+            f"| {_at_once(r)} |"
             for r in f["rows"]
         ),
     ]
@@ -307,3 +396,12 @@ def _parts(r: dict[str, Any]) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
+
+
+def _at_once(r: dict[str, Any]) -> str:
+    if "instant_added_ms" not in r:
+        return "-"
+    return (
+        f"{r['instant_added_ms']:.1f} ms ({r['instant_loopd_ms']:.1f}; "
+        f"{r['instant_direct_ms']:.1f})"
+    )

@@ -149,8 +149,14 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
                 "rendering costs the server and what is loopd's own; and in all (which keeps "
                 "what loopd's work beside the request costs the prompt on a server whose cores "
                 "all compute it, and the prompt's noise). The "
-                "last column sends the whole history as messages, which the server renders "
-                "and tokenizes again on every request (SmolLM2 only, to keep the run short)."
+                "next column sends the whole history as messages, which the server renders "
+                "and tokenizes again on every request (SmolLM2 only, to keep the run short). "
+                "The last column takes the server out: loopd, restarted on the same session, "
+                "and the very request it sends, sent directly, both against a server that "
+                "answers each request as the real one did when first asked (bench/instant.py, "
+                "its own process), after a fixed 20 ms to the first token (a short prompt on a "
+                "GPU) and 5 ms a token after it; medians of 20 rounds, each side first as "
+                "often. What is left is loopd's own work on the way to the first content."
             ),
             "",
             *history.table(f),

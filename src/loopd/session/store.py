@@ -302,7 +302,7 @@ class Session:
         record `add`ed before it)."""
         line = self._line(record)
         async with self._write_lock:
-            await self._write(line, durable=True)
+            await self._write(line)
             self._keep(record)
 
     async def add(self, record: Record) -> None:
@@ -311,26 +311,35 @@ class Session:
         the disk while its request goes. (After an append under way, so that the log and
         `records` keep one order.)"""
         line = self._line(record)
-        async with self._write_lock:
-            await self._write(line, durable=False)
-            self._keep(record)
-            self._unsynced.append(line)
+        if self._write_lock.locked():
+            async with self._write_lock:
+                self._add(line, record)
+        else:  # nothing is being written: at once, without a scheduling round
+            self._add(line, record)
+
+    def _add(self, line: bytes, record: Record) -> None:
+        # Here, not in the session's thread: a write into the page cache takes microseconds,
+        # the hop to the thread and back a good part of a millisecond before the request.
+        behind = b"".join(self._unsynced) if self._end == self._size else b""
+        self._write_now(behind + line, durable=False)
+        self._keep(record)
+        self._unsynced.append(line)
 
     async def sync(self) -> None:
         """Every record added is on disk; at once where there is none."""
         if self._unsynced:
             async with self._write_lock:
                 if self._unsynced:  # else an append under way made them durable
-                    await self._write(b"", durable=True)
+                    await self._write(b"")
 
-    async def _write(self, line: bytes, *, durable: bool) -> None:
-        """`line` written (and what was added, where a failed write cut it off), fsynced if
-        `durable`, in the session's own thread. Not abandoned on cancel: a cancelled caller
-        waits for the write to finish, so the log and `records` never disagree."""
+    async def _write(self, line: bytes) -> None:
+        """`line` written (and what was added, where a failed write cut it off) and fsynced
+        with all before it, in the session's own thread. Not abandoned on cancel: a cancelled
+        caller waits for the write to finish, so the log and `records` never disagree."""
         behind = b"".join(self._unsynced) if self._end == self._size else b""
-        await trio.to_thread.run_sync(self._write_now, behind + line, durable, limiter=self._thread)
-        if durable:
-            self._unsynced = []
+        durably = partial(self._write_now, durable=True)
+        await trio.to_thread.run_sync(durably, behind + line, limiter=self._thread)
+        self._unsynced = []
 
     def _line(self, record: Record) -> bytes:
         if isinstance(record, SessionHeader):
@@ -342,7 +351,7 @@ class Session:
         self._granted |= granted_tools([record])
         self._note(record)
 
-    def _write_now(self, lines: bytes, durable: bool) -> None:
+    def _write_now(self, lines: bytes, *, durable: bool) -> None:
         if self._fd is None:
             raise StoreError(f"{self.path}: the session is closed")
         try:
