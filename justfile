@@ -5,10 +5,6 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 set positional-arguments := true
 
 py := ".venv/bin/python"
-# The bundled model's sampling temperature, the default of the llama-server that `serve` and
-# `chat` start (a request's own `[server] sampling` still wins): SmolLM2-135M answers simple
-# questions right only near 0 (docs/benchmarks.md, section 11).
-temperature := "0"
 # uv from PATH, else the one `setup` installs into the project's cache.
 uv := `command -v uv || echo .cache/bootstrap/bin/uv`
 
@@ -26,7 +22,7 @@ setup:
 serve *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
-    LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}" \
+    LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-$({{py}} scripts/assets.py temperature)}" \
     .venv/bin/loopd serve "$@"
 
 # Chat with the model: bxctl starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
@@ -37,7 +33,7 @@ chat *ARGS: setup
     # ${XDG_STATE_HOME:-~/.local/state}/loopd) inherits these.
     export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
     export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
-    export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-{{temperature}}}"
+    export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-$({{py}} scripts/assets.py temperature)}"
     # A new session works in the folder `just chat` was run from, as `bxctl chat` run there.
     cd "{{invocation_directory()}}"
     exec "{{justfile_directory()}}/.venv/bin/bxctl" chat "$@"

@@ -8,6 +8,7 @@ on a lock in `.cache/`.
     python scripts/assets.py ensure        build/fetch what is missing
     python scripts/assets.py server-path   print the llama-server binary's path
     python scripts/assets.py model-path    print the model file's path
+    python scripts/assets.py temperature   the bundled model's sampling temperature
     python scripts/assets.py templates-path  llama.cpp's chat templates (for `just bench`)
     python scripts/assets.py chat-cases-path  llama.cpp's own parser test cases, as JSON lines
     python scripts/assets.py candidate-path NAME  another model, for `just bench models`
@@ -308,8 +309,9 @@ def ensure_acpx() -> Path:
 
 
 BUNDLED_TEMPERATURE = "0"
-"""The bundled model's sampling temperature (the justfile's `temperature`): SmolLM2-135M answers
-simple questions right only near 0."""
+"""The bundled model's sampling temperature, the default of the llama-server that `just serve`
+and `just chat` start, and of Zed's settings (a request's own `[server] sampling` still wins):
+SmolLM2-135M answers simple questions right only near 0 (docs/benchmarks.md, section 11)."""
 
 
 def zed_settings() -> dict[str, object]:
@@ -342,6 +344,9 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "model-path":
         print(MODEL_PATH)
+        return 0
+    if command == "temperature":
+        print(BUNDLED_TEMPERATURE)
         return 0
     with _one_at_a_time():
         if command == "ensure":
