@@ -38,15 +38,12 @@ chat *ARGS: setup
     cd "{{invocation_directory()}}"
     exec "{{justfile_directory()}}/.venv/bin/bxctl" chat "$@"
 
-# Stop the loopd that `just chat` (or another bxctl) started
+# Stop the loopd that `just chat` (or another bxctl) started, and wait until it has exited
 stop:
     #!/usr/bin/env bash
-    pid_file="${XDG_STATE_HOME:-$HOME/.local/state}/loopd/loopd.pid"
-    if [ -f "$pid_file" ] && kill -TERM "$(cat "$pid_file")" 2>/dev/null; then
-        rm -f "$pid_file"; echo "loopd stopped"
-    else
-        echo "no loopd started by bxctl is running"
-    fi
+    set -euo pipefail
+    if [ -x .venv/bin/bxctl ]; then exec .venv/bin/bxctl stop; fi
+    echo "no loopd started by bxctl is running"
 
 # The cache property on a real llama-server: four turns with a loopd restart ($LOOPD_SERVER_URL, else the bundled one)
 device-check *ARGS: setup

@@ -146,6 +146,37 @@ async def test_two_chat_m_at_once_start_one_loopd_and_both_are_answered(
     assert int((d.home / "loopd.pid").read_text()) == pid
 
 
+async def test_stop_ends_the_loopd_bxctl_started_and_waits_until_it_has_exited(
+    unstarted: Unstarted,
+) -> None:
+    d = await unstarted(FakeLlama([Reply(content="Hello there.")]))
+    assert (await bxctl(d, "chat", "-m", "hello"))[0] == 0
+    (pid,) = loopds_of(d.config)
+    assert (await bxctl(d, "stop")) == (0, "loopd stopped\n", "")
+    assert exited(pid)  # when stop returns, not only told
+    assert not (d.home / "loopd.pid").exists()
+    assert loopds_of(d.config) == []
+    assert (await bxctl(d, "stop")) == (0, "no loopd started by bxctl is running\n", "")
+
+
+@pytest.mark.parametrize("held", ["a process that is not loopd", "garbage", "no process"])
+async def test_stop_signals_nothing_but_the_loopd_its_pid_file_names(
+    tmp_path: Path, held: str
+) -> None:
+    """A pid file left by a loopd that died: its pid may be another process's by now."""
+    d = Daemon(tmp_path / "nobody", "http://127.0.0.1:9")
+    other = await trio.lowlevel.open_process(["sleep", "60"])
+    try:
+        pid = {"a process that is not loopd": other.pid, "no process": 2**22 + 1}.get(held)
+        (d.home / "loopd.pid").write_text(f"{pid}\n" if pid else "not a pid\n")
+        assert (await bxctl(d, "stop")) == (0, "no loopd started by bxctl is running\n", "")
+        assert other.poll() is None
+        assert not (d.home / "loopd.pid").exists()
+    finally:
+        other.kill()
+        await other.wait()
+
+
 async def test_a_started_loopd_that_does_not_come_up_is_told_with_its_log(
     unstarted: Unstarted,
 ) -> None:
@@ -651,6 +682,15 @@ async def test_two_chats_hold_two_conversations_and_a_script_is_in_neither(
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie its parent (init, for a loopd that bxctl started) has not reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def alive(pid: int) -> bool:

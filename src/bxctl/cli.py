@@ -166,6 +166,14 @@ def parser() -> argparse.ArgumentParser:
         "another (a compaction) comes after the sessions it continues, oldest first.",
     )
     log.add_argument("session", nargs="?", help="a session id (default: the latest)")
+    commands.add_parser(
+        "stop",
+        help="stop the loopd that bxctl started",
+        description="Stop the loopd that `bxctl chat` or `bxctl acp` started in the background "
+        "(the pid file in loopd's state folder, beside its log), and wait until it has exited: "
+        "its turns end as on Ctrl-C, and its llama-server with it. A loopd started otherwise "
+        "(`loopd serve`, systemd) is stopped the way it was started.",
+    )
     acp = commands.add_parser(
         "acp",
         help="serve an editor: the Agent Client Protocol on stdin and stdout",

@@ -22,7 +22,7 @@ from bxctl.cli import (
 )
 from bxctl.connection import Connection, SessionRefused
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
-from bxctl.start import Starter
+from bxctl.start import Starter, StopFailed
 from bxctl.text import approve_command, fork_line
 from loopd.config import ConfigError, load_config
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
     if args.command in ("chat", "acp") and not args.no_start:
         starter = Starter(path, config.store.directory.parent, args.config, args.socket is not None)
     try:
+        if args.command == "stop":
+            return _stop(Starter(path, config.store.directory.parent))
         if args.command == "chat":
             return _chat(args, path, starter)
         if args.command == "status":
@@ -65,6 +67,16 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
         return _log(Store(config.store.directory), args.session)
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
         return exit_for(e)
+
+
+def _stop(starter: Starter) -> int:
+    try:
+        stopped = starter.stop()
+    except StopFailed as e:
+        print(f"bxctl: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print("loopd stopped" if stopped else "no loopd started by bxctl is running")
+    return EXIT_OK
 
 
 def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:

@@ -5,9 +5,9 @@ It runs in a session of its own (a terminal's Ctrl-C and hang-up, an editor stop
 `bxctl acp`, never reach it), with stdin from /dev/null and its output appended to `loopd.log`
 in loopd's state folder (the folder above `[store] directory`, `~/.local/state/loopd` by
 default), never to the client's stdout, which for `bxctl acp` carries JSON-RPC alone. Its pid
-goes to `loopd.pid` there (`just stop` reads it). Clients starting at the same moment take
-turns on a lock file in that folder, so one starts loopd and the others find it answering;
-loopd itself also refuses a second daemon on a live socket.
+goes to `loopd.pid` there (`bxctl stop`, and so `just stop`, reads it). Clients starting at
+the same moment take turns on a lock file in that folder, so one starts loopd and the others
+find it answering; loopd itself also refuses a second daemon on a live socket.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
+import signal
 import socket as stdsocket
 import struct
 import subprocess
@@ -27,7 +29,7 @@ import trio
 
 from bxctl.connection import Connection, Unreachable
 
-__all__ = ["START_WAIT", "Starter"]
+__all__ = ["START_WAIT", "STOP_WAIT", "Starter", "StopFailed"]
 
 START_WAIT = 120.0
 """Seconds a started loopd has to answer (the embedded llama-server loads its model first)."""
@@ -36,6 +38,12 @@ ASK_WAIT = 5.0
 """Seconds one probe waits for loopd's answer before asking again."""
 LOG_TAIL = 20
 """Lines of the log quoted when loopd does not come up."""
+STOP_WAIT = 60.0
+"""Seconds a loopd has to exit once told to stop (it ends its turns and its llama-server)."""
+
+
+class StopFailed(Exception):
+    """The loopd told to stop is still there."""
 
 
 @dataclass
@@ -117,6 +125,33 @@ class Starter:
             f"{START_WAIT:g} s; its log {self.log} says:\n{self._said(offset)}"
         )
 
+    def stop(self) -> int | None:
+        """Stop the loopd this folder's pid file names (SIGTERM), and return its pid once it
+        has exited; None where none runs. A pid file whose process is gone, or is no longer a
+        loopd (its pid reused), is removed and nothing is signalled. Raises `StopFailed`."""
+        try:
+            pid = int(self.pid_file.read_text())
+            process = os.pidfd_open(pid)  # held: the pid cannot be reused under us from here
+        except (OSError, ValueError):
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        try:
+            if not _is_loopd(pid):
+                self.pid_file.unlink(missing_ok=True)
+                return None
+            signal.pidfd_send_signal(process, signal.SIGTERM)
+            if not select.select([process], [], [], STOP_WAIT)[0]:  # readable once it exits
+                raise StopFailed(
+                    f"loopd (pid {pid}) did not exit within {STOP_WAIT:g} s of SIGTERM; "
+                    f"its log is {self.log}"
+                )
+        except ProcessLookupError:
+            pass  # it exited meanwhile
+        finally:
+            os.close(process)
+        self.pid_file.unlink(missing_ok=True)
+        return pid
+
     def _said(self, offset: int) -> str:
         try:
             with self.log.open("rb") as log:
@@ -160,6 +195,16 @@ async def _answering(socket: Path) -> int | None:
         return None
     pid: int = struct.unpack("3i", credentials)[0]
     return pid
+
+
+def _is_loopd(pid: int) -> bool:
+    """The process runs `loopd serve` (as `loopd serve` or `python -m loopd serve`)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    names = [Path(w.decode(errors="replace")).name for w in words]
+    return "serve" in names and "loopd" in names
 
 
 def _to_stderr(text: str) -> None:
