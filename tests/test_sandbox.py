@@ -371,7 +371,9 @@ async def test_a_fork_bomb_ends_and_loopd_answers_meanwhile(daemon: StartDaemon)
     base = Path(tempfile.mkdtemp(prefix="loopd-bomb-", dir="/var/tmp"))
     try:
         started = base / "started"
-        bomb = f"touch {started.name}; b() {{ b | b & }}; b; sleep 30"
+        # The shell's own wait starts before the bomb: started after it, it raced the bomb
+        # for a process under the bound, and lost on a loaded machine ("Cannot fork").
+        bomb = f"touch {started.name}; sleep 30 & b() {{ b | b & }}; b; wait"
         script = [call("run_command", {"command": bomb, "timeout": 8}), Reply(content="held")]
         script += [call("run_command", {"command": "echo after"}), Reply(content="after")]
         tools = (
