@@ -321,8 +321,7 @@ class Session:
         # Here, not in the session's thread: a question's line goes into the page cache in
         # microseconds (the longest line a client may send, a few milliseconds), where the
         # hop to the thread and back cost half a millisecond before every request.
-        behind = b"".join(self._unsynced) if self._end == self._size else b""
-        self._write_now(behind + line, durable=False)
+        self._write_now(line, durable=False)
         self._keep(record)
         self._unsynced.append(line)
 
@@ -334,12 +333,11 @@ class Session:
                     await self._write(b"")
 
     async def _write(self, line: bytes) -> None:
-        """`line` written (and what was added, where a failed write cut it off) and fsynced
-        with all before it, in the session's own thread. Not abandoned on cancel: a cancelled
-        caller waits for the write to finish, so the log and `records` never disagree."""
-        behind = b"".join(self._unsynced) if self._end == self._size else b""
+        """`line` written and fsynced with all before it, in the session's own thread. Not
+        abandoned on cancel: a cancelled caller waits for the write to finish, so the log and
+        `records` never disagree."""
         durably = partial(self._write_now, durable=True)
-        await trio.to_thread.run_sync(durably, behind + line, limiter=self._thread)
+        await trio.to_thread.run_sync(durably, line, limiter=self._thread)
         self._unsynced = []
 
     def _line(self, record: Record) -> bytes:
@@ -352,9 +350,11 @@ class Session:
         self._granted |= granted_tools([record])
         self._note(record)
 
-    def _write_now(self, lines: bytes, *, durable: bool) -> None:
+    def _write_now(self, line: bytes, *, durable: bool) -> None:
+        """`line` at the log's end, behind what was added where a failed write cut it off."""
         if self._fd is None:
             raise StoreError(f"{self.path}: the session is closed")
+        lines = (b"".join(self._unsynced) if self._end == self._size else b"") + line
         try:
             written = os.write(self._fd, lines)
             while written < len(lines):  # a regular file takes it whole, but be sure
