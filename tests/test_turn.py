@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -145,14 +146,27 @@ async def test_a_plain_answer(harness: Any) -> None:
 
 
 async def test_the_question_is_on_disk_before_any_of_its_answer_is_passed_on(
-    harness: Any,
+    harness: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Fsynced, not only written: the line is in the file at once (`Session.add`)."""
     h = await harness("plain")
+    log = h.session.path.stat().st_ino
+    synced = [0]  # how far the log's fsyncs made it durable
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if os.fstat(fd).st_ino == log:
+            synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     on_disk: list[bool] = []
 
     def seen(event: TurnEvent) -> None:
         if isinstance(event, Content):
-            on_disk.append(b'"kind":"user"' in h.session.path.read_bytes())
+            data = h.session.path.read_bytes()
+            question = data.index(b'"kind":"user"')
+            on_disk.append(max(synced) >= data.index(b"\n", question) + 1)
 
     await h.turn("what is on disk?", on_event=seen)
     assert on_disk
