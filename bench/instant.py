@@ -112,6 +112,7 @@ class InstantServer:
                 await trio.sleep(self.token_time)
                 await self._send(stream, conn, h11.Data(data=piece))
             await self._send(stream, conn, h11.EndOfMessage())
+            return False  # llama-server closes the connection after a stream, despite Keep-Alive
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     @staticmethod

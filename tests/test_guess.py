@@ -62,6 +62,15 @@ def test_a_rendering_the_words_cannot_be_put_back_into_is_not_kept(
     assert shapes.guess(key) is None
 
 
+def test_a_sessions_tools_are_dumped_once_for_its_keys() -> None:
+    shapes = Shapes()
+    tools = ({"type": "function", "function": {"name": "read", "parameters": {"b": 1, "a": 2}}},)
+    named = shapes.tools(tools)
+    assert shapes.tools(tools) is named  # kept, not dumped again for the next key
+    assert shapes.tools(({**tools[0]},)) == named  # the same tools, held elsewhere
+    assert shapes.tools(({"type": "function", "function": {"name": "write"}},)) != named
+
+
 def test_no_guess_where_the_conversation_does_not_end_with_the_users_words() -> None:
     assert Shapes.key([*CONVERSATION, {"role": "tool", "content": "r"}]) is None
     assert Shapes.key([CONVERSATION[0], {"role": "user", "content": ""}]) is None
@@ -84,8 +93,12 @@ class Model:
     def retry(self) -> Any:
         raise NotImplementedError
 
-    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
+    async def chat(
+        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+    ) -> Completion:
         self.sent.append(request)
+        if sent is not None:
+            sent.set()  # written at once
         on_event(Progress(total=3, cache=0, processed=3))
         words = request.messages[0]["content"]  # type: ignore[union-attr]
         for word in (words, " is", " said"):
@@ -140,7 +153,10 @@ async def test_a_wrong_guess_is_cancelled_and_nothing_of_it_passed_on(after: flo
 
 async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() -> None:
     class Failing(Model):
-        async def chat(self, _request: AnyRequest, _on_event: EventSink) -> Completion:
+        async def chat(
+            self, _request: AnyRequest, _on_event: EventSink, *, sent: trio.Event | None = None
+        ) -> Completion:
+            del sent  # fails before anything is written
             raise RuntimeError("the server went away")
 
     with pytest.raises(RuntimeError, match="went away"):
@@ -149,12 +165,14 @@ async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() ->
     model = Model()
     calls = 0
 
-    async def chat(request: AnyRequest, on_event: EventSink) -> Completion:
+    async def chat(
+        request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+    ) -> Completion:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("the guessed one")
-        return await Model.chat(model, request, on_event)
+        return await Model.chat(model, request, on_event, sent=sent)
 
     model.chat = chat  # type: ignore[method-assign]
     completion, _ = await send(model, _checked(0.01, (RIGHT, RIGHT_RECORD)), lambda _: None)
@@ -222,3 +240,27 @@ async def test_the_question_is_made_durable_even_where_the_check_fails() -> None
     with pytest.raises(ConnectError):
         await send(Model(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
     assert durable.is_set()
+
+
+async def test_the_check_and_the_fsync_start_once_the_request_is_written() -> None:
+    """The server has the request before the work beside it takes the process's time."""
+    order: list[str] = []
+
+    class Slow(Model):
+        async def chat(
+            self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        ) -> Completion:
+            await trio.sleep(0.01)  # connecting, writing
+            order.append("written")
+            return await super().chat(request, on_event, sent=sent)
+
+    async def check() -> Request | None:
+        order.append("check")
+        return None
+
+    async def first() -> None:
+        order.append("fsync")
+
+    await send(Slow(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
+    assert order[0] == "written"
+    assert sorted(order[1:]) == ["check", "fsync"]

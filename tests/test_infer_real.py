@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import httpx
 import pytest
@@ -81,6 +82,30 @@ async def test_second_request_on_the_slot_reuses_the_whole_first(llama: StartLla
     t = first.timings
     assert second.timings.cache_n == t.cache_n + t.prompt_n + t.predicted_n - 1
     assert cache_outcome(first.timings, second.timings) == Hit()
+
+
+async def test_sent_is_set_once_the_request_is_written_before_any_answer() -> None:
+    """A server that reads the request and never answers: `sent` is set while the client
+    still waits, so what runs beside a request waits for its writing, not for its answer."""
+    written = trio.Event()
+    sent = trio.Event()
+
+    async def never_answer(stream: trio.SocketStream) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received or not received.endswith(b"}"):
+            received += await stream.receive_some()
+        written.set()
+        await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with Client(f"http://127.0.0.1:{port}") as client, trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, never_answer, listeners)
+        nursery.start_soon(partial(client.chat, ask("Hi", max_tokens=1), lambda _: None, sent=sent))
+        with trio.fail_after(10):
+            await written.wait()
+            await sent.wait()
+        nursery.cancel_scope.cancel()
 
 
 async def test_context_full_on_a_real_server(llama: StartLlama) -> None:

@@ -1,8 +1,9 @@
 """One client's connection: JSON lines in and out, and nothing else.
 
 A reader (the connection's own task) frames lines and hands each parsed message to the
-handlers; a writer sends what waits in a bounded outbox; a relay passes on the session's
-events the client may see. A client that sends garbage gets an `error` line and can go on;
+handlers; a writer sends what waits in a bounded outbox (a line said while nothing waits is
+written at once, as far as the socket takes it); a relay passes on the session's events the
+client may see. A client that sends garbage gets an `error` line and can go on;
 one that sends a line over the cap, or keeps sending garbage, is closed; one that stops
 reading is dropped when its outbox is full. None of it reaches the session or another client.
 """
@@ -10,6 +11,7 @@ reading is dropped when its outbox is full. None of it reaches the session or an
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import trio
@@ -49,6 +51,10 @@ class Connection:
         )
         self._waiting_bytes = 0
         """Bytes in the outbox: one `history` line can be large, so lines alone do not bound it."""
+        self._unsent = 0
+        """Lines queued and not yet written: while one is, a line written at once would pass it."""
+        self._writer_waiting = False
+        """The writer waits for a line: one said now can be written at once (`_write_now`)."""
         self.client = Client(
             self.core,
             self.info,
@@ -62,6 +68,10 @@ class Connection:
         """Queue a line; a client that stopped reading is dropped. `last`: the line before
         the outbox closes, queued past the bounds."""
         line = proto.dump(message)
+        if self._unsent == 0 and self._writer_waiting:
+            line = line[self._write_now(line) :]
+            if not line:
+                return
         full = self.outbox.statistics().current_buffer_used >= self.config.subscriber_buffer
         if not last and (full or self._waiting_bytes + len(line) > self.config.outbox_bytes):
             self._drop()
@@ -74,6 +84,16 @@ class Connection:
             pass
         else:
             self._waiting_bytes += len(line)
+            self._unsent += 1
+
+    def _write_now(self, line: bytes) -> int:
+        """How much of `line` the socket took at once, without waiting: what the writer would
+        send a scheduling pass later, on the way to every first token. An error is left for
+        the writer, whose `send_all` meets it again and ends the connection."""
+        try:
+            return os.write(self.stream.socket.fileno(), line)
+        except OSError:  # BlockingIOError too: the client is not reading
+            return 0
 
     def _drop(self) -> None:
         log.warning("connection %d stopped reading; dropping it", self.number)
@@ -101,10 +121,16 @@ class Connection:
     async def _write(self) -> None:
         try:
             async with self._outgoing:
-                async for line in self._outgoing:
+                while True:
+                    self._writer_waiting = True
+                    try:
+                        line = await self._outgoing.receive()
+                    finally:
+                        self._writer_waiting = False
                     self._waiting_bytes -= len(line)
                     await self.stream.send_all(line)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._unsent -= 1
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self.done.set()

@@ -9,7 +9,7 @@ makes llama-server cancel the generation and free the slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,16 +294,25 @@ class Client:
                 await trio.sleep(delay)
                 attempt += 1
 
-    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
-        """Stream one completion, passing each event on; raises an `InferError` on failure."""
+    async def chat(
+        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+    ) -> Completion:
+        """Stream one completion, passing each event on; raises an `InferError` on failure.
+        `sent` is set once the request is written (or could not be): work beside the request
+        waits for it, so that the server has the request first."""
         path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         http_request = self._http.build_request(
             "POST",
             self._url(path),
             content=request.body(),
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+            extensions={} if sent is None else {"trace": _setting_when_written(sent)},
         )
-        response = await self._open_announcing_queue(http_request, on_event)
+        try:
+            response = await self._open_announcing_queue(http_request, on_event)
+        finally:
+            if sent is not None:
+                sent.set()
         try:
             return await self._read(response, request, on_event)
         finally:
@@ -418,6 +427,16 @@ async def _announce_queued(scope: trio.CancelScope, after: float, on_event: Even
     with scope:
         await trio.sleep(after)
         on_event(Queued())
+
+
+def _setting_when_written(sent: trio.Event) -> Callable[[str, Any], Awaitable[None]]:
+    """An httpcore trace callback that sets `sent` once the request's body is written."""
+
+    async def trace(event: str, _info: Any) -> None:
+        if event == "http11.send_request_body.complete":
+            sent.set()
+
+    return trace
 
 
 async def _read_limited(response: httpx.Response, timeout: float) -> str:

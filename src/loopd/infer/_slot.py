@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import trio
+
 from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile
 from ._types import Completion
 
@@ -22,9 +24,11 @@ class Slot:
         """The backoff between tries on this slot's server."""
         return self.client.retry
 
-    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion:
-        """`request` on this slot, whatever slot it names: one try."""
-        return await self.client.chat(self._pinned(request), on_event)
+    async def chat(
+        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+    ) -> Completion:
+        """`request` on this slot, whatever slot it names: one try (`Client.chat`)."""
+        return await self.client.chat(self._pinned(request), on_event, sent=sent)
 
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`request` on this slot, whatever slot it names."""

@@ -263,7 +263,7 @@ class ExactHistory:
             stand_in,
             *messages(baseline, records[at + 1 :])[1:],
         ]
-        shape = Shapes.key(conversation, list(baseline.tools), thinking)
+        shape = Shapes.key(conversation, self._shapes.tools(baseline.tools), thinking)
 
         async def render() -> str:
             text = await self._render(

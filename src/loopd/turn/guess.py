@@ -41,6 +41,17 @@ class Shapes:
 
     def __init__(self) -> None:
         self._kept: dict[str, str] = {}
+        self._tools: dict[int, tuple[tuple[dict[str, Any], ...], str]] = {}
+
+    def tools(self, tools: tuple[dict[str, Any], ...]) -> str:
+        """`tools` as a key holds them: dumped once for each tuple of them (a session's, while
+        its baseline lasts), not again on the way to every first token."""
+        kept = self._tools.get(id(tools))
+        if kept is None or kept[0] is not tools:
+            if len(self._tools) >= SHAPES_KEPT:
+                del self._tools[next(iter(self._tools))]
+            kept = self._tools[id(tools)] = (tools, json.dumps(tools, sort_keys=True))
+        return kept[1]
 
     @staticmethod
     def key(conversation: list[dict[str, Any]], *context: Any) -> tuple[str, str] | None:
@@ -106,14 +117,18 @@ class _Before:
 
     def __init__(self, held: _Held, guess: trio.CancelScope) -> None:
         self.held, self.guess = held, guess
+        self.sent = trio.Event()
+        """Set once the request is written: the server has it before the work beside it."""
         self.checked: list[outcome.Outcome[Request | None]] = []
         self.durable: list[outcome.Outcome[None]] = []
 
     async def check(self, check: Callable[[], Awaitable[Request | None]]) -> None:
+        await self.sent.wait()
         self.checked.append(await outcome.acapture(check))
         self._settle()
 
     async def make_durable(self, first: Callable[[], Awaitable[None]] | None) -> None:
+        await self.sent.wait()
         self.durable.append(await outcome.acapture(first) if first else outcome.Value(None))
         self._settle()
 
@@ -143,9 +158,11 @@ async def send(
     first: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Completion, PromptRecord | None]:
     """The request's completion, and the `prompt` record to append with it. A guessed request
-    is sent at once while it is checked; where the check finds another, that one's. `first`
-    (the question made durable) runs while the request goes: nothing of the answer is passed
-    on before it is done. An error of the check or of `first` is raised as it is."""
+    is sent at once and checked while it goes; where the check finds another, that one's.
+    `first` (the question made durable) runs while the request goes: nothing of the answer is
+    passed on before it is done. Both start once the request is written (`inference.chat`'s
+    `sent`), so the server has it before their work. An error of the check or of `first` is
+    raised as it is."""
     if not isinstance(request, Guessed):
         if first is None:
             return await inference.chat(request[0], on_event), request[1]
@@ -153,13 +170,15 @@ async def send(
     before = _Before(_Held(on_event), trio.CancelScope())
     answered: Completion | Exception | None = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(before.check, request.check)  # both as the request waits: it
-        nursery.start_soon(before.make_durable, first)  # goes first
+        nursery.start_soon(before.check, request.check)  # both as the request waits, once
+        nursery.start_soon(before.make_durable, first)  # it is written
         with before.guess:
             try:
-                answered = await inference.chat(request.request[0], before.held)
+                answered = await inference.chat(request.request[0], before.held, sent=before.sent)
             except Exception as e:  # noqa: BLE001 - raised below, once the check is done
                 answered = e
+            finally:
+                before.sent.set()  # written or not, the request is over
     right = before.right()
     if right is not None:
         return await inference.chat(right[0], on_event), right[1]

@@ -100,7 +100,9 @@ class Inference(Protocol):
     @property
     def retry(self) -> Backoff: ...
 
-    async def chat(self, request: AnyRequest, on_event: EventSink) -> Completion: ...
+    async def chat(
+        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+    ) -> Completion: ...
 
 
 @dataclass(frozen=True)
