@@ -98,16 +98,13 @@ class InstantServer:
             ]
             await self._send(stream, conn, h11.Response(status_code=answer.status, headers=headers))
             await self._send(stream, conn, h11.Data(data=answer.body), h11.EndOfMessage())
-        else:  # as llama-server streams: the prompt, then the first token, then one by one
-            await trio.sleep(self.prompt_time)
+        else:  # as llama-server streams: its headers at once, the first token once the
+            # prompt is processed, then the others one by one
             headers = [("Content-Type", answer.content_type), ("Transfer-Encoding", "chunked")]
+            await self._send(stream, conn, h11.Response(status_code=answer.status, headers=headers))
+            await trio.sleep(self.prompt_time)
             first, rest = _first_token(answer.body)
-            await self._send(
-                stream,
-                conn,
-                h11.Response(status_code=answer.status, headers=headers),
-                h11.Data(data=first),
-            )
+            await self._send(stream, conn, h11.Data(data=first))
             for piece in rest:
                 await trio.sleep(self.token_time)
                 await self._send(stream, conn, h11.Data(data=piece))

@@ -1,4 +1,5 @@
-"""The llama-server client: one streamed chat completion at a time, over httpx under trio.
+"""The llama-server client: one streamed chat completion at a time, under trio, on a
+connection of its own (`_stream`); the small JSON requests over httpx.
 
 Events go to a plain callback, called in order from the task that reads the stream: a turn
 passes them to its session actor's subscribers (each with `send_nowait` into a bounded
@@ -9,17 +10,15 @@ makes llama-server cancel the generation and free the slot.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
-import outcome
 import trio
-from httpx_sse import EventSource, SSEError
 
 from loopd.backoff import Backoff
 from loopd.canonical import canonical
@@ -37,6 +36,7 @@ from ._errors import (
 )
 from ._raw import RawAssembler, parser_for
 from ._schema import ArgumentTypes
+from ._stream import Broken, Stream, Unreachable, post
 from ._types import (
     ChatEvent,
     ChatRequest,
@@ -119,11 +119,16 @@ class Client:
         self.down: str | None = None
         """Why the server is known to be away (set by whoever runs it: it exited and is
         being started again); it names the reason when no connection can be made."""
+        # One TLS context (httpx's, with its certificates) for the JSON requests and the
+        # streams (`_stream`); neither goes through a proxy the environment names.
+        self._tls = httpx.create_ssl_context()
         # Read deadlines are cancel scopes below; httpx keeps only the connect deadline.
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(None, connect=self.timeouts.connect),
             transport=transport,
+            verify=self._tls,
+            trust_env=False,
         )
         self._urls: dict[str, httpx.URL] = {}
 
@@ -301,60 +306,57 @@ class Client:
         `sent` is set once the request is written (or could not be): work beside the request
         waits for it, so that the server has the request first."""
         path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
-        http_request = self._http.build_request(
-            "POST",
-            self._url(path),
-            content=request.body(),
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
-            extensions={} if sent is None else {"trace": _setting_when_written(sent)},
-        )
         try:
-            response = await self._open_announcing_queue(http_request, on_event)
+            stream = await self._open(self._url(path), request.body(), on_event, sent)
         finally:
             if sent is not None:
                 sent.set()
         try:
-            return await self._read(response, request, on_event)
+            return await self._read(stream, request, on_event)
         finally:
-            await _close(response)
+            await _close(stream)
 
-    async def _open_announcing_queue(
-        self, http_request: httpx.Request, on_event: EventSink
-    ) -> httpx.Response:
-        # `outcome` keeps an error of `_open` out of the nursery's exception group, so callers
-        # see the InferError itself.
-        opened: outcome.Outcome[httpx.Response] | None = None
+    async def _open(
+        self, url: httpx.URL, body: bytes, on_event: EventSink, sent: trio.Event | None
+    ) -> Stream:
+        """The answer's stream, once its head came and said 200."""
+        stream: Stream | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                notice = trio.CancelScope()
-                nursery.start_soon(_announce_queued, notice, self.timeouts.queued_after, on_event)
-                opened = await outcome.acapture(self._open, http_request)
-                notice.cancel()
+            queue = trio.move_on_after(self.timeouts.queue)
+            with queue as waited, _mapped(self.base_url, self.down):
+                stream = await post(url, body, connect_timeout=self.timeouts.connect, tls=self._tls)
+                if sent is not None:
+                    sent.set()
+                await self._head(stream, on_event)
         except BaseException:
-            if isinstance(opened, outcome.Value):
-                await _close(opened.value)
+            if stream is not None:
+                await _close(stream)
             raise
-        return opened.unwrap()
-
-    async def _open(self, http_request: httpx.Request) -> httpx.Response:
-        with trio.move_on_after(self.timeouts.queue) as waited, _mapped(self.base_url, self.down):
-            response = await self._http.send(http_request, stream=True)
-        if waited.cancelled_caught:
+        if waited.cancelled_caught or stream is None:
+            if stream is not None:
+                await _close(stream)
             raise InferTimeout(
                 f"llama-server did not start on the request within {self.timeouts.queue:g} s "
                 "([server] queue_timeout)"
             )
-        if response.status_code != 200:
+        if stream.status != 200:
             try:
-                body = await _read_limited(response, self.timeouts.read)
+                answer = await _read_limited(stream, self.timeouts.read)
             finally:
-                await _close(response)
-            raise HttpError(response.status_code, body)
-        return response
+                await _close(stream)
+            raise HttpError(stream.status, answer)
+        return stream
 
-    async def _read(
-        self, response: httpx.Response, request: AnyRequest, on_event: EventSink
-    ) -> Completion:
+    async def _head(self, stream: Stream, on_event: EventSink) -> None:
+        """Wait for the answer's head, saying `Queued` if it is long in coming: llama-server
+        sends nothing while the slot is busy."""
+        with trio.move_on_after(self.timeouts.queued_after) as early:
+            await stream.read_head()
+        if early.cancelled_caught:
+            on_event(Queued())
+            await stream.read_head()  # reading it goes on where it was cut off
+
+    async def _read(self, stream: Stream, request: AnyRequest, on_event: EventSink) -> Completion:
         on_event(Waiting())
         assembler: Assembler | RawAssembler
         assembler = Assembler(
@@ -366,28 +368,30 @@ class Client:
             assembler = RawAssembler(parser, assembler)
             for event in assembler.prime(request.prefill):
                 on_event(event)
+        if "text/event-stream" not in stream.content_type:
+            raise StreamBroken(
+                "llama-server did not answer with an event stream: its content type is "
+                f"{stream.content_type or 'not given'}"
+            )
         try:
-            async with aclosing(EventSource(response).aiter_sse()) as events:
-                while True:
-                    with trio.move_on_after(self.timeouts.read) as silent:
-                        sse = await anext(events, None)
-                    if silent.cancelled_caught:
-                        raise InferTimeout(
-                            f"llama-server sent nothing for {self.timeouts.read:g} s "
-                            "([server] read_timeout)"
-                        )
-                    if sse is None:
-                        last = "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
-                        raise StreamBroken(f"the stream ended without {last}")
-                    if (done := _take(assembler, sse.data, on_event)) is not None:
-                        return done
-                    # Many events can sit in one read; let the tasks that relay them to
-                    # clients run between events, so a burst never overflows their buffers.
-                    await trio.lowlevel.checkpoint()
-        except SSEError as e:
-            raise StreamBroken(f"llama-server did not answer with an event stream: {e}") from e
-        except httpx.TransportError as e:  # once the answer began: `_mapped` is for before
-            raise ConnectionLost(f"the stream broke: {e!r}") from e
+            while True:
+                with trio.move_on_after(self.timeouts.read) as silent:
+                    data = await stream.event_data()
+                if silent.cancelled_caught:
+                    raise InferTimeout(
+                        f"llama-server sent nothing for {self.timeouts.read:g} s "
+                        "([server] read_timeout)"
+                    )
+                if data is None:
+                    last = "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
+                    raise StreamBroken(f"the stream ended without {last}")
+                if (done := _take(assembler, data, on_event)) is not None:
+                    return done
+                # Many events can sit in one read; let the tasks that relay them to
+                # clients run between events, so a burst never overflows their buffers.
+                await trio.lowlevel.checkpoint()
+        except Broken as e:  # once the answer began: `_open` maps what comes before
+            raise ConnectionLost(f"the stream broke: {e}") from e
 
 
 def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -> Completion | None:
@@ -404,49 +408,32 @@ def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -
 
 @contextmanager
 def _mapped(base_url: str, down: str | None) -> Iterator[None]:
-    """httpx's errors before an answer began, as loopd's: the one place they are mapped. No
-    connection is a `ConnectError` (retried), saying why the server is `down` when that is
-    known; a connection that broke before the answer, `ConnectionLost`."""
+    """The errors before an answer began, httpx's and the stream's (`_stream`), as loopd's:
+    the one place they are mapped. No connection is a `ConnectError` (retried), saying why the
+    server is `down` when that is known; a connection that broke before the answer,
+    `ConnectionLost`."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+    except (httpx.ConnectError, httpx.ConnectTimeout, Unreachable) as e:
         why = f" ({down})" if down else ""
         raise ConnectError(f"cannot connect to llama-server at {base_url}{why}: {e}", down) from e
-    except httpx.TransportError as e:
+    except (httpx.TransportError, Broken) as e:
         raise ConnectionLost(f"llama-server closed the connection before answering: {e!r}") from e
 
 
-async def _close(response: httpx.Response) -> None:
+async def _close(stream: Stream) -> None:
     # Shielded, so a cancelled request still closes its connection (which makes llama-server
     # cancel the generation); bounded, because a close must never hang a cancelled turn.
     with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-        await response.aclose()
+        await stream.aclose()
 
 
-async def _announce_queued(scope: trio.CancelScope, after: float, on_event: EventSink) -> None:
-    with scope:
-        await trio.sleep(after)
-        on_event(Queued())
-
-
-def _setting_when_written(sent: trio.Event) -> Callable[[str, Any], Awaitable[None]]:
-    """An httpcore trace callback that sets `sent` once the request's body is written."""
-
-    async def trace(event: str, _info: Any) -> None:
-        if event == "http11.send_request_body.complete":
-            sent.set()
-
-    return trace
-
-
-async def _read_limited(response: httpx.Response, timeout: float) -> str:
+async def _read_limited(stream: Stream, timeout: float) -> str:
     body = bytearray()
     with trio.move_on_after(timeout):
         try:
-            async for piece in response.aiter_bytes():
-                body += piece
-                if len(body) >= ERROR_BODY_LIMIT:
-                    break
-        except httpx.TransportError:
+            while len(body) < ERROR_BODY_LIMIT and (line := await stream.line()) is not None:
+                body += line + b"\n"
+        except Broken:
             pass  # the status says what matters; a cut body is still worth showing
-    return body[:ERROR_BODY_LIMIT].decode("utf-8", errors="replace")
+    return body[:ERROR_BODY_LIMIT].decode("utf-8", errors="replace").removesuffix("\n")

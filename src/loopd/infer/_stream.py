@@ -1,0 +1,174 @@
+"""One streamed request to llama-server, on a connection of its own, spoken with h11.
+
+llama-server closes the connection after every stream (it says `Keep-Alive`, then closes), so
+a streamed request never has one to reuse, and httpx's layers around h11 (its pool, redirects,
+cookies, response models, the SSE reader on top) cost about a millisecond on the way to every
+first token. The small JSON requests stay on httpx.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+from collections import deque
+
+import h11
+import httpx
+import trio
+
+__all__ = ["Broken", "Stream", "Unreachable", "post"]
+
+READ_SIZE = 1 << 16
+
+
+class Unreachable(Exception):
+    """No connection could be made."""
+
+
+class Broken(Exception):
+    """The connection broke, or what came over it was not HTTP."""
+
+
+async def post(
+    url: httpx.URL,
+    body: bytes,
+    *,
+    connect_timeout: float,
+    tls: ssl.SSLContext,
+) -> Stream:
+    """POST `body` (JSON) to `url`: the answer's stream, once the request is on the socket
+    (its head is read by `read_head`). `tls`: the context of an `https` URL. Raises
+    `Unreachable` or `Broken`."""
+    stream = await _connect(url, connect_timeout, tls)
+    try:
+        conn = h11.Connection(h11.CLIENT)
+        headers = [
+            ("Host", url.netloc.decode("ascii")),
+            ("Content-Type", "application/json"),
+            ("Accept", "text/event-stream"),
+            ("Content-Length", str(len(body))),
+        ]
+        head = conn.send(h11.Request(method="POST", target=url.raw_path, headers=headers))
+        try:
+            await stream.send_all(b"".join([head or b"", body]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            raise Broken(f"could not send the request: {e!r}") from e
+        conn.send(h11.Data(data=body))
+        conn.send(h11.EndOfMessage())
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(stream)
+        raise
+    return Stream(stream, conn)
+
+
+async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.abc.Stream:
+    host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with trio.fail_after(timeout):
+            tcp = await _open_tcp(host, port)
+            if url.scheme != "https":
+                return tcp
+            secure = trio.SSLStream(tcp, tls, server_hostname=host, https_compatible=True)
+            await secure.do_handshake()
+            return secure
+    except trio.TooSlowError as e:
+        raise Unreachable(f"no connection within {timeout:g} s") from e
+    except (OSError, trio.BrokenResourceError) as e:
+        raise Unreachable(str(e) or repr(e)) from e
+
+
+async def _open_tcp(host: str, port: int) -> trio.SocketStream:
+    """A connection to `host`: an address literal is connected to at once, without the name
+    lookup and the staggered attempts `open_tcp_stream` makes for a name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return await trio.open_tcp_stream(host, port)
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
+class Stream:
+    """The answer to a request on the socket: its head (`read_head`), then its body a line
+    or a server-sent event at a time."""
+
+    def __init__(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+        self._stream, self._conn = stream, conn
+        self.status = 0
+        self.content_type = ""
+        self._lines: deque[bytes] = deque()
+        self._partial = b""
+        self._ended = False
+
+    async def read_head(self) -> None:
+        """Read the answer's head (`status`, `content_type`) unless it was. Cancelled while it
+        waits, it can be called again: nothing read is lost."""
+        while not self.status:
+            event = await self._next_event()
+            if isinstance(event, h11.Response):
+                self.status = event.status_code
+                types = [v for k, v in event.headers if k == b"content-type"]
+                self.content_type = types[0].decode("latin-1") if types else ""
+                return
+            if not isinstance(event, h11.InformationalResponse):  # a 1xx comes first
+                raise Broken(f"no answer, but {event!r}")
+
+    async def event_data(self) -> str | None:
+        """The data of the next server-sent event; None once the body ended (an event cut off
+        by the end is dropped, as the SSE standard says)."""
+        data: list[str] = []
+        while (line := await self.line()) is not None:
+            if not line:
+                if data:
+                    return "\n".join(data)
+                continue
+            field, _, value = line.decode("utf-8", errors="replace").partition(":")
+            if field == "data":
+                data.append(value.removeprefix(" "))
+        return None
+
+    async def line(self) -> bytes | None:
+        """The body's next line, without its end; None once the body ended."""
+        while not self._lines:
+            if self._ended:
+                rest, self._partial = self._partial, b""
+                return rest or None
+            piece = await self._body()
+            if piece is None:
+                self._ended = True
+                continue
+            *whole, self._partial = (self._partial + piece).split(b"\n")
+            self._lines.extend(whole)
+        return self._lines.popleft().removesuffix(b"\r")
+
+    async def aclose(self) -> None:
+        """Close the connection: llama-server stops generating for it."""
+        await self._stream.aclose()
+
+    async def _body(self) -> bytes | None:
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.Data):
+                return bytes(event.data)
+            if isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return None
+
+    async def _next_event(self) -> type[h11.PAUSED | h11.NEED_DATA] | h11.Event:
+        try:
+            while True:
+                event = self._conn.next_event()
+                if event is not h11.NEED_DATA:
+                    return event
+                self._conn.receive_data(bytes(await self._stream.receive_some(READ_SIZE)))
+        except h11.RemoteProtocolError as e:
+            raise Broken(str(e)) from e
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            raise Broken(repr(e)) from e

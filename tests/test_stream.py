@@ -1,0 +1,177 @@
+"""The streamed request's own HTTP and SSE reading, over real sockets: a server here writes a
+crafted answer in pieces cut anywhere (inside a line end, inside a UTF-8 character), and the
+events read back are the ones written."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import httpx
+import outcome
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopd.infer._stream import Broken, Stream, Unreachable, post
+from loopd.server_proc import free_port
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
+
+
+NO_TLS = ssl.create_default_context()  # the URLs here are http
+
+
+@asynccontextmanager
+async def answering(
+    pieces: Sequence[bytes | trio.Event], host: str = "127.0.0.1"
+) -> AsyncIterator[int]:
+    """A server on `host` that reads one request and writes `pieces`, each in a write of its
+    own (waiting where a piece is an event, until it is set), then closes; its port."""
+
+    async def answer(stream: trio.SocketStream) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += await stream.receive_some()
+        head, _, body = received.partition(b"\r\n\r\n")
+        length = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-len"))[15:]
+        )
+        while len(body) < length:
+            body += await stream.receive_some()
+        for piece in pieces:
+            if isinstance(piece, trio.Event):
+                await piece.wait()
+                continue
+            await stream.send_all(piece)
+            await trio.sleep(0.001)  # a read of its own
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host=host)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, answer, listeners)
+        yield listeners[0].socket.getsockname()[1]
+        nursery.cancel_scope.cancel()
+
+
+async def events_of(pieces: Sequence[bytes], url: str = "http://127.0.0.1:{port}/x") -> list[str]:
+    async def read(port: int) -> list[str]:
+        target = httpx.URL(url.format(port=port))
+        stream = await post(target, b"{}", connect_timeout=5, tls=NO_TLS)
+        seen = []
+        try:
+            await stream.read_head()
+            while (data := await stream.event_data()) is not None:
+                seen.append(data)
+        finally:
+            await stream.aclose()
+        return seen
+
+    async with answering(pieces) as port:
+        read_back = await outcome.acapture(read, port)  # raised out here, not in a group
+    return read_back.unwrap()
+
+
+def cut(data: bytes, at: Sequence[int]) -> list[bytes]:
+    points = sorted({0, *(a % (len(data) + 1) for a in at), len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+
+BODY = (
+    'data: {"content":"é"}\n\n'  # a two-byte character
+    ": a comment line\r\n"
+    'data:{"no":"space"}\r\n\r\n'
+    "event: ignored\n"
+    "data: one line\ndata: and another\n\n"
+    "\n\n"  # blank lines alone are no event
+    'data: {"last":true}\n\n'
+    "data: cut off by the end, never dispatched\n"
+).encode()
+EVENTS = ['{"content":"é"}', '{"no":"space"}', "one line\nand another", '{"last":true}']
+
+
+async def test_events_are_read_as_the_standard_says() -> None:
+    assert await events_of([HEAD, chunked(BODY)]) == EVENTS
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(min_value=0), max_size=12))
+def test_events_are_the_same_wherever_the_bytes_are_cut(at: list[int]) -> None:
+    pieces = cut(HEAD + chunked(BODY), at)
+    assert trio.run(events_of, pieces) == EVENTS
+
+
+async def test_a_server_named_by_host_name_is_reached() -> None:
+    assert await events_of([HEAD, chunked(BODY)], "http://localhost:{port}/x") == EVENTS
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+async def test_an_ipv6_address_is_reached() -> None:
+    try:
+        async with answering([HEAD, chunked(BODY)], host="::1") as port:
+            stream = await post(
+                httpx.URL(f"http://[::1]:{port}/x"), b"{}", connect_timeout=5, tls=NO_TLS
+            )
+            await stream.read_head()
+            assert await stream.event_data() == EVENTS[0]
+            await stream.aclose()
+    except OSError as e:  # the loopback has no IPv6 address here
+        pytest.skip(f"no IPv6 loopback: {e}")
+
+
+async def test_nothing_listening_is_unreachable() -> None:
+    url = httpx.URL(f"http://127.0.0.1:{free_port()}/x")
+    with pytest.raises(Unreachable):
+        await post(url, b"{}", connect_timeout=5, tls=NO_TLS)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b""],  # closed before answering
+        [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"],  # a head cut short
+        [b"this is not HTTP\r\n\r\n"],
+    ],
+    ids=["nothing", "half a head", "not http"],
+)
+async def test_an_answer_that_is_not_http_is_broken(pieces: list[bytes]) -> None:
+    with pytest.raises(Broken):
+        await events_of(pieces)
+
+
+async def test_a_body_cut_before_its_end_is_broken() -> None:
+    with pytest.raises(Broken):
+        await events_of([HEAD, b"%x\r\ndata: {}\n\n" % 100])
+
+
+async def test_a_head_long_in_coming_is_read_after_a_wait_was_cut_off() -> None:
+    """As the client reads it when it says `Queued`: nothing read before the cut is lost."""
+    go = trio.Event()
+    late: list[bytes | trio.Event] = [
+        b"HTTP/1.1 503 Service Unav",
+        go,
+        b"ailable\r\nContent-Length: 7\r\n\r\n",
+        b"loading",
+    ]
+    async with answering(late) as port:
+        stream = await post(
+            httpx.URL(f"http://127.0.0.1:{port}/x"), b"{}", connect_timeout=5, tls=NO_TLS
+        )
+        assert isinstance(stream, Stream)
+        with trio.move_on_after(0.05) as waited:  # the first piece read, not the rest
+            await stream.read_head()
+        assert waited.cancelled_caught
+        go.set()
+        await stream.read_head()
+        assert (stream.status, stream.content_type) == (503, "")
+        assert await stream.line() == b"loading"
+        assert await stream.line() is None
+        await stream.aclose()
