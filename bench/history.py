@@ -130,13 +130,17 @@ async def beside_check(
         return await first_content(http, "/completion", body)
 
 
+GONE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a request on a connection the server had closed meets, as the pool took it up."""
+
+
 async def first_content(
     http: httpx.AsyncClient, path: str, body: bytes
 ) -> tuple[float, dict[str, Any]]:
     """Seconds to the first content; and the server's `timings`, read to the end."""
     try:
         return await _first_content_once(http, path, body)
-    except httpx.RemoteProtocolError:
+    except GONE:
         # llama-server closes the connection after a stream, and a kept-alive one after 5 idle
         # seconds; the pool may not have seen it yet. loopd's client retries the same way.
         return await _first_content_once(http, path, body)
@@ -332,7 +336,7 @@ async def _missed(http: httpx.AsyncClient) -> int:
     a stream, as llama-server does, and the pool may not have seen that yet: tried again once."""
     try:
         return int((await http.get("/missed")).json())
-    except httpx.RemoteProtocolError:
+    except GONE:
         return int((await http.get("/missed")).json())
 
 

@@ -8,12 +8,13 @@ import itertools
 import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import httpx
 import outcome
 import pytest
 import trio
+import trustme
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,30 +31,37 @@ def chunked(body: bytes) -> bytes:
 NO_TLS = ssl.create_default_context()  # the URLs here are http
 
 
+async def read_request(stream: trio.abc.Stream) -> None:
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += await stream.receive_some()
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))
+    while len(body) < int(length[15:]):
+        body += await stream.receive_some()
+
+
 @asynccontextmanager
 async def answering(
-    pieces: Sequence[bytes | trio.Event], host: str = "127.0.0.1"
+    pieces: Sequence[bytes | trio.Event],
+    host: str = "127.0.0.1",
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[int]:
-    """A server on `host` that reads one request and writes `pieces`, each in a write of its
-    own (waiting where a piece is an event, until it is set), then closes; its port."""
+    """A server on `host` (over TLS with `tls`) that reads one request and writes `pieces`,
+    each in a write of its own (waiting where a piece is an event, until it is set), then
+    closes; its port."""
 
-    async def answer(stream: trio.SocketStream) -> None:
-        received = b""
-        while b"\r\n\r\n" not in received:
-            received += await stream.receive_some()
-        head, _, body = received.partition(b"\r\n\r\n")
-        length = int(
-            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-len"))[15:]
-        )
-        while len(body) < length:
-            body += await stream.receive_some()
-        for piece in pieces:
-            if isinstance(piece, trio.Event):
-                await piece.wait()
-                continue
-            await stream.send_all(piece)
-            await trio.sleep(0.001)  # a read of its own
-        await stream.aclose()
+    async def answer(tcp: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = tcp if tls is None else trio.SSLStream(tcp, tls, server_side=True)
+        with suppress(trio.BrokenResourceError):  # a client that gave up (a TLS it refused)
+            await read_request(stream)
+            for piece in pieces:
+                if isinstance(piece, trio.Event):
+                    await piece.wait()
+                    continue
+                await stream.send_all(piece)
+                await trio.sleep(0.001)  # a read of its own
+        await trio.aclose_forcefully(stream)
 
     listeners = await trio.open_tcp_listeners(0, host=host)
     async with trio.open_nursery() as nursery:
@@ -175,3 +183,22 @@ async def test_a_head_long_in_coming_is_read_after_a_wait_was_cut_off() -> None:
         assert await stream.line() == b"loading"
         assert await stream.line() is None
         await stream.aclose()
+
+
+async def test_an_https_server_is_reached_with_the_context_given() -> None:
+    authority = trustme.CA()
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(served)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    async with answering([HEAD, chunked(BODY)], tls=served) as port:
+        url = httpx.URL(f"https://127.0.0.1:{port}/x")
+        stream = await post(url, b"{}", connect_timeout=5, tls=trusting)
+        await stream.read_head()
+        assert await stream.event_data() == EVENTS[0]
+        await stream.aclose()
+    # A certificate the context does not trust: no connection.
+    async with answering([HEAD, chunked(BODY)], tls=served) as port:
+        url = httpx.URL(f"https://127.0.0.1:{port}/x")
+        with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await post(url, b"{}", connect_timeout=5, tls=NO_TLS)

@@ -71,12 +71,17 @@ async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.
             if url.scheme != "https":
                 return tcp
             secure = trio.SSLStream(tcp, tls, server_hostname=host, https_compatible=True)
-            await secure.do_handshake()
+            try:
+                await secure.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(tcp)
+                raise
             return secure
     except trio.TooSlowError as e:
         raise Unreachable(f"no connection within {timeout:g} s") from e
     except (OSError, trio.BrokenResourceError) as e:
-        raise Unreachable(str(e) or repr(e)) from e
+        why = e.__cause__ or e  # trio's TLS stream says only that it broke; the cause says why
+        raise Unreachable(str(why) or repr(why)) from e
 
 
 async def _open_tcp(host: str, port: int) -> trio.SocketStream:
