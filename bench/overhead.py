@@ -1,5 +1,6 @@
 """Figure 3: one request through the socket and loopd against the same request sent to
-llama-server directly with httpx, in pairs, alternating which goes first.
+llama-server directly with loopd's own client (`loopd.infer.Client`), in pairs, alternating
+which goes first.
 
 Each pair asks two new questions on the same cached system prompt, worded apart from their
 first word, so both requests process their whole question and nothing else: loopd starts a new
