@@ -94,8 +94,7 @@ class InferFailed(TurnError):
 
 
 class Inference(Protocol):
-    """What a turn needs of the model: one completion per try, and the backoff between tries
-    while the server cannot take one."""
+    """What a turn needs of the model: a completion per try, and the backoff between tries."""
 
     @property
     def retry(self) -> Backoff: ...
@@ -120,8 +119,7 @@ class Runtime:
     exact: ExactHistory | None = None
     """Token-exact prompts (`[session] history = "exact"`); None sends history as messages."""
     limits: str = "loop"
-    """The config table `loop`'s limits come from, as the errors name it (`agents` for a
-    sub-agent)."""
+    """The config table of `loop`'s limits, as errors name it (`agents` for a sub-agent)."""
     delegate: Delegate | None = None
     """Runs the sub-agents of the turn's `delegate` calls; None: there are none."""
     hands: Hands | None = None
