@@ -19,10 +19,18 @@ Reply = trio.MemorySendChannel[outcome.Outcome[T]]
 
 
 async def ask(inbox: trio.MemorySendChannel[M], build: Callable[[Reply[T]], M]) -> T:
-    """Send the message `build` makes and wait for its answer; an error comes back raised."""
+    """Send the message `build` makes and wait for its answer; an error comes back raised.
+
+    The wait for the answer is the only scheduling point: `await inbox.send` and `async with`
+    would each add a pass of trio's loop, on the way to every turn's request."""
+    await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled asker sends nothing
     send, receive = trio.open_memory_channel[outcome.Outcome[T]](1)
-    await inbox.send(build(send))
-    async with receive:
+    message = build(send)
+    with receive:
+        try:
+            inbox.send_nowait(message)
+        except trio.WouldBlock:  # a bounded inbox that is full
+            await inbox.send(message)
         return (await receive.receive()).unwrap()
 
 

@@ -8,7 +8,10 @@ first token. The small JSON requests stay on httpx.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import os
+import select
 import socket
 import ssl
 from collections import deque
@@ -92,13 +95,32 @@ async def _open_tcp(host: str, port: int) -> trio.SocketStream:
     except ValueError:
         return await trio.open_tcp_stream(host, port)
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        await sock.connect((host, port))
+        await _connect_socket(sock, (host, port))
     except BaseException:
         sock.close()
         raise
-    return trio.SocketStream(sock)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+async def _connect_socket(sock: socket.socket, address: tuple[str, int]) -> None:
+    """Connect `sock`. On a local server the handshake is done when `connect` returns:
+    waiting for the socket to be writable through trio's loop would cost a pass of it."""
+    sock.settimeout(0)  # non-blocking
+    error = sock.connect_ex(address)
+    if error == errno.EINPROGRESS:
+        if not _writable(sock):
+            await trio.lowlevel.wait_writable(sock)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error:
+        raise OSError(error, os.strerror(error))
+
+
+def _writable(sock: socket.socket) -> bool:
+    poll = select.poll()
+    poll.register(sock, select.POLLOUT)
+    return bool(poll.poll(0))
 
 
 class Stream:
