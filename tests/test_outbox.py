@@ -1,6 +1,7 @@
 """One connection's outbox: the bound on what waits for a client, and the last word before a
 close, which passes that bound (without a socket); a line written at once while nothing waits,
-and the order of lines kept when the socket is full (a real socket pair)."""
+and the order of lines kept when the socket is full (a real socket pair); a session's event
+handed over to a relay that waits, in order, a bug there ending the connection alone."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 import trio
 import trio.testing
 
+from loopd.actors import Published, Subscription
 from loopd.channel._connection import Connection
 from loopd.channel._handlers import DaemonInfo
 from loopd.config import ChannelConfig
+from loopd.infer import Content
 from loopd.wire import proto
 
 
@@ -102,3 +105,65 @@ async def test_lines_keep_their_order_when_the_socket_fills_midway() -> None:
     theirs.close()
     lines = [proto.DAEMON_MESSAGE.validate_json(line) for line in received.splitlines()]
     assert lines == said
+
+
+def content(n: int) -> Published:
+    return Published(f"1/t{n}", Content(text=f"piece {n}"))
+
+
+def received_lines(theirs: socket.socket) -> list[proto.DaemonMessage]:
+    data = bytearray()
+    with suppress(BlockingIOError):
+        while chunk := theirs.recv(65536):
+            data += chunk
+    return [proto.DAEMON_MESSAGE.validate_json(line) for line in data.splitlines()]
+
+
+async def test_an_event_offered_while_the_relay_waits_is_on_the_socket_before_offer_returns() -> (
+    None
+):
+    """The session's task hands the event to the waiting relay itself: no pass of trio's loop
+    between a token and its line."""
+    c, theirs = connected(8)
+    theirs.setblocking(False)
+    c.client.subscription = subscription = Subscription(8)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert subscription.offer(content(1))
+        assert received_lines(theirs) == [proto.Event(id="t1", event=Content(text="piece 1"))]
+        nursery.cancel_scope.cancel()
+    theirs.close()
+
+
+async def test_events_queued_before_the_relay_waits_come_before_one_handed_over() -> None:
+    c, theirs = connected(8)
+    theirs.setblocking(False)
+    c.client.subscription = subscription = Subscription(8)
+    assert subscription.offer(content(1))
+    assert subscription.offer(content(2))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert subscription.offer(content(3))
+        lines = received_lines(theirs)
+        nursery.cancel_scope.cancel()
+    theirs.close()
+    assert [line.id for line in lines if isinstance(line, proto.Event)] == ["t1", "t2", "t3"]
+
+
+async def test_a_bug_showing_an_event_ends_the_connection_not_the_session_that_offered_it() -> None:
+    c, theirs = connected(8)
+    c.client.subscription = subscription = Subscription(8)
+
+    def broken(_: object) -> None:
+        raise RuntimeError("a bug")
+
+    c.client.shown = broken  # type: ignore[method-assign,assignment]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert subscription.offer(content(1))  # raised nothing into the session's task
+        assert c.done.is_set()
+        nursery.cancel_scope.cancel()
+    theirs.close()

@@ -6,6 +6,8 @@ published, tagged with the turn, to whoever subscribed.
 
 Fan-out goes through one bounded channel per subscriber, filled with `send_nowait`: a
 subscriber that falls behind is dropped (marked `lagged`, its channel closed), never the turn.
+A subscriber that waits for its next message, with none queued, is handed it at once
+(`Subscription.direct`).
 The log on disk is the truth; a dropped client can read it again.
 """
 

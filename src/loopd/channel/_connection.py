@@ -3,9 +3,10 @@
 A reader (the connection's own task) frames lines and hands each parsed message to the
 handlers; a writer sends what waits in a bounded outbox (a line said while nothing waits is
 written at once, as far as the socket takes it); a relay passes on the session's events the
-client may see. A client that sends garbage gets an `error` line and can go on;
-one that sends a line over the cap, or keeps sending garbage, is closed; one that stops
-reading is dropped when its outbox is full. None of it reaches the session or another client.
+client may see (while it waits for one, the session's task hands the next over itself). A
+client that sends garbage gets an `error` line and can go on; one that sends a line over the
+cap, or keeps sending garbage, is closed; one that stops reading is dropped when its outbox is
+full. None of it reaches the session or another client.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import trio
 from pydantic import ValidationError
 
-from loopd.actors import Core, Subscription
+from loopd.actors import Core, Subscription, SubscriptionItem
 from loopd.config import ChannelConfig
 from loopd.wire import proto
 from loopd.wire.lines import TooLong
@@ -143,9 +144,9 @@ class Connection:
                 await self.client.moved.wait()
             current = self.client.subscription
             assert current is not None  # noqa: S101 - a move always leaves one
+            current.direct = self._show
             async for published in current.receive:
-                if message := self.client.shown(published):
-                    self.say(message)
+                self._show(published)
             if current.lagged:
                 self.close_with(
                     proto.Error(
@@ -154,6 +155,16 @@ class Connection:
                     )
                 )
                 return
+
+    def _show(self, published: SubscriptionItem) -> None:
+        """Say an event of the session, if the client may see it. Called by the session's
+        task too (`Subscription.direct`): a bug here ends this connection, never the turn."""
+        try:
+            if message := self.client.shown(published):
+                self.say(message)
+        except Exception:
+            log.exception("connection %d: an event could not be shown", self.number)
+            self.done.set()
 
     async def _read(self) -> None:
         lines = LineReader(self.stream, self.config.max_line)
