@@ -80,10 +80,11 @@ def document(tokens: int) -> str:
     return "Read this and wait for my questions.\n" + " ".join(words)
 
 
-def patient_daemon(home: Path, url: str, server: str = "") -> Daemon:
+def patient_daemon(home: Path, url: str, server: str = "", slots: str = "") -> Daemon:
     """loopd on `url`, token-exact, answers of `MAX_TOKENS` at temperature 0, and time for a
-    long document's first request (minutes on two cores); `server`: more [server] lines."""
-    d = Daemon(home, url, history="exact")
+    long document's first request (minutes on two cores); `server`: more [server] lines,
+    `slots`: the [slots] table's."""
+    d = Daemon(home, url, history="exact", slots=slots)
     config = d.config.read_text().replace(
         "[server]\n", f"[server]\nread_timeout = 3600\nqueue_timeout = 3600\n{server}", 1
     )
@@ -291,7 +292,9 @@ async def _instant(home: Path, upstream: str, rounds: int) -> tuple[list[float],
     loopd_ms: list[float] = []
     direct_ms: list[float] = []
     async with instant_server(upstream, INSTANT_PROMPT_TIME) as url:
-        d = patient_daemon(home, url)
+        # It keeps no slot files: a save half a second after a turn (when the bench's own
+        # requests took longer) would be a request the bench did not build.
+        d = patient_daemon(home, url, slots='save = "never"')
         await d.start()
         try:
             client = await d.connect()
