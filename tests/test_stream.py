@@ -18,6 +18,7 @@ import trustme
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loopd.infer import _stream
 from loopd.infer._stream import Broken, Stream, Unreachable, _open_tcp, post
 from loopd.server_proc import free_port
 
@@ -176,6 +177,13 @@ async def test_nothing_listening_is_unreachable() -> None:
 async def test_an_answer_that_is_not_http_is_broken(pieces: list[bytes]) -> None:
     with pytest.raises(Broken):
         await events_of(pieces)
+
+
+async def test_a_line_that_never_ends_is_broken_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_stream, "MAX_LINE", 10_000)
+    endless = b"data: " + b"x" * 4000
+    with pytest.raises(Broken, match="a line of over 10000 bytes"):
+        await events_of([HEAD, *(b"%x\r\n%s\r\n" % (len(endless), endless),) * 4])
 
 
 async def test_a_body_cut_before_its_end_is_broken() -> None:

@@ -23,6 +23,9 @@ import trio
 __all__ = ["Broken", "Stream", "Unreachable", "post"]
 
 READ_SIZE = 1 << 16
+MAX_LINE = 16 << 20
+"""The longest line of an answer read. llama-server's lines are an event each, well under a
+megabyte; a server that never ends a line must not fill loopd's memory."""
 
 
 class Unreachable(Exception):
@@ -173,6 +176,8 @@ class Stream:
                 self._ended = True
                 continue
             *whole, self._partial = (self._partial + piece).split(b"\n")
+            if len(self._partial) > MAX_LINE:
+                raise Broken(f"a line of over {MAX_LINE} bytes")
             self._lines.extend(whole)
         return self._lines.popleft().removesuffix(b"\r")
 
