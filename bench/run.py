@@ -17,6 +17,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     hands     a sandboxed command against a bare one; an edit against a plain write
     startup   bxctl --help and bxctl status, whole processes, against python -c pass
     fork      time to first token of a fork's first turn, against the conversation uncached
+    prompt    a long session's next request body with its slot's kept JSON, against encoded whole
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import memory
 import models
 import overhead
 import parser
+import prompt
 import relay
 import slots
 import startup
@@ -92,6 +94,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
         Path(os.environ["LOOPD_TEMPLATES"]),
         Path(os.environ["LOOPD_CHAT_CASES"]),
     ),
+    "prompt": prompt.run,
 }
 
 
@@ -297,6 +300,21 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             ),
             "",
             *models.table(f),
+        ]
+    if name == "prompt":
+        return [
+            "## 18. A long session's next request body",
+            "",
+            (
+                "A token-exact prompt of 100-token answers between questions; the body of the "
+                "request after the next answer, built with the JSON its slot kept of the last "
+                f"prompt, against the same body encoded whole (bench/prompt.py, medians of "
+                f"{prompt.ROUNDS})."
+            ),
+            "",
+            "| figure | loopd | baseline (same run) | ratio |",
+            "| --- | --- | --- | --- |",
+            *(f"| {' | '.join(row)} |" for row in prompt.rows(f)),
         ]
     if name == "store":
         return [

@@ -34,6 +34,7 @@ from ._errors import (
     StreamBroken,
     is_retryable,
 )
+from ._prompt_json import PromptJson
 from ._raw import RawAssembler, parser_for
 from ._schema import ArgumentTypes
 from ._stream import Broken, Stream, Unreachable, post
@@ -278,7 +279,9 @@ class Client:
             "([server] read_timeout)"
         )
 
-    async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
+    async def chat_with_retry(
+        self, request: AnyRequest, on_event: EventSink, *, prompts: PromptJson | None = None
+    ) -> Completion:
         """`chat`, retried on connect failures and 503 until output has been passed on."""
         passed_on = False
 
@@ -290,7 +293,7 @@ class Client:
         attempt = 1
         while True:
             try:
-                return await self.chat(request, relay)
+                return await self.chat(request, relay, prompts=prompts)
             except InferError as e:
                 if passed_on or not is_retryable(e) or attempt >= self.retry.attempts:
                     raise
@@ -300,14 +303,21 @@ class Client:
                 attempt += 1
 
     async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        self,
+        request: AnyRequest,
+        on_event: EventSink,
+        *,
+        sent: trio.Event | None = None,
+        prompts: PromptJson | None = None,
     ) -> Completion:
         """Stream one completion, passing each event on; raises an `InferError` on failure.
         `sent` is set once the request is written (or could not be): work beside the request
-        waits for it, so that the server has the request first."""
+        waits for it, so that the server has the request first. `prompts`: the encoder of the
+        slot's last token-exact prompt (`Slot.prompts`)."""
         path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         try:
-            stream = await self._open(self._url(path), request.body(), on_event, sent)
+            body = request.body(prompts) if isinstance(request, PromptRequest) else request.body()
+            stream = await self._open(self._url(path), body, on_event, sent)
         finally:
             if sent is not None:
                 sent.set()

@@ -4,11 +4,12 @@ the daemon all speak to a slot the same way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import trio
 
 from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile
+from ._prompt_json import PromptJson
 from ._types import Completion
 
 __all__ = ["Slot"]
@@ -18,6 +19,8 @@ __all__ = ["Slot"]
 class Slot:
     client: Client
     number: int
+    prompts: PromptJson = field(default_factory=PromptJson, compare=False, repr=False)
+    """The last token-exact prompt sent on it, as JSON: the next one mostly extends it."""
 
     @property
     def retry(self) -> RetryPolicy:
@@ -28,11 +31,15 @@ class Slot:
         self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
     ) -> Completion:
         """`request` on this slot, whatever slot it names: one try (`Client.chat`)."""
-        return await self.client.chat(self._pinned(request), on_event, sent=sent)
+        return await self.client.chat(
+            self._pinned(request), on_event, sent=sent, prompts=self.prompts
+        )
 
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:
         """`request` on this slot, whatever slot it names."""
-        return await self.client.chat_with_retry(self._pinned(request), on_event)
+        return await self.client.chat_with_retry(
+            self._pinned(request), on_event, prompts=self.prompts
+        )
 
     def _pinned(self, request: AnyRequest) -> AnyRequest:
         return replace(request, generation=replace(request.generation, slot=self.number))

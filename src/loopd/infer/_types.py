@@ -16,6 +16,7 @@ from loopd.canonical import canonical
 
 from ._format import ChatFormat
 from ._grammar import call_grammar
+from ._prompt_json import PromptJson
 
 __all__ = [
     "BUDGET_MESSAGE",
@@ -135,11 +136,12 @@ class PromptRequest:
     """The tools the prompt offers: their schemas constrain a call's arguments and type the
     values of parameters written as text."""
 
-    def body(self) -> bytes:
+    def body(self, prompts: PromptJson | None = None) -> bytes:
+        """The request's JSON; `prompts`: the encoder its slot keeps, which encodes only what
+        the prompt adds to the slot's last one."""
         fmt, g = self.format, self.generation
         payload: dict[str, Any] = {
             **g.fields(),
-            "prompt": one_prompt(self.prompt),
             "return_tokens": True,
             "response_fields": _FINAL_FIELDS,
             # Special tokens that are delimiters come back as text, so the parser sees them.
@@ -159,7 +161,8 @@ class PromptRequest:
             payload["reasoning_budget_end_tags"] = [fmt.think[1]]
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
             payload["generation_prompt"] = fmt.generation_prompt
-        return canonical(payload)
+        prompt = (prompts or PromptJson()).encode(self.prompt)
+        return b'{"prompt":' + prompt.encode() + b"," + canonical(payload)[1:]
 
 
 def one_prompt(pieces: list[PromptPiece]) -> str | list[PromptPiece]:
