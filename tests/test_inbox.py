@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from loopd.inbox import Reply, ask, reply_error, reply_value
+from support.steps import counted_steps
 
 Inbox = tuple[trio.MemorySendChannel[Reply[int]], trio.MemoryReceiveChannel[Reply[int]]]
 
@@ -20,16 +21,6 @@ async def answer_all(inbox: trio.MemoryReceiveChannel[Reply[int]], value: int | 
             reply_error(reply, ValueError("no"))
         else:
             reply_value(reply, value)
-
-
-class Steps(trio.abc.Instrument):
-    """How many times the task it watches was run."""
-
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task, self.count = task, 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.count += task is self.task
 
 
 async def test_the_answer_and_an_error_come_back() -> None:
@@ -48,15 +39,11 @@ async def test_the_answer_and_an_error_come_back() -> None:
 
 async def test_an_answer_costs_the_asker_one_pass_of_the_loop() -> None:
     send, receive = trio.open_memory_channel[Reply[int]](math.inf)
-    steps = Steps(trio.lowlevel.current_task())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer_all, receive, 7)
         await trio.testing.wait_all_tasks_blocked()
-        trio.lowlevel.add_instrument(steps)
-        try:
+        with counted_steps() as steps:
             assert await ask(send, lambda reply: reply) == 7
-        finally:
-            trio.lowlevel.remove_instrument(steps)
         nursery.cancel_scope.cancel()
     # Woken once, by the answer: the send and the reply channel's closing do not yield.
     assert steps.count == 1

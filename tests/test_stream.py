@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from loopd.infer import _stream
 from loopd.infer._stream import Broken, Stream, Unreachable, _open_tcp, post
 from loopd.server_proc import free_port
+from support.steps import counted_steps
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -136,22 +137,12 @@ async def test_an_ipv6_address_is_reached() -> None:
         pytest.skip(f"no IPv6 loopback: {e}")
 
 
-class Steps(trio.abc.Instrument):
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task, self.count = task, 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.count += task is self.task
-
-
 async def test_a_local_server_is_connected_to_without_a_pass_of_the_loop() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
-    steps = Steps(trio.lowlevel.current_task())
-    trio.lowlevel.add_instrument(steps)
     try:
-        stream = await _open_tcp("127.0.0.1", listener.getsockname()[1])
+        with counted_steps() as steps:
+            stream = await _open_tcp("127.0.0.1", listener.getsockname()[1])
     finally:
-        trio.lowlevel.remove_instrument(steps)
         listener.close()
     await stream.aclose()
     # The handshake is done when `connect` returns: waiting on trio's loop for the socket
