@@ -71,3 +71,20 @@ async def test_a_full_bounded_inbox_is_waited_for() -> None:
         await trio.testing.wait_all_tasks_blocked()
         reply_value(await receive.receive(), 3)
         await asked.wait()
+
+
+async def test_an_answer_sent_as_the_asker_is_cancelled_goes_to_its_orphan_handler() -> None:
+    send, receive = trio.open_memory_channel[Reply[int]](math.inf)
+    orphans: list[int] = []
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def asker() -> None:
+                await ask(send, lambda reply: reply, orphan=orphans.append)
+
+            nursery.start_soon(asker)
+            reply = await receive.receive()
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()  # takes the asker off its channel; then, in the same pass:
+            reply_value(reply, 5)
+    assert orphans == [5]

@@ -177,6 +177,15 @@ async def test_a_line_that_never_ends_is_broken_at_the_cap(monkeypatch: pytest.M
         await events_of([HEAD, *(b"%x\r\n%s\r\n" % (len(endless), endless),) * 4])
 
 
+async def test_an_event_that_never_ends_is_broken_at_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_stream, "MAX_LINE", 10_000)
+    lines = b"data: " + b"x" * 1000 + b"\n"
+    with pytest.raises(Broken, match="an event of over 10000 bytes"):
+        await events_of([HEAD, *(b"%x\r\n%s\r\n" % (len(lines), lines),) * 12])
+
+
 async def test_a_body_cut_before_its_end_is_broken() -> None:
     with pytest.raises(Broken):
         await events_of([HEAD, b"%x\r\ndata: {}\n\n" % 100])

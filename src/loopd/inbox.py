@@ -18,8 +18,15 @@ M = TypeVar("M")
 Reply = trio.MemorySendChannel[outcome.Outcome[T]]
 
 
-async def ask(inbox: trio.MemorySendChannel[M], build: Callable[[Reply[T]], M]) -> T:
+async def ask(
+    inbox: trio.MemorySendChannel[M],
+    build: Callable[[Reply[T]], M],
+    *,
+    orphan: Callable[[T], None] | None = None,
+) -> T:
     """Send the message `build` makes and wait for its answer; an error comes back raised.
+    `orphan`: what becomes of an answer that came while the asker was being cancelled (a
+    slot the pool lent it must be given back), which would otherwise be lost.
 
     The wait for the answer is the only scheduling point: `await inbox.send` and `async with`
     would each add a pass of trio's loop, on the way to every turn's request."""
@@ -31,7 +38,22 @@ async def ask(inbox: trio.MemorySendChannel[M], build: Callable[[Reply[T]], M]) 
             inbox.send_nowait(message)
         except trio.WouldBlock:  # a bounded inbox that is full
             await inbox.send(message)
-        return (await receive.receive()).unwrap()
+        try:
+            return (await receive.receive()).unwrap()
+        except BaseException:
+            # A cancel takes the asker off the channel at once: an answer sent after it, in
+            # the same pass of trio's loop, waits in the channel, unread.
+            late = _unread(receive)
+            if orphan is not None and isinstance(late, outcome.Value):
+                orphan(late.value)
+            raise
+
+
+def _unread(receive: trio.MemoryReceiveChannel[outcome.Outcome[T]]) -> outcome.Outcome[T] | None:
+    try:
+        return receive.receive_nowait()
+    except (trio.WouldBlock, trio.EndOfChannel):
+        return None
 
 
 def reply_value(reply: Reply[T], value: T) -> None:

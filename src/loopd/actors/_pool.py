@@ -172,7 +172,7 @@ class PoolHandle:
         def acquire(reply: Reply[Lease | None]) -> _Acquire:
             return _Acquire(owner, hot_only, wait, prefer, reply, source=source)
 
-        lease = await ask(self._inbox, acquire)
+        lease = await ask(self._inbox, acquire, orphan=self._unused)
         try:
             yield lease
         finally:
@@ -194,7 +194,7 @@ class PoolHandle:
                 lease.owner, hot_only=False, wait=False, prefer=None, reply=reply, avoid=server
             )
 
-        new = await ask(self._inbox, acquire)
+        new = await ask(self._inbox, acquire, orphan=self._unused)
         if new is None:
             return False
         self._inbox.send_nowait(_Release(lease.index, lease.grant, None, None))
@@ -202,6 +202,18 @@ class PoolHandle:
         lease.slot, lease.index, lease.hot, lease.grant = new.slot, new.index, new.hot, new.grant
         lease.evicted, lease.tokens = new.evicted, new.tokens
         return True
+
+    def _unused(self, lease: Lease | None) -> None:
+        """Give back a lease granted to an asker that was cancelled before it read it: the
+        slot still holds what it held, the cache of the session it would have evicted (whose
+        save is no longer waited for), or of the owner where it was hot."""
+        if lease is None:
+            return
+        if lease.evicted is not None:
+            self.saved(lease.evicted)
+        held = lease.evicted or (lease.owner if lease.hot else None)
+        tokens = lease.tokens if lease.hot else None
+        self._inbox.send_nowait(_Release(lease.index, lease.grant, held, tokens))
 
     async def prepare(
         self, lease: Lease, files: SlotFiles, session: Session | None, source: str | None = None

@@ -112,7 +112,7 @@ async def _connect_socket(sock: socket.socket, address: tuple[str, int]) -> None
     waiting for the socket to be writable through trio's loop would cost a pass of it."""
     sock.settimeout(0)  # non-blocking
     error = sock.connect_ex(address)
-    if error == errno.EINPROGRESS:
+    if error in (errno.EINPROGRESS, errno.EINTR):  # EINTR: the connection goes on all the same
         if not _writable(sock):
             await trio.lowlevel.wait_writable(sock)
         error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -135,7 +135,9 @@ class Stream:
         self.status = 0
         self.content_type = ""
         self._lines: deque[bytes] = deque()
-        self._partial = b""
+        self._partial: list[bytes] = []
+        """The pieces of a line not ended yet: joined once it ends, not on every read."""
+        self._partial_size = 0
         self._ended = False
 
     async def read_head(self) -> None:
@@ -155,6 +157,7 @@ class Stream:
         """The data of the next server-sent event; None once the body ended (an event cut off
         by the end is dropped, as the SSE standard says)."""
         data: list[str] = []
+        size = 0
         while (line := await self.line()) is not None:
             if not line:
                 if data:
@@ -163,22 +166,30 @@ class Stream:
             field, _, value = line.decode("utf-8", errors="replace").partition(":")
             if field == "data":
                 data.append(value.removeprefix(" "))
+                size += len(line)
+                if size > MAX_LINE:
+                    raise Broken(f"an event of over {MAX_LINE} bytes")
         return None
 
     async def line(self) -> bytes | None:
         """The body's next line, without its end; None once the body ended."""
         while not self._lines:
             if self._ended:
-                rest, self._partial = self._partial, b""
+                rest, self._partial, self._partial_size = b"".join(self._partial), [], 0
                 return rest or None
             piece = await self._body()
             if piece is None:
                 self._ended = True
                 continue
-            *whole, self._partial = (self._partial + piece).split(b"\n")
-            if len(self._partial) > MAX_LINE:
+            first, *ended = piece.split(b"\n")
+            self._partial.append(first)
+            self._partial_size += len(first)
+            if self._partial_size > MAX_LINE:
                 raise Broken(f"a line of over {MAX_LINE} bytes")
-            self._lines.extend(whole)
+            if ended:
+                *whole, last = ended
+                self._lines.extend([b"".join(self._partial), *whole])
+                self._partial, self._partial_size = [last], len(last)
         return self._lines.popleft().removesuffix(b"\r")
 
     async def aclose(self) -> None:
