@@ -15,7 +15,7 @@ import trio
 
 from conftest import StartDaemon
 from loopd.infer import PromptPiece, slot_tokens
-from loopd.infer._types import one_prompt
+from loopd.infer._prompt_json import one_prompt
 from loopd.session.baseline import make_baseline
 from loopd.session.fork import cache_source, fork
 from loopd.session.records import (

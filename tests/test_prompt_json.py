@@ -14,8 +14,8 @@ from loopd.canonical import canonical
 from loopd.infer import PromptRequest
 from loopd.infer import _prompt_json as prompt_json
 from loopd.infer._format import ChatFormat
-from loopd.infer._prompt_json import PromptJson
-from loopd.infer._types import PromptPiece, one_prompt
+from loopd.infer._prompt_json import PromptJson, one_prompt
+from loopd.infer._types import PromptPiece
 
 pieces = st.lists(st.one_of(st.integers(0, 200_000), st.text(max_size=8)), max_size=12)
 

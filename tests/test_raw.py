@@ -11,8 +11,8 @@ from loopd.infer import Content, Progress, StreamErrorEvent, ToolCallDelta, Unre
 from loopd.infer._assemble import Assembler
 from loopd.infer._format import ChatFormat
 from loopd.infer._parse import OutputParser
+from loopd.infer._prompt_json import one_prompt
 from loopd.infer._raw import RawAssembler, parser_for
-from loopd.infer._types import one_prompt
 from support.formats import QWEN
 
 

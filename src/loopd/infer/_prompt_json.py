@@ -15,7 +15,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._types import PromptPiece
 
-__all__ = ["PromptJson"]
+__all__ = ["PromptJson", "one_prompt"]
+
+
+def one_prompt(pieces: list[PromptPiece]) -> str | list[PromptPiece]:
+    """The pieces as llama-server reads one prompt (`PromptJson` writes the same as JSON): it
+    takes a list of strings alone for several prompts, so adjacent strings are joined, and a
+    prompt of text only is one string. (Only an answer without any token id leaves two
+    strings side by side.)"""
+    joined: list[PromptPiece] = []
+    for piece in pieces:
+        if isinstance(piece, str) and joined and isinstance(joined[-1], str):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    if len(joined) == 1 and isinstance(joined[0], str):
+        return joined[0]
+    return joined
 
 
 def _text(text: str) -> str:

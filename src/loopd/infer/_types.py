@@ -165,21 +165,6 @@ class PromptRequest:
         return b'{"prompt":' + prompt.encode() + b"," + canonical(payload)[1:]
 
 
-def one_prompt(pieces: list[PromptPiece]) -> str | list[PromptPiece]:
-    """The pieces as llama-server reads one prompt: it takes a list of strings alone for
-    several prompts, so adjacent strings are joined, and a prompt of text only is one string.
-    (Only an answer without any token id leaves two strings side by side.)"""
-    joined: list[PromptPiece] = []
-    for piece in pieces:
-        if isinstance(piece, str) and joined and isinstance(joined[-1], str):
-            joined[-1] += piece
-        else:
-            joined.append(piece)
-    if len(joined) == 1 and isinstance(joined[0], str):
-        return joined[0]
-    return joined
-
-
 def template_kwargs(*, thinking: bool, date: str | None) -> dict[str, Any]:
     """`chat_template_kwargs`: thinking on or off, and a pinned `date_string`."""
     kwargs: dict[str, Any] = {"enable_thinking": thinking}
