@@ -10,7 +10,8 @@ compaction's summary) leave their slot free.
 
 The actor only decides; the work (requests, saves, restores) runs in the holder's task, on the
 slot it was given, so nothing in its inbox loop waits. Leases that cannot be granted wait in
-order and are granted as slots come back.
+order and are granted as slots come back; one granted to an asker cancelled in the same pass
+of trio's loop, which never reads it, is given back as the slot was (`ask`'s `orphan`).
 
 With several servers, a session that needs a slot takes one on the server that saved its slot
 file (`prefer`) where it can: another server restores it only from a folder the two share. A
