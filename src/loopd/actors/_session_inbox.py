@@ -79,11 +79,7 @@ class Subscription:
 
     def offer(self, message: SubscriptionItem) -> bool:
         waiting = self._send.statistics()
-        if (
-            self.direct is not None
-            and waiting.tasks_waiting_receive
-            and not (waiting.current_buffer_used)
-        ):
+        if self.direct and waiting.tasks_waiting_receive and not waiting.current_buffer_used:
             self.direct(message)
             return True
         try:

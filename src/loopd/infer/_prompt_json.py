@@ -9,8 +9,9 @@ session's answers hold tens of thousands.
 from __future__ import annotations
 
 import itertools
-import json
 from typing import TYPE_CHECKING
+
+from loopd.canonical import canonical
 
 if TYPE_CHECKING:
     from ._types import PromptPiece
@@ -35,7 +36,7 @@ def one_prompt(pieces: list[PromptPiece]) -> str | list[PromptPiece]:
 
 
 def _text(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)  # as `canonical` writes a string
+    return canonical(text).decode()
 
 
 class PromptJson:
@@ -52,7 +53,7 @@ class PromptJson:
     def encode(self, pieces: list[PromptPiece]) -> str:
         """The JSON of `one_prompt(pieces)`, byte for byte as `canonical` writes it."""
         known = len(self._pieces)
-        if not known or len(pieces) < known or pieces[:known] != self._pieces:
+        if pieces[:known] != self._pieces:  # not an extension of the last
             known, self._closed, self._open = 0, "", None
         closed, open_text = [self._closed] if self._closed else [], self._open
         for piece in itertools.islice(pieces, known, None):

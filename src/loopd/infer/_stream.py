@@ -24,8 +24,9 @@ __all__ = ["Broken", "Stream", "Unreachable", "post"]
 
 READ_SIZE = 1 << 16
 MAX_LINE = 16 << 20
-"""The longest line of an answer read. llama-server's lines are an event each, well under a
-megabyte; a server that never ends a line must not fill loopd's memory."""
+"""The longest line of an answer read, and the most data one event may hold. llama-server's
+lines are an event each, well under a megabyte; a server that never ends a line (or an event)
+must not fill loopd's memory."""
 
 
 class Unreachable(Exception):
