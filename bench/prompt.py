@@ -1,7 +1,8 @@
-"""The body of a long session's next token-exact request, built with the JSON its slot kept of
-the last prompt (`Slot.prompts`), against the same body built whole: a session's answers go to
-the server as token ids, and encoding every one of them anew costs time that grows with the
-session, on the way to every first token."""
+"""The body of a long session's next token-exact request as loopd builds it (the history a list
+that only grows, the slot's kept JSON of the last prompt, `Slot.prompts`), against the same
+body built whole: a session's answers go to the server as token ids, and copying, comparing or
+encoding every one of them anew costs time that grows with the session, on the way to every
+first token."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import Any
 
 from loopd.infer import PromptRequest
 from loopd.infer._format import ChatFormat
-from loopd.infer._prompt_json import PromptJson
+from loopd.infer._prompt_json import Prompt, PromptJson
 from loopd.infer._types import PromptPiece
 
-ANSWER_TOKENS = (1_000, 5_000, 20_000)
+ANSWER_TOKENS = (1_000, 20_000, 200_000)
 ROUNDS = 30
 FORMAT = ChatFormat(
     "<|im_start|>assistant\n", None, thinking_open=False, content_prefixes=(), tool_call=None
@@ -41,13 +42,21 @@ def _whole_ms(request: PromptRequest) -> float:
     return 1000 * statistics.median(times)
 
 
-def _kept_ms(last: list[PromptPiece], request: PromptRequest) -> float:
+NEW = (*range(100), TURN)
+"""What the next request adds: the last answer's tokens and the next question."""
+
+
+def _kept_ms(last: list[PromptPiece]) -> float:
     times = []
     for _ in range(ROUNDS):
+        # The slot's last request, before the clock: the history, then its question; then
+        # that question in the history too, as the session's trail holds it after the answer.
+        history = last[:-1]
         slot = PromptJson()
-        slot.encode(last)  # the slot's last request, before the clock
+        slot.encode(Prompt(history, len(history), (last[-1],)))
+        history.append(last[-1])
         start = time.perf_counter()
-        request.body(slot)
+        PromptRequest(prompt=Prompt(history, len(history), NEW), format=FORMAT).body(slot)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -56,8 +65,8 @@ def run() -> dict[str, Any]:
     sizes = {}
     for tokens in ANSWER_TOKENS:
         last = session(tokens)
-        request = PromptRequest(prompt=[*last, *range(100), TURN], format=FORMAT)
-        whole, kept = _whole_ms(request), _kept_ms(last, request)
+        whole = _whole_ms(PromptRequest(prompt=[*last, *NEW], format=FORMAT))
+        kept = _kept_ms(last)
         sizes[str(tokens)] = {"whole_ms": whole, "kept_ms": kept, "ratio": kept / whole}
     return {"sizes": sizes}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bxctl.text import context_line
 from loopd.infer import ChatFormat, FormatError, ToolCall, ToolCallFormat
@@ -17,6 +19,7 @@ from loopd.session.records import (
     UsageRecord,
     UserRecord,
 )
+from loopd.session.trail import PromptTrail
 from loopd.turn.exact import ExactHistory, NextPrompt, past_reasoning, transcript
 
 
@@ -74,6 +77,73 @@ def test_a_prompt_without_its_answer_needs_a_full_prompt() -> None:
         answer(2),
     ]
     assert transcript(records) is None
+
+
+LOG_RECORDS = st.one_of(
+    st.builds(UserRecord, content=st.just("q")),
+    st.builds(
+        PromptRecord, text=st.sampled_from(["p", "q"]), full=st.booleans(), trim=st.integers(0, 1)
+    ),
+    st.builds(
+        AssistantRecord,
+        content=st.just("a"),
+        tokens=st.none() | st.lists(st.integers(0, 9) | st.just("t"), max_size=3).map(tuple),
+    ),
+    st.builds(UsageRecord, timings=st.none()),
+)
+
+
+@given(st.lists(LOG_RECORDS, max_size=12))
+def test_the_trail_folded_record_by_record_is_the_transcript_of_every_prefix(
+    records: list[Record],
+) -> None:
+    """A session keeps its trail as records are added; it must say what reading the whole log
+    again says, after every record."""
+    trail = PromptTrail()
+    for n, record in enumerate(records, start=1):
+        trail.add(record)
+        kept = trail.last()
+        built = transcript(records[:n])
+        assert (None if kept is None else (kept[0], kept[1])) == built
+        if kept is not None:
+            assert records[kept[2]] is kept[1]
+
+
+class Unread(list[Record]):
+    """A log the next prompt may not read through: iterating it fails."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("the whole history was read again")
+
+
+async def test_the_next_prompt_does_not_read_the_history_again() -> None:
+    """Building a request costs the same after ten thousand records as after ten: the prompt
+    so far comes from the session's trail, and only the records after the last answer are
+    read."""
+
+    class Renders:
+        async def apply_template(self, messages: list[dict[str, Any]], *_: Any, **__: Any) -> str:
+            return "".join(f"<{m['role']}>{m['content']}</s>" for m in messages) + "<assistant>"
+
+        async def detokenize(self, _tokens: list[int]) -> str:
+            return "</s>"
+
+    exact = ExactHistory(Renders())  # type: ignore[arg-type]
+    baseline = make_baseline("Be brief.")
+    exact._formats[(baseline.system, True)] = ChatFormat("", None, False, (), None)
+    records: list[Record] = []
+    for n in range(1000):
+        records += [
+            UserRecord(content=f"q{n}"),
+            PromptRecord(text=f"p{n}", full=n == 0),
+            answer(n, n + 1),
+            UsageRecord(timings=None),
+        ]
+    records.append(UserRecord(content="last"))
+    trail = PromptTrail(records)
+    nxt = await exact.next_prompt(baseline, Unread(records), thinking=True, trail=trail)
+    assert nxt.pieces[:4] == ["p0", 0, 1, "p1"]
+    assert nxt.pieces[-3:] == [999, 1000, "<user>last</s><assistant>"]
 
 
 def test_past_reasoning_counts_what_the_exact_prompt_holds() -> None:

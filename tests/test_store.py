@@ -26,6 +26,8 @@ from loopd.infer import Timings
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
     FORMAT,
+    AssistantRecord,
+    PromptRecord,
     Record,
     ToolResultRecord,
     TurnEndRecord,
@@ -196,6 +198,26 @@ async def test_a_reopened_session_has_the_same_records(tmp_path: Path) -> None:
     with await store.open(session.id) as reopened:
         assert list(reopened.records) == appended
         assert reopened.header == session.header
+
+
+async def test_a_session_keeps_its_token_exact_prompt_as_records_come(tmp_path: Path) -> None:
+    """The prompt up to the last answer is kept, not read out of the whole log before each
+    request; kept and reopened, it is what the records say."""
+    store = Store(tmp_path)
+    answer = AssistantRecord(content="a", tokens=(1, 2), ended=True)
+    with await store.create(BASELINE) as session:
+        assert session.trail.last() is None
+        await session.add(UserRecord(content="q"))
+        await session.append(PromptRecord(text="<q>", full=True))
+        await session.append(answer)
+        assert session.trail.last() == (["<q>"], answer, 2)
+        await session.add(UserRecord(content="r"))
+        await session.append(PromptRecord(text="<r>", trim=1))
+        assert session.trail.last() is None  # its answer is to come
+        await session.append(answer)
+        assert session.trail.last() == (["<q>", 1, "<r>"], answer, 5)
+    with await store.open(session.id) as reopened:
+        assert reopened.trail.last() == (["<q>", 1, "<r>"], answer, 5)
 
 
 async def test_tool_result_class_is_written_as_class(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 
+import h11
 import httpx
 import outcome
 import pytest
@@ -233,3 +234,18 @@ async def test_an_https_server_is_reached_with_the_context_given() -> None:
         url = httpx.URL(f"https://127.0.0.1:{port}/x")
         with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
             await post(url, b"{}", connect_timeout=5, tls=NO_TLS)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8080/completion", "http://[::1]:9/completion?x=1", "https://gpu.lan/c"],
+)
+def test_the_request_head_is_the_one_h11_writes(url: str) -> None:
+    """The head is written by hand, h11 told of it once it is on the socket: the bytes must be
+    those h11 itself would have sent."""
+    parsed = httpx.URL(url)
+    headers = _stream.request_headers(parsed, 1234)
+    h11_head = h11.Connection(h11.CLIENT).send(
+        h11.Request(method="POST", target=parsed.raw_path, headers=headers)
+    )
+    assert _stream.request_head(parsed, headers) == h11_head

@@ -30,6 +30,7 @@ from ._format import (
 )
 from ._learn import learn_format
 from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
+from ._prompt_json import Prompt
 from ._types import (
     BUDGET_MESSAGE,
     ChatEvent,
@@ -99,6 +100,7 @@ __all__ = [
     "InferTimeout",
     "Loss",
     "Progress",
+    "Prompt",
     "PromptPiece",
     "PromptRequest",
     "Queued",

@@ -49,18 +49,15 @@ async def post(
     `Unreachable` or `Broken`."""
     stream = await _connect(url, connect_timeout, tls)
     try:
-        conn = h11.Connection(h11.CLIENT)
-        headers = [
-            ("Host", url.netloc.decode("ascii")),
-            ("Content-Type", "application/json"),
-            ("Accept", "text/event-stream"),
-            ("Content-Length", str(len(body))),
-        ]
-        head = conn.send(h11.Request(method="POST", target=url.raw_path, headers=headers))
+        headers = request_headers(url, len(body))
         try:
-            await stream.send_all(b"".join([head or b"", body]))
+            await stream.send_all(request_head(url, headers) + body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             raise Broken(f"could not send the request: {e!r}") from e
+        # h11 reads the answer once it has seen the request go; told only now, as the server
+        # works, its checks of the head are not on the way to every first token.
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="POST", target=url.raw_path, headers=headers))
         conn.send(h11.Data(data=body))
         conn.send(h11.EndOfMessage())
     except BaseException:
@@ -68,6 +65,22 @@ async def post(
             await trio.aclose_forcefully(stream)
         raise
     return Stream(stream, conn)
+
+
+def request_headers(url: httpx.URL, length: int) -> list[tuple[bytes, bytes]]:
+    """The head's fields of a POST of `length` bytes of JSON to `url`."""
+    return [
+        (b"Host", url.netloc),
+        (b"Content-Type", b"application/json"),
+        (b"Accept", b"text/event-stream"),
+        (b"Content-Length", b"%d" % length),
+    ]
+
+
+def request_head(url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The head of a POST to `url`, as h11 writes it."""
+    fields = b"".join(b"%s: %s\r\n" % field for field in headers)
+    return b"POST %s HTTP/1.1\r\n%s\r\n" % (url.raw_path, fields)
 
 
 async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.abc.Stream:

@@ -7,6 +7,7 @@ dicts, and copying them through validation on every turn would cost time for not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -124,7 +125,9 @@ class PromptRequest:
     """One streamed `/completion` of a token-exact prompt, pinned to a slot. The output is raw
     text, told apart into reasoning, content and tool calls by `format`."""
 
-    prompt: list[PromptPiece]
+    prompt: Sequence[PromptPiece]
+    """A `Prompt` where a session's history is in it: encoded from where the slot's last one
+    ended."""
     format: ChatFormat
     generation: Generation = Generation()
     prefill: str = ""
@@ -161,8 +164,8 @@ class PromptRequest:
             payload["reasoning_budget_end_tags"] = [fmt.think[1]]
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
             payload["generation_prompt"] = fmt.generation_prompt
-        prompt = (prompts or PromptJson()).encode(self.prompt)
-        return b'{"prompt":' + prompt.encode() + b"," + canonical(payload)[1:]
+        prompt = (prompts or PromptJson()).parts(self.prompt)
+        return b"".join([b'{"prompt":', *prompt, b",", canonical(payload)[1:]])
 
 
 def template_kwargs(*, thinking: bool, date: str | None) -> dict[str, Any]:

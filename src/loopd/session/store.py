@@ -53,6 +53,7 @@ from loopd.session.records import (
     now,
     stricter,
 )
+from loopd.session.trail import PromptTrail
 
 __all__ = [
     "CorruptLog",
@@ -233,6 +234,8 @@ class Session:
         self._mode, self._thinking = header.mode, header.thinking
         for record in records:
             self._note(record)
+        self.trail = PromptTrail(records)
+        """The token-exact prompt up to the last answer, kept as records are added."""
         self.follows: Session | None = None
         """A running sub-agent's: the session that delegated to it, whose mode holds for it
         too while it runs (`mode`)."""
@@ -349,6 +352,7 @@ class Session:
         self._records.append(record)
         self._granted |= granted_tools([record])
         self._note(record)
+        self.trail.add(record)
 
     def _write_now(self, line: bytes, *, durable: bool) -> None:
         """`line` at the log's end, behind what was added where a failed write cut it off."""

@@ -33,6 +33,7 @@ from loopd.infer import (
     FormatError,
     Generation,
     HttpError,
+    Prompt,
     PromptPiece,
     PromptRequest,
     ToolCallFormat,
@@ -42,6 +43,7 @@ from loopd.infer import (
 )
 from loopd.session.baseline import messages
 from loopd.session.records import AssistantRecord, Baseline, PromptRecord, Record, UsageRecord
+from loopd.session.trail import PromptTrail
 from loopd.turn.guess import Guessed, Request, Shapes
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ ANSWER = "Az7Answer"
 
 @dataclass(frozen=True)
 class NextPrompt:
-    pieces: list[PromptPiece]
+    pieces: Prompt
     """The whole prompt for `/completion`."""
     record: PromptRecord
     """What this request adds; appended with its answer."""
@@ -105,7 +107,7 @@ async def next_request(
     def prompt_request(nxt: NextPrompt) -> Request:
         record = nxt.record.model_copy(update={"text": nxt.record.text + prefill})
         request = PromptRequest(
-            prompt=[*nxt.pieces[:-1], record.text],
+            prompt=nxt.pieces.with_last(record.text),
             format=nxt.format,
             generation=generation,
             prefill=prefill,
@@ -115,7 +117,9 @@ async def next_request(
         return request, record
 
     try:
-        nxt = await exact.next_prompt(baseline, records, thinking=generation.thinking, date=date)
+        nxt = await exact.next_prompt(
+            baseline, records, thinking=generation.thinking, date=date, trail=session.trail
+        )
     except FormatError:
         return as_messages()  # logged where it was found
     if nxt.check is None:
@@ -135,28 +139,8 @@ async def next_request(
 def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
     """The prompt up to the last answer, and that answer; None when there is no token-exact
     prompt to extend (a new session, or history that went as messages since)."""
-    pieces: list[PromptPiece] | None = None
-    answer: AssistantRecord | None = None
-    for record in records:
-        if isinstance(record, PromptRecord):
-            if record.full:
-                pieces, answer = [], None
-            elif pieces is None or answer is None:
-                pieces = None  # a prompt whose answer never came (a crash between the two)
-                continue
-            else:
-                tokens = answer.tokens or ()
-                pieces += tokens[: len(tokens) - record.trim]
-            pieces.append(record.text)
-            answer = None
-        elif isinstance(record, AssistantRecord) and pieces is not None:
-            if record.tokens is None or answer is not None:
-                pieces = None  # history went as messages: render it anew
-            else:
-                answer = record
-    if pieces is None or answer is None:
-        return None
-    return pieces, answer
+    built = PromptTrail(records).last()
+    return None if built is None else (built[0], built[1])
 
 
 def past_reasoning(records: Iterable[Record]) -> int | None:
@@ -233,10 +217,18 @@ class ExactHistory:
         return await learn_format(render, baseline.system, source)
 
     async def next_prompt(
-        self, baseline: Baseline, records: list[Record], *, thinking: bool, date: str | None = None
+        self,
+        baseline: Baseline,
+        records: list[Record],
+        *,
+        thinking: bool,
+        date: str | None = None,
+        trail: PromptTrail | None = None,
     ) -> NextPrompt:
+        """`trail`: the records' `PromptTrail` where it is kept (a session's), else folded
+        here."""
         fmt = await self.format(baseline, thinking=thinking)
-        built = transcript(records)
+        built = (trail or PromptTrail(records)).last()
         if built is None:
             text = await self._render(
                 baseline,
@@ -245,9 +237,8 @@ class ExactHistory:
                 thinking=thinking,
                 date=date,
             )
-            return NextPrompt([text], PromptRecord(text=text, full=True), fmt)
-        pieces, answer = built
-        at = max(i for i, r in enumerate(records) if r is answer)
+            return NextPrompt(Prompt.of([text]), PromptRecord(text=text, full=True), fmt)
+        pieces, answer, at = built
         # Shaped like the answer: some templates write calls only when there is no content.
         call_format = fmt.tool_call
         content_first = not (call_format and call_format.content_last)
@@ -292,7 +283,7 @@ class ExactHistory:
         except FormatError as e:
             log.warning("this request goes as messages: %s", e)
             raise
-        tokens = list(answer.tokens or ())
+        tokens = answer.tokens or ()
         trim = 0
         if answer.ended and tokens and isinstance(tokens[-1], int):
             end = await self._text(tokens[-1])
@@ -304,7 +295,10 @@ class ExactHistory:
                 trim = 1
         text = rendered[cut:]
         record = PromptRecord(text=text, trim=trim)
-        return NextPrompt([*pieces, *tokens[: len(tokens) - trim], text], record, fmt)
+        # On the trail's list, which only grows: nothing of the history is copied.
+        return NextPrompt(
+            Prompt(pieces, len(pieces), (*tokens[: len(tokens) - trim], text)), record, fmt
+        )
 
     async def _text(self, token: int) -> str:
         if token not in self._texts:
