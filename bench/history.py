@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +112,7 @@ async def loopds_request(
     after = [*records, UserRecord(content=question)]
     built = await exact.next_prompt(baseline, after, thinking=True)
 
-    def body(prompt: list[PromptPiece], max_tokens: int) -> bytes:
+    def body(prompt: Sequence[PromptPiece], max_tokens: int) -> bytes:
         generation = Generation(
             thinking_cap=LoopConfig().thinking_cap, max_tokens=max_tokens, sampling=SAMPLING
         )
