@@ -151,6 +151,23 @@ async def test_a_local_server_is_connected_to_without_a_pass_of_the_loop() -> No
     assert steps.count == 0
 
 
+async def test_a_server_that_never_completes_the_handshake_is_unreachable_by_the_deadline() -> None:
+    """A server whose queue of connections is full drops the handshake: the connection waits,
+    and the connect deadline ends the wait."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    first = socket.create_connection(("127.0.0.1", port))  # fills the queue: never accepted
+    try:
+        with trio.fail_after(10):  # past the deadline: the wait was not bounded
+            with pytest.raises(Unreachable, match=r"no connection within 0\.2 s"):
+                await post(
+                    httpx.URL(f"http://127.0.0.1:{port}/x"), b"{}", connect_timeout=0.2, tls=NO_TLS
+                )
+    finally:
+        first.close()
+        listener.close()
+
+
 async def test_nothing_listening_is_unreachable() -> None:
     url = httpx.URL(f"http://127.0.0.1:{free_port()}/x")
     with pytest.raises(Unreachable):

@@ -9,7 +9,9 @@ first token. The small JSON requests stay on httpx.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
+import math
 import os
 import select
 import socket
@@ -85,18 +87,10 @@ def request_head(url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> bytes:
 
 async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.abc.Stream:
     host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
+    deadline = trio.current_time() + timeout  # a deadline's scope only where something waits
     try:
-        with trio.fail_after(timeout):
-            tcp = await _open_tcp(host, port)
-            if url.scheme != "https":
-                return tcp
-            secure = trio.SSLStream(tcp, tls, server_hostname=host, https_compatible=True)
-            try:
-                await secure.do_handshake()
-            except BaseException:
-                await trio.aclose_forcefully(tcp)
-                raise
-            return secure
+        tcp = await _open_tcp(host, port, deadline)
+        return await _secure(tcp, tls, host, deadline) if url.scheme == "https" else tcp
     except trio.TooSlowError as e:
         raise Unreachable(f"no connection within {timeout:g} s") from e
     except (OSError, trio.BrokenResourceError) as e:
@@ -104,31 +98,55 @@ async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.
         raise Unreachable(str(why) or repr(why)) from e
 
 
-async def _open_tcp(host: str, port: int) -> trio.SocketStream:
-    """A connection to `host`: an address literal is connected to at once, without the name
-    lookup and the staggered attempts `open_tcp_stream` makes for a name."""
+async def _secure(
+    tcp: trio.SocketStream, tls: ssl.SSLContext, host: str, deadline: float
+) -> trio.SSLStream[trio.SocketStream]:
+    secure = trio.SSLStream(tcp, tls, server_hostname=host, https_compatible=True)
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return await trio.open_tcp_stream(host, port)
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        with trio.fail_at(deadline):
+            await secure.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    return secure
+
+
+async def _open_tcp(host: str, port: int, deadline: float = math.inf) -> trio.SocketStream:
+    """A connection to `host` by `deadline` (else `TooSlowError`): an address literal is
+    connected to at once, without the name lookup and the staggered attempts
+    `open_tcp_stream` makes for a name."""
+    family = _family(host)
+    if family is None:
+        with trio.fail_at(deadline):
+            return await trio.open_tcp_stream(host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        await _connect_socket(sock, (host, port))
+        await _connect_socket(sock, (host, port), deadline)
     except BaseException:
         sock.close()
         raise
     return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
 
 
-async def _connect_socket(sock: socket.socket, address: tuple[str, int]) -> None:
+@functools.cache
+def _family(host: str) -> socket.AddressFamily | None:
+    """The address family of an address literal; None for a name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+async def _connect_socket(sock: socket.socket, address: tuple[str, int], deadline: float) -> None:
     """Connect `sock`. On a local server the handshake is done when `connect` returns:
     waiting for the socket to be writable through trio's loop would cost a pass of it."""
     sock.settimeout(0)  # non-blocking
     error = sock.connect_ex(address)
     if error in (errno.EINPROGRESS, errno.EINTR):  # EINTR: the connection goes on all the same
         if not _writable(sock):
-            await trio.lowlevel.wait_writable(sock)
+            with trio.fail_at(deadline):
+                await trio.lowlevel.wait_writable(sock)
         error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     if error:
         raise OSError(error, os.strerror(error))

@@ -21,7 +21,7 @@ prompt wrote it once, when the session's first request was made.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +88,7 @@ async def next_request(
     messages' rendering was guessed, to be checked as it goes (`guess.send`).
     `prefill`: text the answer starts with (the model continues it); `grammar`: GBNF for the
     rest of it, token-exact requests only (the chat endpoint refuses a grammar beside tools)."""
-    baseline, records = session.baseline, list(session.records)
+    baseline, records = session.baseline, session.records
     date = session.header.created.strftime("%d %b %Y")
 
     def as_messages() -> Request:
@@ -219,7 +219,7 @@ class ExactHistory:
     async def next_prompt(
         self,
         baseline: Baseline,
-        records: list[Record],
+        records: Sequence[Record],
         *,
         thinking: bool,
         date: str | None = None,
