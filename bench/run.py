@@ -17,7 +17,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     hands     a sandboxed command against a bare one; an edit against a plain write
     startup   bxctl --help and bxctl status, whole processes, against python -c pass
     fork      time to first token of a fork's first turn, against the conversation uncached
-    prompt    a long session's next request body with its slot's kept JSON, against encoded whole
+    prompt    a long session's next prompt and body, against both built from the whole history
 """
 
 from __future__ import annotations
@@ -303,13 +303,16 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
         ]
     if name == "prompt":
         return [
-            "## 18. A long session's next request body",
+            "## 18. A long session's next request",
             "",
             (
-                "A token-exact prompt of 100-token answers between questions; the body of the "
-                "request after the next answer, built with the JSON its slot kept of the last "
-                f"prompt, against the same body encoded whole (bench/prompt.py, medians of "
-                f"{prompt.ROUNDS})."
+                "A token-exact session of 100-token answers between questions (bench/prompt.py, "
+                f"medians of {prompt.ROUNDS}): the prompt of the request after the next answer, "
+                "built from the trail the session keeps as its records come, against the same "
+                "read out of every record of the log (a ChatML stand-in renders the new "
+                "messages in both, the server's work); and its body, on the history as a list "
+                "that only grows and with the JSON its slot kept of the last prompt, against "
+                "the same body encoded whole."
             ),
             "",
             "| figure | loopd | baseline (same run) | ratio |",
