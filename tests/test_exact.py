@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bxctl.text import context_line
-from loopd.infer import ChatFormat, FormatError, ToolCall, ToolCallFormat
+from loopd.infer import ChatFormat, FormatError, PromptPiece, ToolCall, ToolCallFormat
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
     AssistantRecord,
@@ -93,20 +93,46 @@ LOG_RECORDS = st.one_of(
 )
 
 
+def read_whole(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
+    """The prompt up to the last answer, read out of every record at once: the trail must
+    agree with it (written apart from the trail, as every request read it before)."""
+    pieces: list[PromptPiece] | None = None
+    answer: AssistantRecord | None = None
+    for record in records:
+        if isinstance(record, PromptRecord):
+            if record.full:
+                pieces, answer = [], None
+            elif pieces is None or answer is None:
+                pieces = None
+                continue
+            else:
+                tokens = answer.tokens or ()
+                pieces = [*pieces, *tokens[: len(tokens) - record.trim]]
+            pieces = [*pieces, record.text]
+            answer = None
+        elif isinstance(record, AssistantRecord) and pieces is not None:
+            if record.tokens is None or answer is not None:
+                pieces = None
+            else:
+                answer = record
+    return None if pieces is None or answer is None else (pieces, answer)
+
+
 @given(st.lists(LOG_RECORDS, max_size=12))
-def test_the_trail_folded_record_by_record_is_the_transcript_of_every_prefix(
+def test_the_trail_folded_record_by_record_is_the_log_read_whole_after_every_record(
     records: list[Record],
 ) -> None:
-    """A session keeps its trail as records are added; it must say what reading the whole log
-    again says, after every record."""
-    trail = PromptTrail()
+    """A session keeps its trail as records are added; after every record it says what reading
+    the whole log says, and each prompt it gave stays what it was as the trail grows."""
+    trail, given = PromptTrail(), []
     for n, record in enumerate(records, start=1):
         trail.add(record)
         kept = trail.last()
-        built = transcript(records[:n])
-        assert (None if kept is None else (kept[0], kept[1])) == built
+        assert (None if kept is None else (list(kept[0]), kept[1])) == read_whole(records[:n])
         if kept is not None:
             assert records[kept[2]] is kept[1]
+            given.append((kept[0], list(kept[0])))
+    assert all(list(prompt) == then for prompt, then in given)
 
 
 class Unread(list[Record]):

@@ -122,3 +122,13 @@ def test_a_long_run_of_prompts_on_one_slot_stays_exact() -> None:
         prompt = Prompt(base, len(base), tail)
         assert encoder.encode(prompt) == canonical(one_prompt(list(prompt)))
         base.extend(tail)
+
+
+def test_a_text_that_cannot_be_encoded_leaves_the_slots_json_as_it_was() -> None:
+    """A lone surrogate (valid in JSON escapes, not in UTF-8) fails the request; the next one
+    that extends the prompt before it is still encoded whole."""
+    encoder = PromptJson()
+    encoder.encode(["system", 1])
+    with pytest.raises(UnicodeEncodeError):
+        encoder.encode(["\ud800", 5])
+    assert encoder.encode(["system", 1, 2]) == canonical(one_prompt(["system", 1, 2]))

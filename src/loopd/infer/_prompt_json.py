@@ -38,6 +38,10 @@ class Prompt(Sequence["PromptPiece"]):
         """A prompt of `pieces` alone, on a base of its own."""
         return cls([], 0, tuple(pieces))
 
+    def then(self, *pieces: PromptPiece) -> Prompt:
+        """The same prompt, and `pieces` after it."""
+        return Prompt(self.base, self.length, (*self.tail, *pieces))
+
     def with_last(self, piece: PromptPiece) -> Prompt:
         """The same prompt with its last piece `piece` instead."""
         if self.tail:
@@ -118,10 +122,8 @@ class PromptJson:
         """`encode`'s bytes in parts, to be joined with the rest of a body in one copy."""
         prompt = pieces if isinstance(pieces, Prompt) else Prompt.of(pieces)
         known = self._extends(prompt)
-        if not known:
-            self._closed, self._open = [], None
+        closed, open_text = (self._closed, self._open) if known else ([], None)
         new: list[bytes] = []
-        open_text = self._open
         for piece in prompt.between(known, len(prompt)):
             if isinstance(piece, str):
                 open_text = piece if open_text is None else open_text + piece
@@ -130,15 +132,16 @@ class PromptJson:
                 new.append(canonical(open_text))
                 open_text = None
             new.append(b"%d" % piece)
-        if new:
-            self._closed.append((b"," if self._closed else b"") + b",".join(new))
-        if len(self._closed) > self.RUNS_KEPT:
-            self._closed = [b"".join(self._closed)]
-        self._last, self._open = prompt, open_text
-        if not self._closed:
-            return [canonical(open_text) if open_text is not None else b"[]"]
         last = [b",", canonical(open_text)] if open_text is not None else []
-        return [b"[", *self._closed, *last, b"]"]
+        if new:
+            closed = [*closed, (b"," if closed else b"") + b",".join(new)]
+        if len(closed) > self.RUNS_KEPT:
+            closed = [b"".join(closed)]
+        # Kept only now: a text that cannot be encoded leaves the last prompt's as it was.
+        self._last, self._closed, self._open = prompt, closed, open_text
+        if not closed:
+            return [canonical(open_text) if open_text is not None else b"[]"]
+        return [b"[", *closed, *last, b"]"]
 
     def _extends(self, prompt: Prompt) -> int:
         """How many of `prompt`'s first pieces are the last prompt's, whole (else 0): on the

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from loopd.infer import Prompt
 from loopd.session.records import AssistantRecord, PromptRecord, Record
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PromptTrail", "Trail"]
 
-Trail = tuple[list["PromptPiece"], AssistantRecord, int]
+Trail = tuple[Prompt, AssistantRecord, int]
 """The prompt up to the last answer, that answer, and where it is among the records."""
 
 
@@ -57,8 +58,8 @@ class PromptTrail:
 
     def last(self) -> Trail | None:
         """The prompt up to the last answer, that answer and its index; None when there is no
-        token-exact prompt to extend. The list grows with the next `prompt` record: copy
-        what is kept beyond that."""
+        token-exact prompt to extend. The prompt is on the trail's own list, which later
+        records only append to: it stays what it is now, without a copy."""
         if self._pieces is None or self._answer is None:
             return None
-        return self._pieces, self._answer, self._at
+        return Prompt(self._pieces, len(self._pieces)), self._answer, self._at

@@ -140,7 +140,7 @@ def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecor
     """The prompt up to the last answer, and that answer; None when there is no token-exact
     prompt to extend (a new session, or history that went as messages since)."""
     built = PromptTrail(records).last()
-    return None if built is None else (built[0], built[1])
+    return None if built is None else (list(built[0]), built[1])
 
 
 def past_reasoning(records: Iterable[Record]) -> int | None:
@@ -238,7 +238,7 @@ class ExactHistory:
                 date=date,
             )
             return NextPrompt(Prompt.of([text]), PromptRecord(text=text, full=True), fmt)
-        pieces, answer, at = built
+        history, answer, at = built
         # Shaped like the answer: some templates write calls only when there is no content.
         call_format = fmt.tool_call
         content_first = not (call_format and call_format.content_last)
@@ -266,16 +266,16 @@ class ExactHistory:
 
         guess = self._shapes.guess(shape) if shape is not None else None
         if guess is None:
-            return await self._after(pieces, answer, fmt, await render())
+            return await self._after(history, answer, fmt, await render())
 
         async def check() -> NextPrompt | None:
             rendered = await render()
-            return None if rendered == guess else await self._after(pieces, answer, fmt, rendered)
+            return None if rendered == guess else await self._after(history, answer, fmt, rendered)
 
-        return replace(await self._after(pieces, answer, fmt, guess), check=check)
+        return replace(await self._after(history, answer, fmt, guess), check=check)
 
     async def _after(
-        self, pieces: list[PromptPiece], answer: AssistantRecord, fmt: ChatFormat, rendered: str
+        self, history: Prompt, answer: AssistantRecord, fmt: ChatFormat, rendered: str
     ) -> NextPrompt:
         """The prompt after `answer`: what the template wrote after the stand-in for it."""
         try:
@@ -296,9 +296,7 @@ class ExactHistory:
         text = rendered[cut:]
         record = PromptRecord(text=text, trim=trim)
         # On the trail's list, which only grows: nothing of the history is copied.
-        return NextPrompt(
-            Prompt(pieces, len(pieces), (*tokens[: len(tokens) - trim], text)), record, fmt
-        )
+        return NextPrompt(history.then(*tokens[: len(tokens) - trim], text), record, fmt)
 
     async def _text(self, token: int) -> str:
         if token not in self._texts:
