@@ -20,7 +20,13 @@ from loopd.session.records import (
     UserRecord,
 )
 from loopd.session.trail import PromptTrail
-from loopd.turn.exact import ExactHistory, NextPrompt, past_reasoning, transcript
+from loopd.turn.exact import ExactHistory, NextPrompt, past_reasoning
+
+
+def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
+    """The prompt up to the last answer, and that answer, as the log's trail holds them."""
+    built = PromptTrail(records).last()
+    return None if built is None else (list(built[0]), built[1])
 
 
 def answer(*tokens: int | str, ended: bool = True) -> AssistantRecord:

@@ -28,7 +28,7 @@ from loopd.session.records import (
     conversation_problems,
 )
 from loopd.session.store import ParentCall, Store
-from loopd.turn.exact import transcript
+from loopd.session.trail import PromptTrail
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from test_hands import edit, notes_folder, write
@@ -63,11 +63,12 @@ async def four_turns(tmp_path: Path) -> AsyncIterator[tuple[Daemon, LineClient, 
 
 def requests(log: Sequence[Record]) -> list[tuple[list[PromptPiece], AssistantRecord]]:
     """Each request of a token-exact log: its whole prompt, and its answer."""
-    return [
-        found
-        for n, r in enumerate(log, start=1)
-        if isinstance(r, AssistantRecord) and (found := transcript(list(log[:n]))) and found[1] is r
-    ]
+    trail, found = PromptTrail(), []
+    for record in log:
+        trail.add(record)
+        if isinstance(record, AssistantRecord) and (last := trail.last()) and last[1] is record:
+            found.append((list(last[0]), record))
+    return found
 
 
 async def tokens(client: LineClient, pieces: list[PromptPiece]) -> list[int]:

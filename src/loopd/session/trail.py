@@ -2,8 +2,8 @@
 
 Each `prompt` record and each answer's tokens extend the prompt before them, so the prompt up
 to the last answer is folded a record at a time: a session's next request costs the same
-after ten turns as after ten thousand, where reading the whole log again cost a millisecond
-every 700 records.
+after ten turns as after ten thousand, where reading the whole log again before each request
+cost 0.66 ms at 200 turns and 5 ms at 2,000 on two cores (`just bench prompt`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from loopd.infer import (
     Generation,
     HttpError,
     Prompt,
-    PromptPiece,
     PromptRequest,
     ToolCallFormat,
     decode_arguments,
@@ -54,7 +53,6 @@ __all__ = [
     "NextPrompt",
     "next_request",
     "past_reasoning",
-    "transcript",
 ]
 
 log = logging.getLogger(__name__)
@@ -134,13 +132,6 @@ async def next_request(
         return None if right is None else prompt_request(right)
 
     return Guessed(prompt_request(nxt), checked)
-
-
-def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
-    """The prompt up to the last answer, and that answer; None when there is no token-exact
-    prompt to extend (a new session, or history that went as messages since)."""
-    built = PromptTrail(records).last()
-    return None if built is None else (list(built[0]), built[1])
 
 
 def past_reasoning(records: Iterable[Record]) -> int | None:
