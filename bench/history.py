@@ -302,6 +302,10 @@ async def _instant(home: Path, upstream: str, rounds: int) -> tuple[list[float],
             store = Store(home / "sessions")
             async with (
                 httpx.AsyncClient(base_url=url, timeout=3600) as http,
+                # `/missed` is answered on a connection kept alive: asked on `http`, it would
+                # hand the direct request a connection made beforehand, which loopd's request,
+                # like any after a stream, never has.
+                httpx.AsyncClient(base_url=url, timeout=3600) as counts,
                 httpx.AsyncClient(base_url=upstream, timeout=3600) as real,
                 Client(url) as llama,
             ):
@@ -318,7 +322,7 @@ async def _instant(home: Path, upstream: str, rounds: int) -> tuple[list[float],
                     await first_content(real, "/completion", reset)  # the slot as the log holds
                     await first_content(http, "/completion", same)  # asked for real, once
                     await check()
-                    missed = await _missed(http)
+                    missed = await _missed(counts)
                     for who in ("loopd", "direct") if n % 2 else ("direct", "loopd"):
                         if who == "loopd":
                             loopd_ms.append(1000 * await through_loopd(client, f"i{n}"))
@@ -326,7 +330,7 @@ async def _instant(home: Path, upstream: str, rounds: int) -> tuple[list[float],
                             direct_ms.append(
                                 1000 * (await first_content(http, "/completion", same))[0]
                             )
-                    if await _missed(http) != missed:
+                    if await _missed(counts) != missed:
                         raise RuntimeError("loopd sent a request the bench did not build")
         finally:
             await d.kill()
