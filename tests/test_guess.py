@@ -18,6 +18,7 @@ from loopd.infer import (
     Content,
     EventSink,
     Progress,
+    Sent,
 )
 from loopd.session.records import PromptRecord
 from loopd.session.store import StoreError
@@ -94,11 +95,11 @@ class Model:
         raise NotImplementedError
 
     async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
     ) -> Completion:
         self.sent.append(request)
         if sent is not None:
-            sent.set()  # written at once
+            sent()  # written at once
         on_event(Progress(total=3, cache=0, processed=3))
         words = request.messages[0]["content"]  # type: ignore[union-attr]
         for word in (words, " is", " said"):
@@ -154,7 +155,7 @@ async def test_a_wrong_guess_is_cancelled_and_nothing_of_it_passed_on(after: flo
 async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() -> None:
     class Failing(Model):
         async def chat(
-            self, _request: AnyRequest, _on_event: EventSink, *, sent: trio.Event | None = None
+            self, _request: AnyRequest, _on_event: EventSink, *, sent: Sent | None = None
         ) -> Completion:
             del sent  # fails before anything is written
             raise RuntimeError("the server went away")
@@ -166,7 +167,7 @@ async def test_a_failed_guessed_request_fails_once_the_guess_is_known_right() ->
     calls = 0
 
     async def chat(
-        request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
     ) -> Completion:
         nonlocal calls
         calls += 1
@@ -248,7 +249,7 @@ async def test_the_check_and_the_fsync_start_once_the_request_is_written() -> No
 
     class Slow(Model):
         async def chat(
-            self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+            self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
         ) -> Completion:
             await trio.sleep(0.01)  # connecting, writing
             order.append("written")
@@ -264,3 +265,26 @@ async def test_the_check_and_the_fsync_start_once_the_request_is_written() -> No
     await send(Slow(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
     assert order[0] == "written"
     assert sorted(order[1:]) == ["check", "fsync"]
+
+
+async def test_no_task_is_made_on_the_way_to_the_request() -> None:
+    """The check's and the fsync's tasks are made once the request is written: making them
+    before would cost every first token that much."""
+    before_written: list[int] = []
+
+    class Counting(Model):
+        async def chat(
+            self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
+        ) -> Completion:
+            nurseries = trio.lowlevel.current_task().child_nurseries
+            before_written.append(sum(len(n.child_tasks) for n in nurseries))
+            return await super().chat(request, on_event, sent=sent)
+
+    async def check() -> Request | None:
+        return None
+
+    async def first() -> None:
+        pass
+
+    await send(Counting(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
+    assert before_written == [0]

@@ -84,8 +84,8 @@ async def test_second_request_on_the_slot_reuses_the_whole_first(llama: StartLla
     assert cache_outcome(first.timings, second.timings) == Hit()
 
 
-async def test_sent_is_set_once_the_request_is_written_before_any_answer() -> None:
-    """A server that reads the request and never answers: `sent` is set while the client
+async def test_sent_is_called_once_the_request_is_written_before_any_answer() -> None:
+    """A server that reads the request and never answers: `sent` is called while the client
     still waits, so what runs beside a request waits for its writing, not for its answer."""
     written = trio.Event()
     sent = trio.Event()
@@ -101,7 +101,9 @@ async def test_sent_is_set_once_the_request_is_written_before_any_answer() -> No
     port = listeners[0].socket.getsockname()[1]
     async with Client(f"http://127.0.0.1:{port}") as client, trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, never_answer, listeners)
-        nursery.start_soon(partial(client.chat, ask("Hi", max_tokens=1), lambda _: None, sent=sent))
+        nursery.start_soon(
+            partial(client.chat, ask("Hi", max_tokens=1), lambda _: None, sent=sent.set)
+        )
         with trio.fail_after(10):
             await written.wait()
             await sent.wait()

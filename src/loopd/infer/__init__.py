@@ -54,12 +54,30 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
-    from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile, Timeouts, is_output
+    from ._client import (
+        AnyRequest,
+        Client,
+        EventSink,
+        RetryPolicy,
+        Sent,
+        SlotFile,
+        Timeouts,
+        is_output,
+    )
     from ._slot import Slot
 
 _LAZY = {
     **dict.fromkeys(
-        ("AnyRequest", "Client", "EventSink", "RetryPolicy", "SlotFile", "Timeouts", "is_output"),
+        (
+            "AnyRequest",
+            "Client",
+            "EventSink",
+            "RetryPolicy",
+            "Sent",
+            "SlotFile",
+            "Timeouts",
+            "is_output",
+        ),
         "._client",
     ),
     "Slot": "._slot",
@@ -108,6 +126,7 @@ __all__ = [
     "Repeating",
     "RetryPolicy",
     "Retrying",
+    "Sent",
     "Slot",
     "SlotFile",
     "StreamBroken",

@@ -52,9 +52,11 @@ from ._types import (
     template_kwargs,
 )
 
-__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Timeouts", "is_output"]
+__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Sent", "Timeouts", "is_output"]
 
 EventSink = Callable[[ChatEvent], None]
+Sent = Callable[[], None]
+"""Told that a request is written (`Client.chat`'s `sent`)."""
 AnyRequest = ChatRequest | PromptRequest
 
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
@@ -307,27 +309,28 @@ class Client:
         request: AnyRequest,
         on_event: EventSink,
         *,
-        sent: trio.Event | None = None,
+        sent: Sent | None = None,
         prompts: PromptJson | None = None,
     ) -> Completion:
         """Stream one completion, passing each event on; raises an `InferError` on failure.
-        `sent` is set once the request is written (or could not be): work beside the request
-        waits for it, so that the server has the request first. `prompts`: the encoder of the
-        slot's last token-exact prompt (`Slot.prompts`)."""
+        `sent` is called once the request is written, and again once it could no longer be
+        (the first call counts): work beside the request starts then, so that the server has
+        the request first. `prompts`: the encoder of the slot's last token-exact prompt
+        (`Slot.prompts`)."""
         path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         try:
             body = request.body(prompts) if isinstance(request, PromptRequest) else request.body()
             stream = await self._open(self._url(path), body, on_event, sent)
         finally:
             if sent is not None:
-                sent.set()
+                sent()
         try:
             return await self._read(stream, request, on_event)
         finally:
             await _close(stream)
 
     async def _open(
-        self, url: httpx.URL, body: bytes, on_event: EventSink, sent: trio.Event | None
+        self, url: httpx.URL, body: bytes, on_event: EventSink, sent: Sent | None
     ) -> Stream:
         """The answer's stream, once its head came and said 200."""
         stream: Stream | None = None
@@ -336,7 +339,7 @@ class Client:
             with queue as waited, _mapped(self.base_url, self.down):
                 stream = await post(url, body, connect_timeout=self.timeouts.connect, tls=self._tls)
                 if sent is not None:
-                    sent.set()
+                    sent()
                 await self._head(stream, on_event)
         except BaseException:
             if stream is not None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import trio
-
-from ._client import AnyRequest, Client, EventSink, RetryPolicy, SlotFile
+from ._client import AnyRequest, Client, EventSink, RetryPolicy, Sent, SlotFile
 from ._prompt_json import PromptJson
 from ._types import Completion
 
@@ -28,7 +26,7 @@ class Slot:
         return self.client.retry
 
     async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
     ) -> Completion:
         """`request` on this slot, whatever slot it names: one try (`Client.chat`)."""
         return await self.client.chat(
@@ -42,6 +40,8 @@ class Slot:
         )
 
     def _pinned(self, request: AnyRequest) -> AnyRequest:
+        if request.generation.slot == self.number:  # a turn's request names its lease's slot
+            return request
         return replace(request, generation=replace(request.generation, slot=self.number))
 
     async def slot_file(self, action: str, filename: str) -> SlotFile:

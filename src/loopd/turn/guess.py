@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import outcome
@@ -117,18 +118,29 @@ class _Before:
 
     def __init__(self, held: _Held, guess: trio.CancelScope) -> None:
         self.held, self.guess = held, guess
-        self.sent = trio.Event()
-        """Set once the request is written: the server has it before the work beside it."""
+        self.started = False
+        """The work beside the request started: once it was written (or could not be)."""
         self.checked: list[outcome.Outcome[Request | None]] = []
         self.durable: list[outcome.Outcome[None]] = []
 
+    def start(
+        self,
+        nursery: trio.Nursery,
+        check: Callable[[], Awaitable[Request | None]],
+        first: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        """Start both, once: called when the request is written, so that neither task is made
+        on the way to it and the server has it before their work."""
+        if not self.started:
+            self.started = True
+            nursery.start_soon(self.check, check)
+            nursery.start_soon(self.make_durable, first)
+
     async def check(self, check: Callable[[], Awaitable[Request | None]]) -> None:
-        await self.sent.wait()
         self.checked.append(await outcome.acapture(check))
         self._settle()
 
     async def make_durable(self, first: Callable[[], Awaitable[None]] | None) -> None:
-        await self.sent.wait()
         self.durable.append(await outcome.acapture(first) if first else outcome.Value(None))
         self._settle()
 
@@ -170,15 +182,14 @@ async def send(
     before = _Before(_Held(on_event), trio.CancelScope())
     answered: Completion | Exception | None = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(before.check, request.check)  # both as the request waits, once
-        nursery.start_soon(before.make_durable, first)  # it is written
+        start = partial(before.start, nursery, request.check, first)
         with before.guess:
             try:
-                answered = await inference.chat(request.request[0], before.held, sent=before.sent)
+                answered = await inference.chat(request.request[0], before.held, sent=start)
             except Exception as e:  # noqa: BLE001 - raised below, once the check is done
                 answered = e
             finally:
-                before.sent.set()  # written or not, the request is over
+                start()  # written or not, the request is over
     right = before.right()
     if right is not None:
         return await inference.chat(right[0], on_event), right[1]

@@ -100,7 +100,7 @@ class Inference(Protocol):
     def retry(self) -> Backoff: ...
 
     async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: trio.Event | None = None
+        self, request: AnyRequest, on_event: EventSink, *, sent: Callable[[], None] | None = None
     ) -> Completion: ...
 
 
