@@ -288,3 +288,26 @@ async def test_no_task_is_made_on_the_way_to_the_request() -> None:
 
     await send(Counting(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
     assert before_written == [0]
+
+
+async def test_a_request_cancelled_before_it_is_written_starts_no_work_beside_it() -> None:
+    started: list[str] = []
+
+    class Never(Model):
+        async def chat(
+            self, _request: AnyRequest, _on_event: EventSink, *, sent: Sent | None = None
+        ) -> Completion:
+            del sent  # never written
+            await trio.sleep_forever()  # still connecting when the turn is cancelled
+            raise AssertionError
+
+    async def check() -> Request | None:
+        started.append("check")
+        return None
+
+    async def first() -> None:
+        started.append("fsync")
+
+    with trio.move_on_after(0.01):
+        await send(Never(), Guessed((GUESSED, RECORD), check), lambda _: None, first=first)
+    assert started == []

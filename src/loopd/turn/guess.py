@@ -137,10 +137,12 @@ class _Before:
             nursery.start_soon(self.make_durable, first)
 
     async def check(self, check: Callable[[], Awaitable[Request | None]]) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()  # started as a cancelled request ended
         self.checked.append(await outcome.acapture(check))
         self._settle()
 
     async def make_durable(self, first: Callable[[], Awaitable[None]] | None) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
         self.durable.append(await outcome.acapture(first) if first else outcome.Value(None))
         self._settle()
 
