@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from conftest import NO_SLOT_FILES
 from loopd.session.records import ToolResultRecord, conversation_problems
 from loopd.session.store import Store
 from loopd.tools import MAX_ARGUMENT_BYTES
+from loopd.turn.calls import loggable
 from support.daemon import Daemon, LineClient
 from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
@@ -309,3 +311,33 @@ def test_any_lines_a_client_sends_leave_loopd_answering(
             await polite.aclose()
 
     trio.run(play)
+
+
+async def test_a_file_name_that_is_not_utf8_is_listed_and_found(
+    scripted: Callable[[], Awaitable[Scripted]],
+) -> None:
+    """Python reads such a name with a lone surrogate for its byte, which no log line and no
+    request can hold: the turn goes on, the byte written as its escape."""
+    s = await scripted()
+    notes = os.fsencode(s.daemon.home / "notes")
+    await trio.Path(os.fsdecode(notes + b"/caf\xe9.md")).write_text("buy bread\n")
+    calls = (
+        ("c1", "call_tool", call_tool("list_directory", path=".")),
+        ("c2", "call_tool", call_tool("search_text", pattern="bread")),
+    )
+    s.fake.replies += [Reply(tool_calls=calls), Reply(content="ok")]
+    client = await s.daemon.connect()
+    done = await client.turn("t1", "go")
+    assert done[-1]["type"] == "turn_done", done[-1]
+    listed, found = s.results()
+    assert "caf\\xe9.md (10 bytes)" in listed.splitlines()
+    assert found == "caf\\xe9.md:1: buy bread"
+    assert s.problems() == []
+
+
+@given(st.text(st.characters(exclude_categories=())))
+def test_any_text_a_tool_returns_can_be_written(text: str) -> None:
+    kept = loggable(text)
+    kept.encode()  # a lone surrogate would raise here
+    if all(not 0xD800 <= ord(c) <= 0xDFFF for c in text):
+        assert kept == text

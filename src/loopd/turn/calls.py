@@ -9,6 +9,7 @@ the turn the third time (`[loop] repeat_detection`).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -59,6 +60,7 @@ __all__ = [
     "ToolCalls",
     "approval_needed",
     "cap_result",
+    "loggable",
 ]
 
 REPEAT_TEXT = (
@@ -69,6 +71,22 @@ PREVIEW = 120
 
 class RepeatedCall(Exception):
     """The same call a third time in one turn: the turn ends (a `TurnLimit` for the caller)."""
+
+
+_STRAY = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+"""Lone surrogates that do not stand for a byte (`surrogateescape` uses U+DC80 to U+DCFF)."""
+
+
+def loggable(text: str) -> str:
+    """`text` as UTF-8 can hold it, for the log, the model and clients: a byte of a file name
+    that is not UTF-8 (which Python reads as a lone surrogate) written as its escape, `\\xe9`;
+    any other lone surrogate as U+FFFD. A record that holds one cannot be written."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raw = _STRAY.sub("\ufffd", text).encode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
 
 
 def cap_result(text: str, cap: int) -> tuple[str, bool]:
@@ -176,7 +194,7 @@ class ToolCalls:
         return number
 
     async def _write(self, call: ToolCall, number: int, answer: ModelAnswer) -> None:
-        text, truncated = cap_result(answer.text, self.loop.tool_result_cap)
+        text, truncated = cap_result(loggable(answer.text), self.loop.tool_result_cap)
         if answer.untrusted:
             text = untrusted_envelope(text)
         await self.session.append(
