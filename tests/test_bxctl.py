@@ -611,6 +611,9 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
     try:
         screen = await tmux.wait_for("no folder of its own")
         assert f"not working in {d.home}:" in " ".join(screen.split())  # loopd's own folder
+        assert "(its file tools work in [tools] roots, if any)" in screen
+        await tmux.keys("/help", "Enter")
+        await tmux.wait_for("/rewind [N] [files]")
         await tmux.keys("/mode read_only", "Enter")
         await tmux.wait_for("mode: read_only (thinking on)")
         await tmux.keys("/mode sideways", "Enter")

@@ -96,7 +96,9 @@ def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
         return trio.run(_once, path, text, args)
     from bxctl.chat import interactive  # noqa: PLC0415 - prompt_toolkit, for this command only
 
-    if trio.run(interactive, path, Console(), args.show_reasoning, args.session or "new"):
+    # No markup: loopd's messages and the help name config tables (`[tools] roots`).
+    console = Console(markup=False)
+    if trio.run(interactive, path, console, args.show_reasoning, args.session or "new"):
         return EXIT_OK
     print("bxctl: loopd is not running", file=sys.stderr)
     return EXIT_UNREACHABLE
