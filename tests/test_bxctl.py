@@ -18,6 +18,7 @@ import pytest
 import trio
 from rich.console import Console
 
+from bxctl import rewind
 from bxctl.chat import _think
 from bxctl.oneshot import read_message, status_lines
 from bxctl.view import TurnView
@@ -222,6 +223,7 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "you: remember this" in out
     assert "model: Logged answer." in out
     assert "cached" in out
+    assert await bxctl(d, "log", "latest") == (0, out, "")  # as every command that names one
 
 
 NO_FILES = (
@@ -260,6 +262,10 @@ async def test_fork_and_rewind_make_a_session_listed_as_the_fork_of_its_parent(
     assert (code, err) == (2, f"bxctl: session {parent} has turns 1 to 2: there is no turn 3\n")
     code, _, err = await bxctl(d, "rewind", parent, "--at", "1", "--files")
     assert (code, err) == (1, f"bxctl: {NO_FILES}\n")  # it has no folder: none were changed
+    for command in ("fork", "rewind"):  # a usage error, not loopd's refusal of a bad request
+        code, _, err = await bxctl(d, command, parent, "--at", "0")
+        assert code == 2
+        assert "argument --at: turns are numbered from 1" in err
 
 
 async def test_sessions_draws_each_fork_under_the_session_it_forks(daemon: StartDaemon) -> None:
@@ -611,7 +617,7 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
     try:
         screen = await tmux.wait_for("no folder of its own")
         assert f"not working in {d.home}:" in " ".join(screen.split())  # loopd's own folder
-        assert "(its file tools work in [tools] roots, if any)" in screen
+        assert "(its file tools work in [tools] roots, if any)" in " ".join(screen.split())
         await tmux.keys("/help", "Enter")
         await tmux.wait_for("/rewind [N] [files]")
         await tmux.keys("/mode read_only", "Enter")
@@ -625,7 +631,9 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.keys("talk for a long time", "Enter")
         await tmux.wait_for("word5")
         await tmux.keys("C-c")
-        screen = await tmux.wait_for("Cancelled. The log keeps everything up to here.")
+        screen = await tmux.wait_for(
+            "Cancelled. The answer it was writing is not kept; the log has all before it."
+        )
         assert "word399" not in screen
         await d.stop()  # loopd restarts under bxctl's feet
         await d.start()
@@ -736,7 +744,10 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         await tmux.keys("Write a long story about a cat and a dog.", "Enter")
         await tmux.wait_for("reading the prompt", "answering", timeout=60)  # the turn runs
         await tmux.keys("C-c")
-        await tmux.wait_for("Cancelled. The log keeps everything up to here.", timeout=60)
+        await tmux.wait_for(
+            "Cancelled. The answer it was writing is not kept; the log has all before it.",
+            timeout=60,
+        )
         assert alive(pid)
         await tmux.keys("Say hello.", "Enter")
         await tmux.keys("/status", "Enter")
@@ -820,3 +831,10 @@ async def test_fork_and_rewind_in_the_live_chat_go_on_in_the_fork(
     assert said == ["message-one", "message-three"]
     said = [r.content for r in store.read(rewound)[1] if isinstance(r, UserRecord)]
     assert said == ["message-one"]
+
+
+def test_rewind_takes_turns_from_1() -> None:
+    """`/rewind 0` (chat and editor) is its usage, not loopd's refusal of a bad request."""
+    assert rewind.parse(["0"]) is None
+    assert rewind.parse(["0", "files"]) is None
+    assert rewind.parse(["1", "files"]) == (1, True)

@@ -294,8 +294,10 @@ async def _mode(words: list[str], connection: Connection, console: Console) -> N
 
 async def _fork(words: list[str], connection: Connection, console: Console) -> None:
     """`/fork [N]`: go on in a fork of this session at the end of turn N (the latest)."""
-    if len(words) > 1 or (words and not words[0].isdigit()):
-        console.print("/fork, or /fork N to go on from the end of turn N", style="red")
+    if len(words) > 1 or (words and not (words[0].isdigit() and int(words[0]) >= 1)):
+        console.print(
+            "/fork, or /fork N to go on from the end of turn N (1 is the first)", style="red"
+        )
         return
     parent, at = connection.session, int(words[0]) if words else None
     try:

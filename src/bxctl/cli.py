@@ -137,7 +137,9 @@ def parser() -> argparse.ArgumentParser:
         "`bxctl chat --session ID`.",
     )
     fork.add_argument("session", nargs="?", default="latest", help="default: the latest")
-    fork.add_argument("--at", type=int, metavar="TURN", help="1 is the first; default: the latest")
+    fork.add_argument(
+        "--at", type=_turn, metavar="TURN", help="1 is the first; default: the latest"
+    )
     rewind = commands.add_parser(
         "rewind",
         help="go on from an earlier turn of a session, in a fork made there",
@@ -148,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
         "(exit 1).",
     )
     rewind.add_argument("session", nargs="?", default="latest", help="default: the latest")
-    rewind.add_argument("--at", type=int, metavar="TURN", required=True, help="1 is the first")
+    rewind.add_argument("--at", type=_turn, metavar="TURN", required=True, help="1 is the first")
     rewind.add_argument(
         "--files", action="store_true", help="put back the files the later turns changed too"
     )
@@ -165,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
         "tool results, and the cache figures of each request. A session that continues "
         "another (a compaction) comes after the sessions it continues, oldest first.",
     )
-    log.add_argument("session", nargs="?", help="a session id (default: the latest)")
+    log.add_argument("session", nargs="?", help="a session id, or `latest` (default: the latest)")
     commands.add_parser(
         "stop",
         help="stop the loopd that bxctl started",
@@ -211,3 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     from bxctl.commands import run  # noqa: PLC0415
 
     return run(args)
+
+
+def _turn(text: str) -> int:
+    """A turn's number, as the person counts them: from 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a turn number: {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("turns are numbered from 1")
+    return number

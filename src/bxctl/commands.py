@@ -245,7 +245,8 @@ async def _stored_sessions(store: Store) -> int:
 def _log(store: Store, session_id: str | None) -> int:
     """The session's transcript; one that continues another (a compaction) comes after the
     sessions it continues, oldest first, so the whole conversation reads in one go."""
-    session_id = session_id or store.latest()
+    if session_id in (None, "latest"):
+        session_id = store.latest()
     if session_id is None:
         print(f"bxctl: no sessions in {store.directory}", file=sys.stderr)
         return EXIT_FAILED

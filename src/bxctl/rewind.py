@@ -10,7 +10,7 @@ from loopd.wire.proto import DaemonMessage, History
 
 __all__ = ["HELP", "USAGE", "Ask", "parse", "said"]
 
-USAGE = "/rewind, /rewind N or /rewind N files"
+USAGE = "/rewind, /rewind N or /rewind N files (1 is the first turn)"
 HELP = (
     "/rewind N goes on from the end of turn N; /rewind N files also puts back the files the "
     "later turns changed"
@@ -24,6 +24,8 @@ def parse(words: list[str]) -> tuple[int, bool] | None:
     """The turn `/rewind N [files]` goes back to and whether it puts files back; None for
     words it does not take (none at all, too, which asks for the turns)."""
     if not 1 <= len(words) <= 2 or not words[0].isdigit() or words[1:] not in ([], ["files"]):
+        return None
+    if int(words[0]) < 1:  # turns are numbered from 1
         return None
     return int(words[0]), len(words) == 2
 

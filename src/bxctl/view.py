@@ -77,7 +77,7 @@ HINTS = {
     "/compact goes on in a new session from a summary of this one; /new starts a fresh one "
     "(this one stays on disk either way).",
     "infer": "llama-server could not answer. Is it running? `bxctl status` shows where.",
-    "cancelled": "Cancelled. The log keeps everything up to here.",
+    "cancelled": "Cancelled. The answer it was writing is not kept; the log has all before it.",
     "error": "The turn failed; loopd's log says more.",
 }
 
