@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl import rewind
+from bxctl.cli import turn_number
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.text import as_tree, context_line, fork_line, session_line, turn_lines, unreadable_line
@@ -294,12 +295,13 @@ async def _mode(words: list[str], connection: Connection, console: Console) -> N
 
 async def _fork(words: list[str], connection: Connection, console: Console) -> None:
     """`/fork [N]`: go on in a fork of this session at the end of turn N (the latest)."""
-    if len(words) > 1 or (words and not (words[0].isdigit() and int(words[0]) >= 1)):
+    at = turn_number(words[0]) if len(words) == 1 else None
+    if len(words) > 1 or (words and at is None):
         console.print(
             "/fork, or /fork N to go on from the end of turn N (1 is the first)", style="red"
         )
         return
-    parent, at = connection.session, int(words[0]) if words else None
+    parent = connection.session
     try:
         await connection.fork(at)
     except SessionRefused as e:

@@ -215,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
+def turn_number(word: str) -> int | None:
+    """A turn's number as a person writes it (they count from 1); None for anything else."""
+    return int(word) if word.isdigit() and int(word) >= 1 else None
+
+
 def _turn(text: str) -> int:
-    """A turn's number, as the person counts them: from 1."""
-    try:
-        number = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a turn number: {text!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError("turns are numbered from 1")
+    """`--at`'s type: a turn's number."""
+    if (number := turn_number(text)) is None:
+        raise argparse.ArgumentTypeError(f"turns are numbered from 1, not {text!r}")
     return number

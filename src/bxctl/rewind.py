@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bxctl.cli import turn_number
 from loopd.wire.proto import DaemonMessage, History
 
 __all__ = ["HELP", "USAGE", "Ask", "parse", "said"]
@@ -23,11 +24,10 @@ Ask = Callable[[dict[str, Any]], Awaitable[DaemonMessage]]
 def parse(words: list[str]) -> tuple[int, bool] | None:
     """The turn `/rewind N [files]` goes back to and whether it puts files back; None for
     words it does not take (none at all, too, which asks for the turns)."""
-    if not 1 <= len(words) <= 2 or not words[0].isdigit() or words[1:] not in ([], ["files"]):
+    if not 1 <= len(words) <= 2 or words[1:] not in ([], ["files"]):
         return None
-    if int(words[0]) < 1:  # turns are numbered from 1
-        return None
-    return int(words[0]), len(words) == 2
+    at = turn_number(words[0])
+    return None if at is None else (at, len(words) == 2)
 
 
 async def said(ask: Ask) -> list[str]:
