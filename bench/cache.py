@@ -85,7 +85,7 @@ def _minima(exchanges: list[dict[str, Any]]) -> list[int]:
     minima, previous = [], None
     for exchange in exchanges:
         t = Timings.model_validate(exchange["timings"])
-        total = t.cache_n + t.prompt_n
+        total = t.prompt_tokens
         # The server always evaluates at least one token again.
         minima.append(max(1, total - (slot_tokens(previous) if previous else 0)))
         previous = t

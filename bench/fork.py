@@ -95,7 +95,7 @@ async def _size(binary: Path, model: Path, tokens: int, tmp: Path) -> dict[str, 
                             if timings is None:
                                 raise RuntimeError("the fork's request has no timings")
                             row["prompt_n"], row["cache_n"] = timings.prompt_n, timings.cache_n
-                            row["minimum"] = timings.prompt_n + timings.cache_n - held
+                            row["minimum"] = timings.prompt_tokens - held
                             restored = RESTORED.format(parent=parent, fork=fork)
                             row["from"] = "file" if restored in d.log.read_text() else "hot slot"
                         else:

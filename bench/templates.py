@@ -50,8 +50,8 @@ def _figures(timings: list[Timings]) -> dict[str, Any]:
     for t in timings:
         held = slot_tokens(previous) if previous else 0
         processed += t.prompt_n
-        minimum += max(1, t.cache_n + t.prompt_n - held)
-        recomputed += max(0, held - t.cache_n)
+        minimum += max(1, t.prompt_tokens - held)
+        recomputed += max(0, held - t.cached)
         previous = t
     return {
         "requests": len(timings),

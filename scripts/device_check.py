@@ -151,11 +151,11 @@ def table(records: list[object]) -> tuple[int, int]:
         elif isinstance(record, UsageRecord) and record.timings:
             t = record.timings
             expected = slot_tokens(previous) if previous else 0
-            outcome = "hit" if t.cache_n >= expected else f"LOSS ({expected - t.cache_n} lost)"
-            if split_before and t.cache_n < expected:
+            outcome = "hit" if t.cached >= expected else f"LOSS ({expected - t.cached} lost)"
+            if split_before and t.cached < expected:
                 outcome += ", after a character split across tokens"
             split_before = split
-            below += t.cache_n < expected
+            below += t.cached < expected
             rate = t.predicted_n / t.predicted_ms * 1000 if t.predicted_ms else 0
             print(
                 f"  {turn:>4} {t.prompt_n:>9} {t.cache_n:>8} {expected:>9} {t.prompt_ms:>10.0f} "

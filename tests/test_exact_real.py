@@ -165,7 +165,7 @@ async def test_history_as_messages_records_every_loss_exactly(
             continue
         assert record.timings is not None
         loss = records[at + 1] if at + 1 < len(records) else None
-        if usages and record.timings.cache_n < slot_tokens(usages[-1]):
+        if usages and record.timings.cached < slot_tokens(usages[-1]):
             assert isinstance(loss, CacheLossRecord)
             assert loss.expected == slot_tokens(usages[-1])
             assert loss.cached == record.timings.cache_n

@@ -87,7 +87,7 @@ async def held(client: LineClient, d: Daemon, session: str, request: int) -> lis
     prompt, answer = requests(records(d, session))[request]
     timings = usages(d, session)[request].timings
     assert timings is not None
-    assert len(await tokens(client, prompt)) == timings.cache_n + timings.prompt_n
+    assert len(await tokens(client, prompt)) == timings.prompt_tokens
     return (await tokens(client, [*prompt, *(answer.tokens or ())]))[: slot_tokens(timings)]
 
 

@@ -99,7 +99,7 @@ async def test_guessed_requests_are_what_the_template_renders_and_cost_nothing(
         # After a wrong guess the slot holds some of the cancelled request too, which the
         # right one may share beyond the last answer.
         wrong_guess = at == QUESTIONS.index("  And three and three?  \n")
-        assert new.cache_n == slot_tokens(previous) or (
-            wrong_guess and new.cache_n > slot_tokens(previous)
+        assert new.cached == slot_tokens(previous) or (
+            wrong_guess and new.cached > slot_tokens(previous)
         )
     assert not [r for r in records if isinstance(r, CacheLossRecord)]

@@ -80,7 +80,7 @@ async def test_second_request_on_the_slot_reuses_the_whole_first(llama: StartLla
     assert first.timings is not None
     assert second.timings is not None
     t = first.timings
-    assert second.timings.cache_n == t.cache_n + t.prompt_n + t.predicted_n - 1
+    assert second.timings.cache_n == t.cached + t.prompt_n + t.predicted_n - 1
     assert cache_outcome(first.timings, second.timings) == Hit()
 
 

@@ -108,7 +108,7 @@ async def test_second_turn_reuses_the_cache_of_the_first(replay: StartReplay) ->
         second = await client.chat(REQUEST, lambda _: None)
     assert first.timings is not None
     assert second.timings is not None
-    assert second.timings.cache_n >= first.timings.cache_n + first.timings.prompt_n
+    assert second.timings.cached >= first.timings.cached + first.timings.prompt_n
     assert cache_outcome(first.timings, second.timings) == Hit()
 
 

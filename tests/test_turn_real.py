@@ -155,4 +155,4 @@ async def test_an_answer_caught_in_a_loop_is_cut_and_the_session_goes_on_cached(
     first_prompt = next(e.total for e in events if isinstance(e, Progress))
     after = [r.timings for r in records if isinstance(r, UsageRecord)][-1]
     assert after is not None
-    assert after.cache_n >= first_prompt + len(cut.tokens) - 1  # the cut answer stayed cached
+    assert after.cached >= first_prompt + len(cut.tokens) - 1  # the cut answer stayed cached

@@ -122,6 +122,21 @@ class ServerConfig(_Table):
     """An llama-server loopd does not manage, e.g. `http://gpu-box:8080`; or a list of them,
     serving the same model, whose slots join one pool (docs/operations.md)."""
     managed: ManagedServer = ManagedServer()
+    engine: Literal["llama", "vllm", "openai"] | None = None
+    """What serves `url`: `llama` (llama.cpp's llama-server), `vllm` (token-exact, like
+    llama-server), or `openai` (any OpenAI-compatible server: history as messages). Unset:
+    found from the server itself (`/props` is llama-server's; `/v1/models` names vLLM as its
+    owner; any other answer there is OpenAI-compatible)."""
+    model: str | None = None
+    """The model to ask an OpenAI-compatible server or vLLM for (the `model` field); unset:
+    the first its `/v1/models` lists."""
+    api_key_env: str | None = None
+    """The environment variable that holds the server's API key, sent as `Authorization:
+    Bearer ...`; the key itself is never written to a log or a record."""
+    affinity_header: str = "X-Session-ID"
+    """The header each request names its session in, for a router in front of several
+    servers that keeps a session on the one holding its cache (docs/operations.md, "On a
+    cluster"); an empty string sends none."""
     connect_timeout: PositiveFloat = 5.0
     """Seconds to make the TCP connection."""
     queue_timeout: PositiveFloat = 600.0
@@ -138,7 +153,9 @@ class ServerConfig(_Table):
     slots: PositiveInt = 4
     """Slots loopd lends to its sessions, one each while it runs a turn, kept while it is idle
     (its cache stays hot): the embedded llama-server starts with this many (`-np`, each with
-    `n_ctx`); of an external server's slots (`GET /slots`), loopd uses at most this many."""
+    `n_ctx`); of an external server's slots (`GET /slots`), loopd uses at most this many. vLLM
+    and OpenAI-compatible servers have no slots (their cache is shared by every request):
+    there, this many turns run at once on each server."""
     sampling: dict[str, float | int | bool | str] = {}
     """Sent with every request, e.g. `{temperature = 0.7, top_p = 0.9}`; unset fields keep
     llama-server's own defaults (its flags, else the model file's). `just chat` and `just

@@ -197,7 +197,7 @@ def _check_restore(session: Session, start: int, restored: int) -> None:
     """Say why, when the first request after a restore found less than the file held (its
     loss is recorded by the turn)."""
     usage = next((r for r in session.records[start:] if isinstance(r, UsageRecord)), None)
-    if usage and usage.timings and usage.timings.cache_n < restored:
+    if usage and usage.timings and usage.timings.cached < restored:
         log.warning(
             "session %s: its slot file restored %d tokens, and llama-server reused %d of them. "
             "A model with a sliding window (Gemma 3 and 4, gpt-oss) keeps only the window "

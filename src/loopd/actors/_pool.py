@@ -42,7 +42,7 @@ import outcome
 import trio
 
 from loopd.inbox import Reply, ask, reply_error, reply_value
-from loopd.infer import Slot
+from loopd.infer import Client, Slot
 from loopd.session.store import Session
 from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
 
@@ -238,6 +238,8 @@ class PoolHandle:
                 lease.evicted = None
         if session is None or lease.hot:
             return None
+        if not lease.slot.client.engine.slot_files:
+            return _restarted_since(lease.slot.client, session)
         restored = await files.restore(lease.slot, session, source)
         lease.tokens = restored.tokens if restored else None
         if restored is None and session.last_usage() is not None:
@@ -261,6 +263,18 @@ class PoolHandle:
 
 
 POOL = "the slot pool"
+
+
+def _restarted_since(client: Client, session: Session) -> str | None:
+    """On a server whose cache every request shares (vLLM), no slot holds a session's cache:
+    it is lost only when the server restarted since the session's last request."""
+    usage = session.last_usage()
+    if usage is None or client.started_at is None or usage.time.timestamp() >= client.started_at:
+        return None
+    return (
+        f"the server at {client.base_url} restarted since the session's last request, and "
+        "keeps no cache across a restart"
+    )
 
 
 async def pool_actor(

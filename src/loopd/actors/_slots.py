@@ -52,7 +52,11 @@ class SlotFiles:
     it in an actor would make every save ask first, for nothing."""
 
     def enabled(self, slot: Slot) -> bool:
-        return self.save_when != "never" and slot.client.base_url not in self.unsupported
+        return (
+            self.save_when != "never"
+            and slot.client.engine.slot_files
+            and slot.client.base_url not in self.unsupported
+        )
 
     def server_of(self, session_id: str) -> str | None:
         """The server that saved the file of `session_id`, if loopd saved one."""

@@ -7,7 +7,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from ._assemble import THINKING_CAP_GRACE
-from ._cache import CacheOutcome, Hit, Loss, cache_outcome, slot_tokens
+from ._cache import CacheOutcome, Hit, Loss, Unreported, cache_limit, cache_outcome, slot_tokens
 from ._errors import (
     BadAnswer,
     ConnectError,
@@ -55,6 +55,7 @@ from ._types import (
 
 if TYPE_CHECKING:
     from ._client import (
+        Access,
         AnyRequest,
         Client,
         EventSink,
@@ -64,13 +65,17 @@ if TYPE_CHECKING:
         Timeouts,
         is_output,
     )
+    from ._engines import TITLES, Engine, EngineName, ServerFacts
     from ._slot import Slot
 
 _LAZY = {
     **dict.fromkeys(
         (
+            "Access",
             "AnyRequest",
             "Client",
+            "Engine",
+            "EngineName",
             "EventSink",
             "RetryPolicy",
             "Sent",
@@ -98,6 +103,8 @@ __all__ = [
     "GEMMA_QUOTE",
     "OPENING",
     "THINKING_CAP_GRACE",
+    "TITLES",
+    "Access",
     "AnyRequest",
     "BadAnswer",
     "CacheOutcome",
@@ -109,6 +116,8 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "Content",
+    "Engine",
+    "EngineName",
     "EventSink",
     "FormatError",
     "Generation",
@@ -127,6 +136,7 @@ __all__ = [
     "RetryPolicy",
     "Retrying",
     "Sent",
+    "ServerFacts",
     "Slot",
     "SlotFile",
     "StreamBroken",
@@ -139,7 +149,9 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallFormat",
     "Unread",
+    "Unreported",
     "Waiting",
+    "cache_limit",
     "cache_outcome",
     "decode_arguments",
     "delimiter_pattern",

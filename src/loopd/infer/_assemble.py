@@ -8,6 +8,7 @@ a garbled one fails with a clear message instead of a wrong answer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -29,7 +30,15 @@ from ._types import (
     ToolCallDelta,
 )
 
-__all__ = ["THINKING_CAP_GRACE", "Assembler", "Loose", "PromptProgress", "read_chunk"]
+__all__ = [
+    "THINKING_CAP_GRACE",
+    "Assembler",
+    "Clock",
+    "Loose",
+    "PromptProgress",
+    "Usage",
+    "read_chunk",
+]
 
 # Reasoning that the server does not end (a template without thinking tags ignores the budget)
 # is cut by the client once it runs this many pieces past the cap: room for the server's own
@@ -55,6 +64,8 @@ class _ToolCallPiece(Loose):
 class _Delta(Loose):
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
+    """vLLM's name for `reasoning_content`, and some hosted APIs'."""
     tool_calls: list[_ToolCallPiece] | None = None
 
 
@@ -69,9 +80,35 @@ class PromptProgress(Loose):
     processed: int
 
 
+class _PromptDetails(Loose):
+    cached_tokens: int | None = None
+
+
+class Usage(Loose):
+    """The `usage` an OpenAI-compatible stream ends with (`stream_options.include_usage`)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
+
+    def timings(self, prompt_ms: float, predicted_ms: float, block: int | None) -> Timings:
+        """The same figures as llama-server's `timings`; the cache's only where it says."""
+        details = self.prompt_tokens_details
+        cached = details.cached_tokens if details else None
+        return Timings(
+            cache_n=cached,
+            prompt_n=self.prompt_tokens - (cached or 0),
+            prompt_ms=prompt_ms,
+            predicted_n=self.completion_tokens,
+            predicted_ms=predicted_ms,
+            block=block,
+        )
+
+
 class _Chunk(Loose):
     choices: list[_Choice] = []
     timings: Timings | None = None
+    usage: Usage | None = None
     prompt_progress: PromptProgress | None = None
     error: object | None = None
 
@@ -96,6 +133,26 @@ def read_chunk(adapter: TypeAdapter[_C], data: str) -> _C:
     if chunk.error is not None:
         raise StreamErrorEvent(chunk.error)
     return chunk
+
+
+@dataclass
+class Clock:
+    """When an answer began and when its first output came: the prompt's and the
+    generation's time, for a server whose stream does not tell them (its `usage` has only
+    counts). Measured by the client, so they include the network's time."""
+
+    start: float = field(default_factory=time.monotonic)
+    first: float | None = None
+
+    def tick(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def ms(self) -> tuple[float, float]:
+        """The prompt's and the generation's milliseconds, as far as they went."""
+        now = time.monotonic()
+        first = now if self.first is None else self.first
+        return (first - self.start) * 1000, (now - first) * 1000
 
 
 @dataclass
@@ -125,6 +182,9 @@ class Assembler:
     """Why the client ends the stream: `thinking_cap` or `repetition`."""
     done: bool = False
     """The stream said it is over (`[DONE]`)."""
+    block: int | None = None
+    """The server's cache grain, for figures read off `usage` (`Timings.block`)."""
+    clock: Clock = field(default_factory=Clock)
 
     def feed(self, data: str) -> list[ChatEvent]:
         """One `data:` payload of the chat endpoint's stream."""
@@ -137,6 +197,8 @@ class Assembler:
             events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))
         if chunk.timings is not None:
             self._timings = chunk.timings
+        elif chunk.usage is not None:  # a server other than llama-server: no `timings`
+            self._timings = chunk.usage.timings(*self.clock.ms(), self.block)
         for choice in chunk.choices:
             if choice.delta is not None:
                 self._feed_delta(choice.delta, events)
@@ -145,8 +207,8 @@ class Assembler:
         return events
 
     def _feed_delta(self, delta: _Delta, events: list[ChatEvent]) -> None:
-        if delta.reasoning_content:
-            events += self.reasoning(delta.reasoning_content)
+        if reasoning := delta.reasoning_content or delta.reasoning:
+            events += self.reasoning(reasoning)
         if delta.content:
             events += self.content(delta.content)
         for piece in delta.tool_calls or ():
@@ -158,6 +220,7 @@ class Assembler:
 
     def reasoning(self, text: str) -> list[ChatEvent]:
         """A piece of the model's reasoning."""
+        self.clock.tick()
         events: list[ChatEvent] = [Reasoning(text=text)]
         self._reasoning.append(text)
         self.reasoning_tokens += 1
@@ -166,6 +229,7 @@ class Assembler:
 
     def content(self, text: str) -> list[ChatEvent]:
         """A piece of the answer."""
+        self.clock.tick()
         events: list[ChatEvent] = []
         self._reasoning_ended(events)
         self._content.append(text)
@@ -178,6 +242,7 @@ class Assembler:
     ) -> list[ChatEvent]:
         """A piece of tool call `index`: its id and name come whole (and again whole if the
         parser revises them), its arguments in pieces."""
+        self.clock.tick()
         events: list[ChatEvent] = []
         self._reasoning_ended(events)
         parts = self._calls.setdefault(index, _CallParts())

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,7 +22,7 @@ import trio
 from loopd.backoff import Backoff
 from loopd.canonical import canonical
 
-from ._assemble import Assembler
+from ._engines import ENGINES, Engine, EngineName, Reader, ServerFacts, identify
 from ._errors import (
     BadAnswer,
     ConnectError,
@@ -35,8 +34,6 @@ from ._errors import (
     is_retryable,
 )
 from ._prompt_json import PromptJson
-from ._raw import RawAssembler, parser_for
-from ._schema import ArgumentTypes
 from ._stream import Broken, Stream, Unreachable, post
 from ._types import (
     ChatEvent,
@@ -49,10 +46,18 @@ from ._types import (
     Retrying,
     ToolCallDelta,
     Waiting,
-    template_kwargs,
 )
 
-__all__ = ["AnyRequest", "Client", "EventSink", "RetryPolicy", "Sent", "Timeouts", "is_output"]
+__all__ = [
+    "Access",
+    "AnyRequest",
+    "Client",
+    "EventSink",
+    "RetryPolicy",
+    "Sent",
+    "Timeouts",
+    "is_output",
+]
 
 EventSink = Callable[[ChatEvent], None]
 Sent = Callable[[], None]
@@ -105,8 +110,23 @@ class SlotFile:
     ms: float
 
 
+@dataclass(frozen=True)
+class Access:
+    """How a server is reached besides its URL (`[server]`)."""
+
+    engine: EngineName = "llama"
+    """What it is, until `identify` finds otherwise."""
+    model: str | None = None
+    """The model to ask for; None: the server's first."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as `Authorization: Bearer ...`; never in a log (not even in this object's repr)."""
+    affinity_header: str | None = None
+    """The header each streamed request names its session in."""
+
+
 class Client:
-    """A client for one llama-server. Use as `async with Client(url) as client:`."""
+    """A client for one server: llama-server, vLLM, or any OpenAI-compatible one (its
+    `engine`). Use as `async with Client(url) as client:`."""
 
     def __init__(
         self,
@@ -115,6 +135,7 @@ class Client:
         timeouts: Timeouts | None = None,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        access: Access | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or Timeouts()
@@ -126,14 +147,41 @@ class Client:
         # streams (`_stream`); neither goes through a proxy the environment names.
         self._tls = httpx.create_ssl_context()
         # Read deadlines are cancel scopes below; httpx keeps only the connect deadline.
+        # The key goes in a header of every request and nowhere else: never in a log line,
+        # a record or an error's text.
+        access = access or Access()
+        key = access.api_key
+        self._headers = [(b"Authorization", b"Bearer " + key.encode())] if key else []
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(None, connect=self.timeouts.connect),
             transport=transport,
             verify=self._tls,
             trust_env=False,
+            headers={k.decode(): v.decode() for k, v in self._headers},
         )
         self._urls: dict[str, httpx.URL] = {}
+        self._affinity = access.affinity_header.encode() if access.affinity_header else None
+        self._model = access.model
+        self.engine: Engine = ENGINES[access.engine](self, access.model)
+        """What the server is (`identify`): llama-server until found otherwise."""
+        self.started_at: float | None = None
+        """When the server last came up, as far as loopd saw (seconds since the epoch): a
+        cache lost across that restart is recorded with it as the reason."""
+
+    def be(self, engine: EngineName) -> None:
+        """The server is `engine` (found, or named by `[server] engine`)."""
+        if engine != self.engine.name:
+            self.engine = ENGINES[engine](self, self._model)
+
+    async def identify(self) -> EngineName:
+        """Which engine the server is, asked of the server itself; raises an `InferError`
+        where it cannot be reached or answers none of what an engine would."""
+        return await identify(self)
+
+    async def describe(self) -> ServerFacts:
+        """The engine, model and context window, as the server says them."""
+        return await self.engine.describe()
 
     def _url(self, path: str) -> httpx.URL:
         """`path` on the server, parsed once: httpx parses a path anew for each request, a
@@ -166,36 +214,25 @@ class Client:
         thinking: bool = True,
         date: str | None = None,
     ) -> str:
-        """The prompt the server's chat template makes of these messages (`/apply-template`)."""
-        # Also as a template variable: llama-server leaves it undefined when false, and a
-        # template that defaults an undefined one to true (RWKV World's) would add it anyway.
-        kwargs = template_kwargs(thinking=thinking, date=date)
-        body = {
-            "messages": messages,
-            "tools": tools,
-            "add_generation_prompt": add_generation_prompt,
-            "chat_template_kwargs": {**kwargs, "add_generation_prompt": add_generation_prompt},
-        }
-        prompt = (await self._post_json("/apply-template", body)).get("prompt")
-        if not isinstance(prompt, str):
-            raise BadAnswer("llama-server's /apply-template answered without a prompt")
-        return prompt
+        """The prompt the server's chat template makes of these messages."""
+        return await self.engine.render(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+            date=date,
+        )
 
     async def detokenize(self, tokens: list[int]) -> str:
-        text = (await self._post_json("/detokenize", {"tokens": tokens})).get("content")
-        if not isinstance(text, str):
-            raise BadAnswer("llama-server's /detokenize answered without content")
-        return text
+        return await self.engine.detokenize(tokens)
 
     async def chat_template(self) -> str:
-        """The chat template the server uses (`/props`)."""
-        template = (await self._get_json("/props")).get("chat_template")
-        return template if isinstance(template, str) else ""
+        """The chat template the server uses, where it tells it."""
+        return await self.engine.chat_template()
 
     async def model(self) -> str | None:
-        """The file name of the model the server runs (`/props`)."""
-        path = (await self._get_json("/props")).get("model_path")
-        return Path(path).name if isinstance(path, str) else None
+        """The model the server runs, as it names it."""
+        return (await self.engine.describe()).model
 
     async def healthy(self) -> bool:
         """The server answers `/health` with 200 (it has loaded its model) within the read
@@ -203,7 +240,8 @@ class Client:
         with trio.move_on_after(self.timeouts.read):
             try:
                 with _mapped(self.base_url, self.down):
-                    return (await self._http.get("/health")).status_code == httpx.codes.OK
+                    health = self._url(self.engine.health)
+                    return (await self._http.get(health)).status_code == httpx.codes.OK
             except InferError:
                 return False
         return False
@@ -211,7 +249,7 @@ class Client:
     async def slot_file(self, slot: int, action: str, filename: str) -> SlotFile:
         """Save the slot's KV cache to `filename`, or restore it from there (in the server's
         `--slot-save-path`). A failed restore leaves the slot empty; raises `HttpError`."""
-        answer = await self._post_json(f"/slots/{slot}?action={action}", {"filename": filename})
+        answer = await self.post_json(f"/slots/{slot}?action={action}", {"filename": filename})
         tokens = answer.get("n_saved", answer.get("n_restored"))
         size = answer.get("n_written", answer.get("n_read"))
         ms = (answer.get("timings") or {}).get("save_ms" if action == "save" else "restore_ms")
@@ -243,20 +281,37 @@ class Client:
         return None if slots is None else len(slots)
 
     async def _slots(self) -> list[Any] | None:
+        if not self.engine.slot_files:  # no slots: vLLM and the others share one cache
+            return None
+        slots = await self.get_any("/slots")
+        return slots if isinstance(slots, list) else None
+
+    async def get_any(self, path: str) -> object:
+        """Any JSON `path` answers, within the read deadline; None where it answers an error,
+        no JSON, or nothing in time."""
         with trio.move_on_after(self.timeouts.read):
             try:
                 with _mapped(self.base_url, self.down):
-                    response = await self._http.get("/slots")
-                slots = response.json() if response.status_code == 200 else None
+                    response = await self._http.get(self._url(path))
+                return response.json() if response.status_code == 200 else None
             except (InferError, ValueError):
                 return None
-            return slots if isinstance(slots, list) else None
         return None
 
-    async def _get_json(self, path: str) -> dict[str, Any]:
+    async def get_text(self, path: str) -> str:
+        """The text `path` answers (`/metrics`), within the read deadline."""
+        with trio.move_on_after(self.timeouts.read):
+            with _mapped(self.base_url, self.down):
+                response = await self._http.get(self._url(path))
+            if response.status_code != 200:
+                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
+            return response.text
+        raise InferTimeout(f"{self.base_url} did not answer {path} within {self.timeouts.read:g} s")
+
+    async def get_json(self, path: str) -> dict[str, Any]:
         return await self._json(path, self._http.build_request("GET", self._url(path)))
 
-    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._json(
             path, self._http.build_request("POST", self._url(path), content=canonical(body))
         )
@@ -274,10 +329,10 @@ class Client:
             except ValueError:
                 answer = None
             if not isinstance(answer, dict):
-                raise BadAnswer(f"llama-server's {path} answered {answer!r:.200}")
+                raise BadAnswer(f"{self.base_url}{path} answered {answer!r:.200}")
             return answer
         raise InferTimeout(
-            f"llama-server did not answer {path} within {self.timeouts.read:g} s "
+            f"{self.base_url} did not answer {path} within {self.timeouts.read:g} s "
             "([server] read_timeout)"
         )
 
@@ -317,10 +372,12 @@ class Client:
         (the first call counts): work beside the request starts then, so that the server has
         the request first. `prompts`: the encoder of the slot's last token-exact prompt
         (`Slot.prompts`)."""
-        path = "/completion" if isinstance(request, PromptRequest) else "/v1/chat/completions"
         try:
-            body = request.body(prompts) if isinstance(request, PromptRequest) else request.body()
-            stream = await self._open(self._url(path), body, on_event, sent)
+            path, body = await self.engine.request(request, prompts)
+            headers = self._headers
+            if self._affinity and (session := request.generation.affinity):
+                headers = [*headers, (self._affinity, session.encode())]
+            stream = await self._open(self._url(path), body, on_event, sent, headers)
         finally:
             if sent is not None:
                 sent()
@@ -330,14 +387,21 @@ class Client:
             await _close(stream)
 
     async def _open(
-        self, url: httpx.URL, body: bytes, on_event: EventSink, sent: Sent | None
+        self,
+        url: httpx.URL,
+        body: bytes,
+        on_event: EventSink,
+        sent: Sent | None,
+        headers: list[tuple[bytes, bytes]],
     ) -> Stream:
         """The answer's stream, once its head came and said 200."""
         stream: Stream | None = None
         try:
             queue = trio.move_on_after(self.timeouts.queue)
             with queue as waited, _mapped(self.base_url, self.down):
-                stream = await post(url, body, connect_timeout=self.timeouts.connect, tls=self._tls)
+                stream = await post(
+                    url, body, connect_timeout=self.timeouts.connect, tls=self._tls, headers=headers
+                )
                 if sent is not None:
                     sent()
                 await self._head(stream, on_event)
@@ -371,16 +435,9 @@ class Client:
 
     async def _read(self, stream: Stream, request: AnyRequest, on_event: EventSink) -> Completion:
         on_event(Waiting())
-        assembler: Assembler | RawAssembler
-        assembler = Assembler(
-            thinking_cap=request.generation.budget,
-            repetition_cap=request.generation.repetition_cap,
-        )
-        if isinstance(request, PromptRequest):
-            parser = parser_for(request.format, ArgumentTypes(request.tools))
-            assembler = RawAssembler(parser, assembler)
-            for event in assembler.prime(request.prefill):
-                on_event(event)
+        assembler, primed = self.engine.reader(request)
+        for event in primed:
+            on_event(event)
         if "text/event-stream" not in stream.content_type:
             raise StreamBroken(
                 "llama-server did not answer with an event stream: its content type is "
@@ -396,7 +453,11 @@ class Client:
                         "([server] read_timeout)"
                     )
                 if data is None:
-                    last = "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
+                    last = (
+                        "its last chunk"
+                        if self.engine.name == "llama" and isinstance(request, PromptRequest)
+                        else "[DONE]"
+                    )
                     raise StreamBroken(f"the stream ended without {last}")
                 if (done := _take(assembler, data, on_event)) is not None:
                     return done
@@ -407,7 +468,7 @@ class Client:
             raise ConnectionLost(f"the stream broke: {e}") from e
 
 
-def _take(assembler: Assembler | RawAssembler, data: str, on_event: EventSink) -> Completion | None:
+def _take(assembler: Reader, data: str, on_event: EventSink) -> Completion | None:
     """Pass on what one `data:` line holds; the completion once the stream is done."""
     events, done = assembler.feed(data), None
     if assembler.done:

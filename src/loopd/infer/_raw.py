@@ -23,7 +23,7 @@ from ._parse import OutputParser, Piece
 from ._schema import ArgumentTypes
 from ._types import ChatEvent, Completion, Progress, PromptPiece, Timings, Unread
 
-__all__ = ["RawAssembler", "parser_for"]
+__all__ = ["RawAssembler", "RawChunk", "parser_for"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,10 @@ def parser_for(
     return MessageParser(fmt, types) if fmt.messages else OutputParser(fmt, types, tokens=tokens)
 
 
-class _RawChunk(Loose):
+class RawChunk(Loose):
+    """A piece of a raw answer as llama-server's `/completion` streams it; other engines'
+    streams are read into the same (`_engines`)."""
+
     content: str = ""
     tokens: list[int] = Field(default_factory=list)
     stop: bool = False
@@ -48,7 +51,7 @@ class _RawChunk(Loose):
     error: object | None = None
 
 
-_CHUNK = TypeAdapter(_RawChunk)
+_CHUNK = TypeAdapter(RawChunk)
 
 
 @dataclass
@@ -76,7 +79,11 @@ class RawAssembler:
         return self._relay(self._parse(prefill)) if prefill else []
 
     def feed(self, data: str) -> list[ChatEvent]:
-        chunk = read_chunk(_CHUNK, data)
+        """One `data:` payload of llama-server's `/completion` stream."""
+        return self.take(read_chunk(_CHUNK, data))
+
+    def take(self, chunk: RawChunk) -> list[ChatEvent]:
+        """One chunk, read by whichever engine's stream it came from."""
         events: list[ChatEvent] = []
         if (p := chunk.prompt_progress) is not None:
             events.append(Progress(total=p.total, cache=p.cache, processed=p.processed))
@@ -125,7 +132,7 @@ class RawAssembler:
     def done(self) -> bool:
         return self.inner.done
 
-    def _stop(self, chunk: _RawChunk) -> list[ChatEvent]:
+    def _stop(self, chunk: RawChunk) -> list[ChatEvent]:
         self._ended = chunk.stop_type == "eos"
         # The text of an end-of-generation token is not part of the answer.
         held = "" if self._ended else self._held

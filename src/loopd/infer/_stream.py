@@ -45,21 +45,22 @@ async def post(
     *,
     connect_timeout: float,
     tls: ssl.SSLContext,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> Stream:
     """POST `body` (JSON) to `url`: the answer's stream, once the request is on the socket
     (its head is read by `read_head`). `tls`: the context of an `https` URL. Raises
     `Unreachable` or `Broken`."""
     stream = await _connect(url, connect_timeout, tls)
     try:
-        headers = request_headers(url, len(body))
+        fields = request_headers(url, len(body)) + (headers or [])
         try:
-            await stream.send_all(request_head(url, headers) + body)
+            await stream.send_all(request_head(url, fields) + body)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             raise Broken(f"could not send the request: {e!r}") from e
         # h11 reads the answer once it has seen the request go; told only now, as the server
         # works, its checks of the head are not on the way to every first token.
         conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method="POST", target=url.raw_path, headers=headers))
+        conn.send(h11.Request(method="POST", target=url.raw_path, headers=fields))
         conn.send(h11.Data(data=body))
         conn.send(h11.EndOfMessage())
     except BaseException:

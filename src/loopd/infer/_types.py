@@ -64,6 +64,9 @@ class Generation:
     sampling: dict[str, Any] = field(default_factory=dict)
     """Extra body fields such as `temperature` or `seed`; they cannot override the fields a
     request sets itself."""
+    affinity: str | None = None
+    """The session the request is of, named in `[server] affinity_header` for a router that
+    keeps a session on the server holding its cache."""
 
     @property
     def budget(self) -> int | None:
@@ -181,16 +184,32 @@ class _Model(BaseModel):
 
 
 class Timings(_Model):
-    """llama-server's `timings` of one request; other fields it sends are ignored."""
+    """llama-server's `timings` of one request (other fields it sends are ignored), or the
+    same figures read off another engine's `usage` (`_engines`)."""
 
-    cache_n: int
-    """Prompt tokens taken from the slot's KV cache."""
+    cache_n: int | None
+    """Prompt tokens taken from the slot's KV cache; None where the server does not say (an
+    OpenAI-compatible server that reports no `cached_tokens`)."""
     prompt_n: int
     """Prompt tokens processed anew."""
     prompt_ms: float
     predicted_n: int
     """Tokens generated."""
     predicted_ms: float
+
+    @property
+    def cached(self) -> int:
+        """`cache_n`, 0 where the server does not say: for sums (a prompt's length)."""
+        return self.cache_n or 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole prompt's length."""
+        return self.cached + self.prompt_n
+
+    block: int | None = None
+    """The cache's grain where it is kept in blocks (vLLM: `--block-size`): only whole blocks
+    are reused, so the limit of `cache_n` is block-grained (docs/cache.md). None: per token."""
 
 
 class ToolCall(_Model):

@@ -67,7 +67,7 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - on
             t = record.timings
             lines.append(
                 Text(
-                    f"  [prompt {t.cache_n + t.prompt_n} tokens: {t.cache_n} cached, "
+                    f"  [prompt {t.prompt_tokens} tokens: {_cached(t.cache_n)}, "
                     f"{t.prompt_n} processed; {t.predicted_n} generated]",
                     style="dim",
                 )
@@ -107,3 +107,7 @@ def _given_line(server: GivenServer) -> Text:
     if server.refused is not None:
         return Text(f"{line} (not started: {server.refused})", style="yellow")
     return Text(line, style="dim")
+
+
+def _cached(cache_n: int | None) -> str:
+    return "cache not reported" if cache_n is None else f"{cache_n} cached"

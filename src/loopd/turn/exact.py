@@ -99,7 +99,7 @@ async def next_request(
         )
         return chat, None
 
-    if exact is None:
+    if exact is None or not exact.client.engine.exact:  # an OpenAI-compatible server
         return as_messages()
 
     def prompt_request(nxt: NextPrompt) -> Request:

@@ -238,10 +238,10 @@ class _Turn:
             repetition_cap=rt.loop.repetition_cap or None,
             max_tokens=rt.loop.max_tokens,
             sampling=rt.sampling,
+            affinity=session.id,
         )
         completion, prompt = await self._send(generation)
-        rt = self.rt
-        if rt.uncached is not None:  # said once, by the first request on the slot
+        if (rt := self.rt).uncached is not None:  # said once, by the first request on the slot
             self.rt = replace(rt, uncached=None)
         c = completion
         if prompt is not None:
