@@ -211,13 +211,19 @@ def status(path: Path, where: str) -> int:
     return EXIT_OK
 
 
+ENGINE_NAMES = {"llama": "llama-server", "vllm": "vLLM", "openai": "OpenAI-compatible"}
+
+
 def status_lines(status: Status) -> list[str]:
     """What `bxctl status` prints: the session, the model, the slots, the last request's
     figures and the calls that wait for approval."""
     slot = "none" if status.slot is None else status.slot
+    window = "" if status.context_size is None else f", a window of {status.context_size} tokens"
+    engine = ENGINE_NAMES.get(status.engine or "", "engine not known yet")
     lines = [
         f"session  {status.session} ({status.turns} turns)",
-        f"server   {status.server}  model {status.model or '?'}  slot {slot}",
+        f"server   {status.server}  ({engine})",
+        f"model    {status.model or '?'}{window}  slot {slot}",
         f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting",
     ]
     servers = {view.server for view in status.slots}
@@ -230,7 +236,8 @@ def status_lines(status: Status) -> list[str]:
         )
     if u := status.last_usage:
         lines.append(
-            f"last     {u.prompt_n} prompt tokens processed, {u.cache_n} cached, "
+            f"last     {u.prompt_n} prompt tokens processed, "
+            f"{'cache not reported' if u.cache_n is None else f'{u.cache_n} cached'}, "
             f"{u.predicted_n} generated"
         )
     if status.context is not None:

@@ -404,7 +404,8 @@ def instructions_line(paths: Sequence[str]) -> Text:
 
 def usage_line(usage: Usage) -> Text:
     """The last request's figures as llama-server reported them."""
-    text = f"last request: {usage.prompt_n} prompt tokens processed, {usage.cache_n} cached"
+    cached = "cache not reported" if usage.cache_n is None else f"{usage.cache_n} cached"
+    text = f"last request: {usage.prompt_n} prompt tokens processed, {cached}"
     if usage.predicted_n and usage.predicted_ms:
         rate = usage.predicted_n / usage.predicted_ms * 1000
         text += f"; {usage.predicted_n} generated at {rate:.0f} tokens/s"

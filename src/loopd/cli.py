@@ -17,7 +17,7 @@ from loopd.actors import AGENTS
 from loopd.canonical import canonical
 from loopd.channel import BadActivation, DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
-from loopd.daemon import StartupError, Unusable, serve
+from loopd.daemon import StartupError, Unusable, check_servers, serve
 from loopd.groups import innermost
 from loopd.session.baseline import messages
 from loopd.session.records import conversation_problems
@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# effective config: {source or 'built-in defaults (no config file)'}")
         print(dump_toml(config), end="")
         lines = _without_asking(config.tools, delegates=config.agents.depth > 0)
-        print("\n".join(["", *lines, *_sandbox(config.tools)]))
-        return EXIT_OK
+        servers, usable = trio.run(check_servers, config)
+        print("\n".join(["", *lines, *_sandbox(config.tools), "", *servers]))
+        return EXIT_OK if usable else EXIT_FAILED
     if args.command == "serve":
         return _serve(config, args, source)
     if args.command == "sessions":

@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
@@ -33,12 +34,22 @@ from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
 from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket, systemd_socket
 from loopd.config import Config, ManagedServer, private_paths
-from loopd.infer import Client, InferError, RetryPolicy, Timeouts
+from loopd.infer import (
+    TITLES,
+    Access,
+    BadAnswer,
+    Client,
+    EngineName,
+    InferError,
+    RetryPolicy,
+    ServerFacts,
+    Timeouts,
+)
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.session.store import Store
 from loopd.supervise import RESTARTS
 
-__all__ = ["StartupError", "Unusable", "launch_spec", "serve"]
+__all__ = ["StartupError", "Unusable", "check_servers", "launch_spec", "serve", "server_access"]
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +109,6 @@ def _which(name: str) -> Path | None:
     return Path(found) if found else None
 
 
-@dataclass
-class _Llama:
-    url: str
-    model: str | None
-    context: int | None = None
-    """Each slot's context window in tokens, when known."""
-
-
 async def _keep_running(
     spec: LaunchSpec,
     log_path: Path,
@@ -143,19 +146,72 @@ async def _keep_running(
             await trio.sleep(delay)
 
 
-async def _probe(url: str) -> _Llama:
-    """Say early whether an external llama-server answers, which model it runs, and its slots'
-    context window."""
-    async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
-        if not await llama.healthy():
-            log.warning("llama-server at %s is not ready yet; requests will retry", url)
-            return _Llama(url, None)
+async def _probe(client: Client, forced: EngineName | None) -> ServerFacts | None:
+    """Say early what an external server is (the engine, found unless `[server] engine`
+    names it), which model it runs and its context window. None while it does not answer
+    (requests wait for it; the health watch asks again); a server that answers none of what
+    an engine would is a `StartupError`."""
+    with trio.move_on_after(HEALTH_TIMEOUT):
         try:
-            model = await llama.model()
+            client.be(forced or await client.identify())
+            facts = await client.describe()
+        except BadAnswer as e:
+            if forced is None:
+                raise StartupError(str(e)) from e
+            log.warning("%s does not say what it serves: %s", client.engine.title, e)
+            return None
         except InferError as e:
-            log.warning("llama-server at %s does not say its model: %s", url, e)
-            model = None
-        return _Llama(url, model, await llama.context_size())
+            log.warning("%s is not ready yet (%s); requests will wait for it", client.base_url, e)
+            return None
+        client.started_at = facts.started
+        log.info(
+            "%s serves %s (a window of %s tokens)",
+            client.engine.title,
+            facts.model or "a model it does not name",
+            facts.context or "unknown",
+        )
+        return facts
+    log.warning("%s does not answer yet; requests will wait for it", client.base_url)
+    return None
+
+
+async def check_servers(config: Config) -> tuple[list[str], bool]:
+    """What `check-config` says of the servers: each external one reached (its engine, model
+    and context window, or why it cannot be used), or the embedded llama-server's binary and
+    model found; and whether loopd could serve with them."""
+    if not config.server.urls:
+        try:
+            spec = launch_spec(config.server.managed, config.server.slots, Path())
+        except StartupError as e:
+            return [f"# server: the embedded llama-server cannot start: {e}"], False
+        embedded = (
+            f"# server: the embedded llama-server {spec.binary}, model {spec.model}, "
+            f"{spec.n_ctx} tokens a slot"
+        )
+        return [embedded], True
+    try:
+        access = server_access(config)
+    except StartupError as e:
+        return [f"# server: {e}"], False
+    lines, ok = [], True
+    for url in config.server.urls:
+        timeouts = Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)
+        async with Client(url, timeouts=timeouts, access=access) as client:
+            try:
+                with trio.fail_after(HEALTH_TIMEOUT * 2):
+                    client.be(config.server.engine or await client.identify())
+                    facts = await client.describe()
+            except (InferError, trio.TooSlowError) as e:
+                lines.append(f"# server {url}: cannot be used: {e or 'no answer in time'}")
+                ok = False
+                continue
+        window = f"a window of {facts.context} tokens" if facts.context else "window not said"
+        found = "named by [server] engine" if config.server.engine else "found"
+        lines.append(
+            f"# server {url}: {TITLES[facts.engine]} ({found}), model "
+            f"{facts.model or 'not named'}, {window}"
+        )
+    return lines, ok
 
 
 @dataclass
@@ -239,49 +295,76 @@ async def _serve(
     # must never block; it restarts at most once per backoff period.
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
-    embedded: Client | None = None
-    async with trio.open_nursery() as nursery:
+    access = server_access(config)
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         if config.server.urls:
-            llamas = [await _probe(url) for url in config.server.urls]
+            clients = [_client(config, url, access) for url in config.server.urls]
+            for client in clients:
+                await stack.enter_async_context(client)
+            found = [await _probe(client, config.server.engine) for client in clients]
+            info = DaemonInfo(", ".join(config.server.urls), None, engine=config.server.engine)
+            if (first := next((facts for facts in found if facts is not None), None)) is not None:
+                info.model, info.context_size, info.engine = (
+                    first.model,
+                    first.context,
+                    first.engine,
+                )
         else:
             spec = launch_spec(
                 config.server.managed, config.server.slots, config.store.directory.parent
             )
             log_path = config.store.directory.parent / "llama-server.log"
-            embedded = _client(config, f"http://{spec.host}:{spec.port}")
+            embedded = _client(config, f"http://{spec.host}:{spec.port}", access)
+            await stack.enter_async_context(embedded)
             await nursery.start(_keep_running, spec, log_path, restarted_send, embedded)
-            llamas = [_Llama(embedded.base_url, spec.model.name, spec.n_ctx)]
+            info = DaemonInfo(embedded.base_url, spec.model.name, spec.n_ctx, "llama")
             slot_directory = spec.slot_save_path
-        clients = [embedded] if embedded else [_client(config, llama.url) for llama in llamas]
-        async with AsyncExitStack() as stack:
-            for client in clients:
-                await stack.enter_async_context(client)
-            with trio.CancelScope() as stop.serving:
-                restarts = replace(RESTARTS, gave_up=stop.unusable_now)
-                async with (
-                    open_core(
-                        config, store, clients, slot_directory, private, restarts=restarts
-                    ) as core,
-                    trio.open_nursery() as watch,
-                ):
-                    if config.server.urls:
-                        for client in clients:
-                            watch.start_soon(_watch_health, client.base_url, core.pool)
-                    else:
-                        watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
-                    urls = ", ".join(llama.url for llama in llamas)
-                    info = DaemonInfo(urls, llamas[0].model, llamas[0].context)
-                    stop.channel = ChannelServer(core, info, config.channel)
-                    await stop.channel.serve(listener)
+            clients = [embedded]
+        with trio.CancelScope() as stop.serving:
+            restarts = replace(RESTARTS, gave_up=stop.unusable_now)
+            async with (
+                open_core(
+                    config, store, clients, slot_directory, private, restarts=restarts
+                ) as core,
+                trio.open_nursery() as watch,
+            ):
+                if config.server.urls:
+                    for client in clients:
+                        watch.start_soon(_watch_health, client, core.pool, info)
+                else:
+                    watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
+                stop.channel = ChannelServer(core, info, config.channel)
+                await stop.channel.serve(listener)
         nursery.cancel_scope.cancel()
 
 
-def _client(config: Config, url: str) -> Client:
+def server_access(config: Config) -> Access:
+    """How the servers are reached besides their URLs; the API key read from the variable
+    `[server] api_key_env` names (a `StartupError` where it is not set)."""
+    s = config.server
+    key = None
+    if s.api_key_env is not None:
+        key = os.environ.get(s.api_key_env)
+        if not key:
+            raise StartupError(
+                f"[server] api_key_env names ${s.api_key_env}, which is not set: export the "
+                "server's API key in it"
+            )
+    return Access(
+        engine=s.engine or "llama",
+        model=s.model,
+        api_key=key,
+        affinity_header=s.affinity_header or None,
+    )
+
+
+def _client(config: Config, url: str, access: Access) -> Client:
     s = config.server
     return Client(
         url,
         timeouts=Timeouts(connect=s.connect_timeout, queue=s.queue_timeout, read=s.read_timeout),
         retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
+        access=access,
     )
 
 
@@ -294,28 +377,39 @@ async def _forget_after_restarts(
         pool.reset(client.base_url)
 
 
-async def _watch_health(url: str, pool: PoolHandle) -> None:
-    """Tell the pool whether an external llama-server answers `/health`: its slots are lent
-    only while it does. Told at every look, not only when it changes: a turn whose request the
-    server could not take tells the pool too, and the next look that finds it answering
-    undoes that."""
+async def _watch_health(client: Client, pool: PoolHandle, info: DaemonInfo) -> None:
+    """Tell the pool whether an external server answers its engine's health check: its slots
+    are lent only while it does. Told at every look, not only when it changes: a turn whose
+    request the server could not take tells the pool too, and the next look that finds it
+    answering undoes that. A server that comes back (or answers for the first time) is asked
+    again what it is: it may have restarted, with an empty cache, or with another model."""
     up = True
-    async with Client(url, timeouts=Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)) as llama:
-        while True:
-            answers = await llama.healthy()
-            pool.health(url, up=answers)
-            if answers != up:
-                up = answers
-                if up:
-                    log.info("llama-server at %s answers again: its slots are lent again", url)
-                else:
-                    log.warning(
-                        "llama-server at %s does not answer: its sessions go on on the other "
-                        "servers, their caches restored from slot files where the servers share "
-                        "them",
-                        url,
-                    )
-            await trio.sleep(HEALTH_EVERY)
+    known = info.engine is not None
+    while True:
+        answers = False
+        with trio.move_on_after(HEALTH_TIMEOUT):
+            answers = await client.healthy()
+        if answers and (not known or not up):
+            facts = await _probe(client, client.engine.name if known else None)
+            if facts is not None:
+                known = True
+                if not up and facts.started is None:  # it was away: its cache may be gone
+                    client.started_at = time.time()
+                if info.engine is None:
+                    info.model, info.context_size = facts.model, facts.context
+                    info.engine = facts.engine
+        pool.health(client.base_url, up=answers)
+        if answers != up:
+            up = answers
+            if up:
+                log.info("%s answers again: its slots are lent again", client.engine.title)
+            else:
+                log.warning(
+                    "%s does not answer: its sessions go on on the other servers, their "
+                    "caches restored from slot files where the servers share them",
+                    client.engine.title,
+                )
+        await trio.sleep(HEALTH_EVERY)
 
 
 async def _watch_own_files(store: Store, unix: UnixSocket, stop: _Stop) -> None:

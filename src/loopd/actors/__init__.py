@@ -223,6 +223,8 @@ async def _pool(
 
 
 async def _slots_of(client: Client, most: int) -> list[Slot]:
+    if not client.engine.slot_files:  # vLLM and the others: `most` turns at once, no slots
+        return [Slot(client, n) for n in range(most)]
     count = await client.slot_count()
     if count is None:
         log.warning(

@@ -39,15 +39,18 @@ from loopd.wire import proto
 __all__ = ["Client", "DaemonInfo", "handle"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class DaemonInfo:
-    """What a status tells besides the session: fixed while loopd runs."""
+    """What a status tells besides the session: what the server said of itself, when loopd
+    started or, for one that did not answer then, when it first did."""
 
     server_url: str
     model: str | None
     context_size: int | None = None
-    """Each slot's context window in tokens: `[server.managed] n_ctx`, or what an external
-    server said at start-up (`GET /slots`); None when it said nothing."""
+    """Each request's context window in tokens: `[server.managed] n_ctx`, or what an
+    external server said (`GET /slots`, `/v1/models`); None when it said nothing."""
+    engine: str | None = None
+    """What serves the model (`llama`, `vllm`, `openai`); None: not known yet."""
 
 
 @dataclass(eq=False)
@@ -211,6 +214,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             session=s.session,
             server=client.info.server_url,
             model=client.info.model,
+            engine=client.info.engine,
             slot=next((v.slot for v in slots if v.session == s.session), None),
             busy=s.running is not None,
             queue=len(s.queued),

@@ -74,8 +74,6 @@ _LAZY = {
             "Access",
             "AnyRequest",
             "Client",
-            "Engine",
-            "EngineName",
             "EventSink",
             "RetryPolicy",
             "Sent",
@@ -85,6 +83,7 @@ _LAZY = {
         ),
         "._client",
     ),
+    **dict.fromkeys(("Engine", "EngineName", "ServerFacts", "TITLES"), "._engines"),
     "Slot": "._slot",
 }
 

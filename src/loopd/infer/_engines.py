@@ -97,6 +97,8 @@ class ServerFacts:
     """llama-server's slots; None where the server has none (or does not list them)."""
     block: int | None = None
     """vLLM's cache block, in tokens."""
+    started: float | None = None
+    """When the server's process started (seconds since the epoch), where it says."""
 
 
 class Engine:
@@ -262,6 +264,8 @@ class LlamaServer(Engine):
         return raw, raw.prime(request.prefill)
 
 
+BLOCK_SIZE = r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"'
+"""The block size in vLLM's `/metrics`: a label of its cache's configuration."""
 TOKENIZED_KEPT = 4096
 """Texts whose tokens a vLLM engine keeps: each turn adds one or two (the prompt records'), so a
 session's are tokenized once, not on every request."""
@@ -284,20 +288,21 @@ class Vllm(Engine):
         self.model = self.model or _str(entry.get("id"))
         context = entry.get("max_model_len")
         self.context = context if isinstance(context, int) else None
-        self.block = await self._block()
-        return ServerFacts("vllm", self.model, self.context, None, self.block)
-
-    async def _block(self) -> int | None:
-        """The cache's block size: its `cache_config_info` in `/metrics`."""
         try:
             metrics = await self.api.get_text("/metrics")
         except InferError as e:
             log.warning("%s does not say its block size (/metrics: %s)", self.title, e)
-            return None
-        found = re.search(
-            r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', metrics, re.MULTILINE
+            metrics = ""
+        block = re.search(BLOCK_SIZE, metrics, re.MULTILINE)
+        self.block = int(block.group(1)) if block else None
+        started = re.search(r"^process_start_time_seconds ([0-9.e+]+)$", metrics, re.MULTILINE)
+        return ServerFacts(
+            "vllm",
+            self.model,
+            self.context,
+            block=self.block,
+            started=float(started.group(1)) if started else None,
         )
-        return int(found.group(1)) if found else None
 
     async def render(
         self,

@@ -377,8 +377,11 @@ class Status(_Message):
     type: Literal["status"] = "status"
     session: str
     server: str
-    """The llama-server loopd talks to."""
+    """The server loopd talks to (several: comma-separated)."""
     model: str | None
+    engine: str | None = None
+    """What serves the model: `llama` (llama-server), `vllm`, `openai` (any
+    OpenAI-compatible server); None: not known yet (the server has not answered)."""
     slot: int | None
     """The slot that holds this session's cache, if one does."""
     busy: bool
