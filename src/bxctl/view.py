@@ -76,7 +76,7 @@ HINTS = {
     "session_full": "The session is full: the conversation no longer fits the model's context. "
     "/compact goes on in a new session from a summary of this one; /new starts a fresh one "
     "(this one stays on disk either way).",
-    "infer": "llama-server could not answer. Is it running? `bxctl status` shows where.",
+    "infer": "the model's server could not answer. Is it running? `bxctl status` shows where.",
     "cancelled": "Cancelled. The answer it was writing is not kept; the log has all before it.",
     "error": "The turn failed; loopd's log says more.",
 }
@@ -234,10 +234,10 @@ class TurnView:
             )
         elif isinstance(event, WaitingForServer):
             self.notes.append(Text(event.said(), style="yellow"))
-            self.state = "waiting for llama-server"
+            self.state = "waiting for the server"
         elif isinstance(event, MovedToServer):
             self.notes.append(Text(event.said(), style="yellow"))
-            self.state = f"moved to llama-server at {event.server}"
+            self.state = f"moved to the server at {event.server}"
         elif isinstance(event, Compacting):
             self.state = f"summarising session {event.session} to go on in a new one"
         elif isinstance(event, SessionContinued):
@@ -403,7 +403,7 @@ def instructions_line(paths: Sequence[str]) -> Text:
 
 
 def usage_line(usage: Usage) -> Text:
-    """The last request's figures as llama-server reported them."""
+    """The last request's figures as its server reported them."""
     cached = "cache not reported" if usage.cache_n is None else f"{usage.cache_n} cached"
     text = f"last request: {usage.prompt_n} prompt tokens processed, {cached}"
     if usage.predicted_n and usage.predicted_ms:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-__all__ = ["innermost", "leaf"]
+import trio
+
+__all__ = ["innermost", "leaf", "only_cancelled"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -25,3 +27,10 @@ def leaf(error: BaseException, kind: type[E]) -> E | None:
             if (found := leaf(inner, kind)) is not None:
                 return found
     return None
+
+
+def only_cancelled(error: BaseException) -> bool:
+    """`error` is a cancellation, raw or in groups (a nursery's) that hold nothing else."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.split(trio.Cancelled)[1] is None
+    return isinstance(error, trio.Cancelled)

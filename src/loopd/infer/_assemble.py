@@ -129,7 +129,7 @@ def read_chunk(adapter: TypeAdapter[_C], data: str) -> _C:
     try:
         chunk = adapter.validate_json(data)
     except ValidationError as e:
-        raise StreamBroken(f"llama-server sent a chunk loopd cannot read: {data[:200]!r}") from e
+        raise StreamBroken(f"the server sent a chunk loopd cannot read: {data[:200]!r}") from e
     if chunk.error is not None:
         raise StreamErrorEvent(chunk.error)
     return chunk

@@ -66,6 +66,8 @@ AnyRequest = ChatRequest | PromptRequest
 
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
 ERROR_BODY_LIMIT = 64 * 1024
+# vLLM refuses a body without it (llama-server takes any).
+JSON = {"Content-Type": "application/json"}
 # Closing a stream is a socket close; if it takes longer, something is wrong and we move on.
 CLOSE_GRACE = 2.0
 # Events that mean output reached the caller: after one of them, a retry would repeat it.
@@ -313,7 +315,10 @@ class Client:
 
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._json(
-            path, self._http.build_request("POST", self._url(path), content=canonical(body))
+            path,
+            self._http.build_request(
+                "POST", self._url(path), content=canonical(body), headers=JSON
+            ),
         )
 
     async def _json(self, path: str, request: httpx.Request) -> dict[str, Any]:
@@ -413,7 +418,8 @@ class Client:
             if stream is not None:
                 await _close(stream)
             raise InferTimeout(
-                f"llama-server did not start on the request within {self.timeouts.queue:g} s "
+                f"{self.engine.title} did not start on the request within "
+                f"{self.timeouts.queue:g} s "
                 "([server] queue_timeout)"
             )
         if stream.status != 200:
@@ -440,7 +446,7 @@ class Client:
             on_event(event)
         if "text/event-stream" not in stream.content_type:
             raise StreamBroken(
-                "llama-server did not answer with an event stream: its content type is "
+                f"{self.engine.title} did not answer with an event stream: its content type is "
                 f"{stream.content_type or 'not given'}"
             )
         try:
@@ -449,7 +455,7 @@ class Client:
                     data = await stream.event_data()
                 if silent.cancelled_caught:
                     raise InferTimeout(
-                        f"llama-server sent nothing for {self.timeouts.read:g} s "
+                        f"{self.engine.title} sent nothing for {self.timeouts.read:g} s "
                         "([server] read_timeout)"
                     )
                 if data is None:
@@ -490,9 +496,9 @@ def _mapped(base_url: str, down: str | None) -> Iterator[None]:
         yield
     except (httpx.ConnectError, httpx.ConnectTimeout, Unreachable) as e:
         why = f" ({down})" if down else ""
-        raise ConnectError(f"cannot connect to llama-server at {base_url}{why}: {e}", down) from e
+        raise ConnectError(f"cannot connect to the server at {base_url}{why}: {e}", down) from e
     except (httpx.TransportError, Broken) as e:
-        raise ConnectionLost(f"llama-server closed the connection before answering: {e!r}") from e
+        raise ConnectionLost(f"the server closed the connection before answering: {e!r}") from e
 
 
 async def _close(stream: Stream) -> None:

@@ -31,7 +31,7 @@ from pydantic import Field, TypeAdapter
 from loopd.canonical import canonical
 
 from ._assemble import Assembler, Loose, Usage, read_chunk
-from ._errors import BadAnswer, HttpError, InferError
+from ._errors import BadAnswer, HttpError, InferError, StreamBroken
 from ._format import FormatError
 from ._raw import RawAssembler, RawChunk, parser_for
 from ._schema import ArgumentTypes
@@ -440,8 +440,13 @@ class VllmRaw:
         events: list[ChatEvent] = []
         for choice in chunk.choices:
             ids = choice.token_ids or []
-            if ids or choice.text:
-                self._counted += len(ids) if ids else 1
+            if choice.text and not ids:  # the next prompt could not extend this answer
+                raise StreamBroken(
+                    f"the vLLM server sent text without its token ids ({choice.text[:80]!r}): "
+                    "it must be vLLM 0.10.2 or newer, which knows return_token_ids"
+                )
+            if ids:
+                self._counted += len(ids)
                 events += self.raw.take(
                     RawChunk(content=choice.text, tokens=ids, tokens_predicted=self._counted)
                 )

@@ -48,7 +48,7 @@ class HttpError(InferError):
     """The server answered with a status other than 200; `body` is its text, as sent."""
 
     def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"llama-server answered HTTP {status}: {body[:500]}")
+        super().__init__(f"the server answered HTTP {status}: {body[:500]}")
         self.status = status
         self.body = body
 
@@ -91,16 +91,23 @@ class StreamErrorEvent(StreamError):
 
     def __init__(self, error: Any) -> None:
         message = error.get("message") if isinstance(error, dict) else None
-        super().__init__(f"llama-server reported an error in the stream: {message or error}")
+        super().__init__(f"the server reported an error in the stream: {message or error}")
         self.error = error
 
 
+# What vLLM and OpenAI-compatible servers say of a prompt that does not fit (their 400s have
+# no type of their own): vLLM's "maximum context length is ...", and its "max_tokens must be
+# at least 1" for a prompt that fills the window whole; OpenAI's code.
+_FULL = ("maximum context length", "max_tokens must be at least 1", "context_length_exceeded")
+
+
 def is_context_full(error: BaseException) -> bool:
-    """True for the one 400 llama-server sends when the prompt does not fit in the slot."""
-    return (
-        isinstance(error, HttpError)
-        and error.status == 400
-        and error.error_type() == "exceed_context_size_error"
+    """True for the 400 a server sends when the prompt does not fit in its context:
+    llama-server's `exceed_context_size_error`, or vLLM's and OpenAI's words for it."""
+    if not isinstance(error, HttpError) or error.status != 400:
+        return False
+    return error.error_type() == "exceed_context_size_error" or any(
+        words in error.body for words in _FULL
     )
 
 

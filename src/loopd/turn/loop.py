@@ -3,7 +3,7 @@
     TurnError
      ├── SessionFull   the prompt no longer fits the slot's context
      ├── TurnLimit     too many tool rounds, a call repeated twice, or the turn's deadline
-     └── InferFailed   llama-server could not answer (the InferError is `.error`)
+     └── InferFailed   the server could not answer (the InferError is `.error`)
 
 A server that cannot take a request yet (loading, restarting, unreachable) is waited for
 (`loopd.turn.waiting`), up to the turn's deadline, unless another can take it now: the turn goes
@@ -25,6 +25,7 @@ import trio
 
 from loopd.backoff import Backoff
 from loopd.config import LoopConfig
+from loopd.groups import only_cancelled
 from loopd.infer import (
     AnyRequest,
     ChatEvent,
@@ -174,18 +175,12 @@ async def run_turn(
         reason = e.reason
         raise
     except (trio.Cancelled, BaseExceptionGroup) as e:
-        if _only_cancelled(e):  # raw, or from a nursery of the request as a group
+        if only_cancelled(e):  # raw, or from a nursery of the request as a group
             reason = "cancelled"
         raise
     finally:
         with trio.CancelScope(shield=True):
             await close_turn(session, reason)
-
-
-def _only_cancelled(error: BaseException) -> bool:
-    if isinstance(error, BaseExceptionGroup):
-        return error.split(trio.Cancelled)[1] is None
-    return isinstance(error, trio.Cancelled)
 
 
 class _Turn:
@@ -289,6 +284,8 @@ class _Turn:
                 if moved := await wait.after(why, e, rt.elsewhere):
                     self.rt = moved  # tried there at once, its slot pinned by its `inference`
             else:
+                if wait.last is not None:  # it was away: what it held may have gone with it
+                    self.rt = replace(self.rt, uncached=self.rt.uncached or wait.gone())
                 self.wait = None
                 return answered
 

@@ -69,8 +69,16 @@ class ServerWait:
         await trio.sleep(self.backoff.delay(self.tries))
         return None
 
+    def gone(self) -> str:
+        """Why a request that had to wait may find less in the cache than the last left."""
+        last = f" ({self.last.reason}: {self.last.detail})" if self.last else ""
+        return (
+            f"the server was away while the turn waited for it{last}; a server that "
+            "restarted keeps no cache"
+        )
+
     def why(self) -> str:
         """What the request was waiting for, for a turn that ran out of time meanwhile."""
         if self.last is None:
             return ""
-        return f" while waiting for llama-server ({self.last.reason}): {self.last.detail}"
+        return f" while waiting for the server ({self.last.reason}): {self.last.detail}"

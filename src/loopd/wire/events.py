@@ -177,7 +177,7 @@ class WaitingForServer(_Event):
 
     def said(self) -> str:
         """The wait in one line, as clients show it."""
-        return f"waiting for llama-server: {_WAITS[self.reason]} ({self.detail})"
+        return f"waiting for the server: {_WAITS[self.reason]} ({self.detail})"
 
 
 class MovedToServer(_Event):
@@ -199,7 +199,7 @@ class MovedToServer(_Event):
         """The move in one line, as clients show it."""
         why = _WAITS[self.reason].removeprefix("it ")
         return (
-            f"moved to llama-server at {self.server}: the one at {self.previous} {why} "
+            f"moved to the server at {self.server}: the one at {self.previous} {why} "
             f"({self.detail})"
         )
 

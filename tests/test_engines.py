@@ -1,0 +1,256 @@
+"""The engines behind `Client`: vLLM's `/v1/completions` stream read into the same events and
+completion as llama-server's, any OpenAI-compatible server's figures read honestly, the engine
+found from the server itself, and every bad answer a typed error. The streams are shaped as
+vLLM 0.32 and llama-server send them (see tests/test_vllm_real.py for the real one); the
+server is `support.fake_engine`, real HTTP on loopback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from loopd.infer import (
+    Access,
+    BadAnswer,
+    ChatRequest,
+    Client,
+    Completion,
+    ConnectionLost,
+    Content,
+    Generation,
+    Hit,
+    HttpError,
+    Loss,
+    PromptRequest,
+    StreamBroken,
+    StreamErrorEvent,
+    Timings,
+    Unreported,
+    cache_limit,
+    cache_outcome,
+    is_context_full,
+)
+from support.fake_engine import Answer, fake_engine
+from support.formats import QWEN
+
+MODELS = {"object": "list", "data": [{"id": "smol", "owned_by": "vllm", "max_model_len": 4096}]}
+METRICS = (
+    'vllm:cache_config_info{block_size="32",enable_prefix_caching="True"} 1.0\n'
+    "process_start_time_seconds 1796041000.5\n"
+)
+KEY = "sk-loopd-test-0123456789"
+
+
+def piece(text: str, ids: list[int] | None, finish: str | None = None, stop: Any = None) -> Any:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "stop_reason": stop}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"object": "text_completion", "choices": [choice]}
+
+
+def usage(prompt: int, completion: int, cached: int | None) -> Any:
+    details = {} if cached is None else {"prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, **details},
+    }
+
+
+def vllm_routes(stream: Answer) -> dict[str, Any]:
+    return {
+        "/props": Answer.of({"detail": "Not Found"}, 404),
+        "/v1/models": Answer.of(MODELS),
+        "/metrics": Answer(200, METRICS.encode(), "text/plain"),
+        "/tokenize": lambda body: Answer.of({"tokens": [ord(c) for c in body["prompt"]]}),
+        "/detokenize": lambda body: Answer.of({"prompt": "".join(map(chr, body["tokens"]))}),
+        "/v1/completions": stream,
+    }
+
+
+def prompt_request(**generation: Any) -> PromptRequest:
+    return PromptRequest(
+        prompt=["ab", 7, 8, "c"], format=QWEN, generation=Generation(affinity="s1", **generation)
+    )
+
+
+async def vllm_completion(stream: Answer, **access: Any) -> tuple[Completion, Any]:
+    with fake_engine(vllm_routes(stream)) as server:
+        async with Client(server.url, access=Access(**access)) as client:
+            client.be(await client.identify())
+            await client.describe()
+            done = await client.chat(prompt_request(), lambda _: None)
+        return done, server
+
+
+async def test_vllm_answer_keeps_its_token_ids_and_the_cache_figure_in_blocks() -> None:
+    stream = Answer.events(
+        piece("Hel", [10]),
+        piece("lo", [11]),
+        piece("", [2], finish="stop"),  # the end token: its id, no text
+        usage(prompt=40, completion=3, cached=32),
+    )
+    done, server = await vllm_completion(stream, engine="vllm")
+    assert done.content == "Hello"
+    assert done.tokens == (10, 11, 2)
+    assert done.ended
+    assert done.finish_reason == "stop"
+    assert done.timings is not None
+    assert (done.timings.cache_n, done.timings.prompt_n, done.timings.predicted_n) == (32, 8, 3)
+    assert done.timings.block == 32
+    # The prompt went as ids alone: its texts tokenized by the server, without special tokens.
+    body = server.bodies("/v1/completions")[0]
+    assert body["prompt"] == [ord("a"), ord("b"), 7, 8, ord("c")]
+    assert body["return_token_ids"] is True
+    assert body["model"] == "smol"
+    assert body["max_tokens"] == 4096 - 5  # vLLM's own default is 16
+    assert not {"id_slot", "n_predict"} & set(body)  # llama-server's own fields
+    assert server.bodies("/tokenize")[0] == {
+        "prompt": "ab",
+        "add_special_tokens": False,
+        "model": "smol",
+    }
+
+
+async def test_vllm_tool_call_in_the_raw_output_becomes_a_call() -> None:
+    raw = '<tool_call>\n{"name": "find_tool", "arguments": {"query": "time"}}\n</tool_call>'
+    pieces = [piece(c, [100 + n]) for n, c in enumerate(raw)]
+    stream = Answer.events(*pieces, piece("", [2], finish="stop"), usage(10, len(raw) + 1, 0))
+    done, _ = await vllm_completion(stream, engine="vllm")
+    assert [(c.name, c.arguments) for c in done.tool_calls] == [("find_tool", '{"query": "time"}')]
+    assert done.finish_reason == "tool_calls"
+    assert len(done.tokens or ()) == len(raw) + 1
+
+
+async def test_vllm_answer_cut_by_max_tokens_did_not_end() -> None:
+    stream = Answer.events(piece("a", [10]), piece("b", [11], finish="length"), usage(5, 2, 0))
+    done, _ = await vllm_completion(stream, engine="vllm")
+    assert (done.finish_reason, done.ended) == ("length", False)
+
+
+async def test_text_without_token_ids_is_a_broken_stream() -> None:
+    """An answer the next prompt could not extend (a vLLM older than `return_token_ids`)."""
+    with pytest.raises(StreamBroken, match="without its token ids"):
+        await vllm_completion(Answer.events(piece("Hi", None)), engine="vllm")
+
+
+async def test_a_stream_cut_mid_token_is_a_lost_connection() -> None:
+    stream = Answer.events(piece("Hel", [10]), cut='data: {"choices": [{"index": 0, "text": "lo')
+    with pytest.raises(ConnectionLost):
+        await vllm_completion(stream, engine="vllm")
+
+
+async def test_an_error_inside_the_stream_is_typed() -> None:
+    error = {"error": {"message": "Token id 99999 is out of vocabulary", "code": 400}}
+    with pytest.raises(StreamErrorEvent, match="out of vocabulary"):
+        await vllm_completion(Answer.events(error), engine="vllm")
+
+
+async def test_a_400_without_json_is_an_http_error() -> None:
+    stream = Answer(400, b"<html>bad request</html>", "text/html")
+    with pytest.raises(HttpError) as raised:
+        await vllm_completion(stream, engine="vllm")
+    assert raised.value.status == 400
+    assert not is_context_full(raised.value)
+    assert raised.value.error_type() is None
+
+
+def test_vllms_words_for_a_full_context_are_a_full_context() -> None:
+    too_long = (
+        '{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, '
+        'your prompt contains 5000 input tokens","type":"BadRequestError","code":400}}'
+    )
+    exactly = '{"error":{"message":"max_tokens must be at least 1, got 0.","code":400}}'
+    assert is_context_full(HttpError(400, too_long))
+    assert is_context_full(HttpError(400, exactly))
+    assert not is_context_full(HttpError(500, too_long))
+
+
+def test_the_cache_limit_is_block_grained_and_never_the_last_token() -> None:
+    previous = Timings(cache_n=0, prompt_n=794, prompt_ms=1, predicted_n=10, predicted_ms=1)
+    new = Timings(cache_n=800, prompt_n=20, prompt_ms=1, predicted_n=1, predicted_ms=1, block=32)
+    assert cache_limit(previous, new) == 800  # 794 + 10 - 1 = 803 held, 25 blocks whole
+    assert cache_outcome(previous, new) == Hit()
+    short = new.model_copy(update={"cache_n": 768, "prompt_n": 52})
+    assert cache_outcome(previous, short) == Loss(expected=800, cached=768)
+    # A prompt of 800 tokens, fewer than were held: its last is computed, so a block less.
+    again = Timings(cache_n=768, prompt_n=32, prompt_ms=1, predicted_n=1, predicted_ms=1, block=32)
+    assert cache_limit(previous, again) == 768
+    per_token = new.model_copy(update={"block": None, "cache_n": 800})
+    assert cache_outcome(previous, per_token) == Loss(expected=803, cached=800)
+
+
+def openai_routes(stream: Answer) -> dict[str, Any]:
+    models = {"data": [{"id": "gpt-x", "owned_by": "someone"}]}
+    return {"/v1/models": Answer.of(models), "/v1/chat/completions": stream}
+
+
+async def test_an_openai_compatible_answer_without_cache_figures_says_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning": "hm"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2}},
+    ]
+    events: list[Any] = []
+    with fake_engine(openai_routes(Answer.events(*chunks))) as server:
+        access = Access(api_key=KEY, affinity_header="X-Session-ID")
+        async with Client(server.url, access=access) as client:
+            client.be(await client.identify())
+            assert client.engine.name == "openai"
+            assert (await client.describe()).model == "gpt-x"
+            request = ChatRequest(
+                [{"role": "user", "content": "hi"}],
+                tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}],
+                generation=Generation(slot=2, max_tokens=9, affinity="s1", sampling={"seed": 1}),
+            )
+            done = await client.chat(request, events.append)
+    assert (done.content, done.reasoning_content) == ("Hi", "hm")
+    assert done.timings is not None
+    assert done.timings.cache_n is None
+    assert cache_outcome(done.timings, done.timings) == Unreported()
+    assert [e.text for e in events if isinstance(e, Content)] == ["Hi"]
+    body = server.bodies("/v1/chat/completions")[0]
+    assert set(body) == {
+        "model",
+        "messages",
+        "tools",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "seed",
+    }
+    chat = next(s for s in server.seen if s.path == "/v1/chat/completions")
+    assert chat.headers["authorization"] == f"Bearer {KEY}"
+    assert chat.headers["x-session-id"] == "s1"
+    assert all(s.headers.get("authorization") == f"Bearer {KEY}" for s in server.seen)
+    assert KEY not in caplog.text
+    assert KEY not in repr(access)
+
+
+async def test_the_engine_is_found_from_the_server() -> None:
+    llama: dict[str, Any] = {"/props": Answer.of({"default_generation_settings": {}})}
+    vllm = vllm_routes(Answer.events())
+    other = openai_routes(Answer.events())
+    for routes, name in ((llama, "llama"), (vllm, "vllm"), (other, "openai")):
+        with fake_engine(routes) as server:
+            async with Client(server.url) as client:
+                assert await client.identify() == name
+
+
+async def test_a_server_that_is_no_engine_is_a_clear_error() -> None:
+    with fake_engine({}) as server:
+        async with Client(server.url) as client:
+            with pytest.raises(BadAnswer, match="neither llama-server"):
+                await client.identify()
+
+
+async def test_a_model_the_server_does_not_serve_is_named() -> None:
+    with fake_engine(openai_routes(Answer.events())) as server:
+        async with Client(server.url, access=Access(engine="openai", model="nope")) as client:
+            with pytest.raises(BadAnswer, match=r"serves no model 'nope'.*gpt-x"):
+                await client.describe()
