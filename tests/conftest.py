@@ -67,9 +67,10 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             other_model: Path | None = None,
             slot_folder: Path | None = None,
             parallel: int = 1,
+            extra_args: tuple[str, ...] = (),
         ) -> RunningServer:
             """`slot_folder`: its own `--slot-save-path`; by default all share one;
-            `parallel`: its slots (`-np`)."""
+            `parallel`: its slots (`-np`); `extra_args`: more of its flags."""
             nonlocal started
             started += 1
             spec = LaunchSpec(
@@ -81,6 +82,7 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
                 port=port,
                 slot_save_path=slot_folder or slots,
                 chat_template_file=template,
+                extra_args=extra_args,
             )
             log = tmp_path / f"llama-server-{started}.log"
             return await stack.enter_async_context(managed_server(spec, log))

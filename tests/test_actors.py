@@ -629,6 +629,29 @@ async def test_a_move_takes_an_idle_slot_of_another_server_and_counts_the_first_
     assert [v.session for v in await pool.views()] == ["c", "a"]
 
 
+async def test_a_session_whose_slot_went_to_another_takes_one_on_the_server_it_ran_on(
+    nursery: trio.Nursery,
+) -> None:
+    """On vLLM no slot holds a session's cache, the server does: a session that lost its slot
+    takes an idle one of the same server, not a free one elsewhere."""
+    one, two = (cast("Client", SimpleNamespace(base_url=url)) for url in ("http://1", "http://2"))
+    states = [Slot(two, 0), Slot(two, 1), Slot(one, 0)]
+    pool: PoolHandle = await nursery.start(pool_actor, states, NO_FILES)
+    async with pool.lease("a", prefer="http://1") as a, pool.lease("b") as b:
+        assert a is not None
+        assert b is not None
+        assert (a.slot.client, b.slot.client) == (one, two)
+    async with pool.lease("c", prefer="http://1") as c:  # c takes the slot a had
+        assert c is not None
+        assert c.evicted == "a"
+        pool.saved("a")
+        c.evicted = None
+    async with pool.lease("a") as again:
+        assert again is not None
+        assert not again.hot
+        assert again.slot.client is one  # not the free slot of the other server
+
+
 async def test_a_bug_in_the_slot_pool_fails_what_it_held_and_the_pool_serves_on(
     core: Core, served: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,7 +6,9 @@ server is `support.fake_engine`, real HTTP on loopback."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +34,12 @@ from loopd.infer import (
     cache_outcome,
     is_context_full,
 )
+from loopd.infer._grammar import structural_tag
+from loopd.session.records import conversation_problems
+from support.daemon import Daemon
 from support.fake_engine import Answer, fake_engine
-from support.formats import QWEN
+from support.formats import QWEN, QWEN_CODER
+from test_sessions import records, welcome
 
 MODELS = {"object": "list", "data": [{"id": "smol", "owned_by": "vllm", "max_model_len": 4096}]}
 METRICS = (
@@ -58,12 +64,23 @@ def usage(prompt: int, completion: int, cached: int | None) -> Any:
     }
 
 
+def chatml(body: dict[str, Any]) -> str:
+    """What a `/tokenize` request holds as text: its prompt, or its messages rendered as
+    ChatML (a stand-in for a chat template; one character a token)."""
+    if "prompt" in body:
+        return str(body["prompt"])
+    text = "".join(
+        f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in body["messages"]
+    )
+    return text + ("<|im_start|>assistant\n" if body.get("add_generation_prompt") else "")
+
+
 def vllm_routes(stream: Answer) -> dict[str, Any]:
     return {
         "/props": Answer.of({"detail": "Not Found"}, 404),
         "/v1/models": Answer.of(MODELS),
         "/metrics": Answer(200, METRICS.encode(), "text/plain"),
-        "/tokenize": lambda body: Answer.of({"tokens": [ord(c) for c in body["prompt"]]}),
+        "/tokenize": lambda body: Answer.of({"tokens": [ord(c) for c in chatml(body)]}),
         "/detokenize": lambda body: Answer.of({"prompt": "".join(map(chr, body["tokens"]))}),
         "/v1/completions": stream,
     }
@@ -254,3 +271,60 @@ async def test_a_model_the_server_does_not_serve_is_named() -> None:
         async with Client(server.url, access=Access(engine="openai", model="nope")) as client:
             with pytest.raises(BadAnswer, match=r"serves no model 'nope'.*gpt-x"):
                 await client.describe()
+
+
+FIND_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "find_tool",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+}
+
+
+def test_a_json_call_is_constrained_on_vllm_once_it_opens() -> None:
+    tag = structural_tag(QWEN, [FIND_TOOL])
+    assert tag is not None
+    triggered = json.loads(tag)["format"]
+    assert triggered["type"] == "triggered_tags"
+    assert triggered["triggers"] == ['<tool_call>\n{"name": "']
+    (only,) = triggered["tags"]
+    assert only["begin"] == '<tool_call>\n{"name": "find_tool", "arguments": '
+    assert only["content"]["json_schema"]["required"] == ["query"]
+    assert only["end"] == "}\n</tool_call>"
+    # Parameters one by one are not xgrammar's JSON: those calls go unconstrained.
+    assert structural_tag(QWEN_CODER, [FIND_TOOL]) is None
+    assert structural_tag(QWEN, []) is None
+
+
+async def test_the_vllm_request_carries_the_constraint_of_its_tools() -> None:
+    stream = Answer.events(piece("Hi", [10]), piece("", [2], finish="stop"), usage(5, 2, 0))
+    with fake_engine(vllm_routes(stream)) as server:
+        async with Client(server.url, access=Access(engine="vllm")) as client:
+            request = PromptRequest(prompt=["ab"], format=QWEN, tools=(FIND_TOOL,))
+            await client.chat(request, lambda _: None)
+    (body,) = server.bodies("/v1/completions")
+    assert body["structured_outputs"] == {"structural_tag": structural_tag(QWEN, [FIND_TOOL])}
+
+
+async def test_a_bad_answer_fails_the_turn_and_leaves_a_valid_log(tmp_path: Path) -> None:
+    """A real `loopd serve` on a scripted vLLM whose answer comes without token ids: the turn
+    fails with the reason, and the session's log is a valid conversation."""
+    with fake_engine(vllm_routes(Answer.events(piece("Hi", None)))) as server:
+        d = Daemon(tmp_path / "loopd", server.url, history="exact")
+        await d.start()
+        try:
+            client = await d.connect()
+            session = await welcome(client, {"type": "hello", "session": "new"})
+            lines = await client.turn("t1", "Hello", timeout=60)
+        finally:
+            await d.end()
+    assert lines[-1]["type"] == "turn_failed"
+    assert "without its token ids" in lines[-1]["message"]
+    log = records(d, session)
+    assert conversation_problems(log) == []
+    assert [r.kind for r in log][-1] == "turn_end"

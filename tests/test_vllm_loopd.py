@@ -172,10 +172,15 @@ def chat_endpoint(server: RunningVllm, questions: list[str]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def reasoning_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
-    """A second vLLM, serving SmolLM2 with a template that drops past reasoning."""
+    """A second vLLM, serving SmolLM2 with a template that drops past reasoning (and calls in
+    Hermes' `<tool_call>` syntax)."""
     template = TEMPLATES / DROPS_REASONING
     assert template.is_file(), f"{template} is missing: run `just test` (it fetches them)"
-    with start_vllm(tmp_path_factory.mktemp("vllm-qwq"), chat_template=template) as server:
+    # Its tool-call parser serves the chat endpoint's clients, loopd's OpenAI path among them;
+    # loopd's token-exact requests do not use it.
+    parser = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    folder = tmp_path_factory.mktemp("vllm-qwq")
+    with start_vllm(folder, chat_template=template, extra_args=parser) as server:
         yield server
 
 
@@ -196,6 +201,31 @@ async def test_on_a_template_that_drops_past_reasoning_loopd_recomputes_nothing(
     loopd = [t.prompt_n for t in usages(d, session)]
     direct = chat_endpoint(reasoning_vllm, QUESTIONS[1:])
     assert sum(loopd[1:]) < sum(direct[1:])
+
+
+async def test_vllms_chat_endpoint_as_an_openai_server_with_loopds_tools(
+    reasoning_vllm: RunningVllm, tmp_path: Path
+) -> None:
+    """`engine = "openai"`: history as messages, loopd's tools offered, vLLM's own parser
+    reading the calls; its cache figures read from `usage`."""
+    d = on_vllm(tmp_path / "loopd", reasoning_vllm.url)
+    d.config.write_text(
+        d.config.read_text().replace("sampling = ", 'engine = "openai"\nsampling = ', 1)
+    )
+    await d.start()
+    try:
+        session = await conversation(d, ["Name a colour.", "Name a fruit."])
+        seen = await status(d.clients[-1])
+    finally:
+        await d.end()
+    assert seen["engine"] == "openai"
+    log = records(d, session)
+    assert conversation_problems(log) == []
+    assert all(r.tokens is None for r in log if isinstance(r, AssistantRecord))  # as messages
+    figures = usages(d, session)
+    assert len(figures) == 2
+    assert all(t.cache_n is not None for t in figures)  # vLLM reports `cached_tokens`
+    assert figures[1].cache_n  # the second request found the first's prefix
 
 
 async def test_vllm_killed_and_started_again_the_turn_waits_and_the_loss_names_why(

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -330,7 +331,10 @@ async def _serve(
             ):
                 if config.server.urls:
                     for client in clients:
-                        watch.start_soon(_watch_health, client, core.pool, info)
+                        alone = len(clients) == 1
+                        watch.start_soon(
+                            partial(_watch_health, alone=alone), client, core.pool, info
+                        )
                 else:
                     watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
                 stop.channel = ChannelServer(core, info, config.channel)
@@ -377,7 +381,7 @@ async def _forget_after_restarts(
         pool.reset(client.base_url)
 
 
-async def _watch_health(client: Client, pool: PoolHandle, info: DaemonInfo) -> None:
+async def _watch_health(client: Client, pool: PoolHandle, info: DaemonInfo, *, alone: bool) -> None:
     """Tell the pool whether an external server answers its engine's health check: its slots
     are lent only while it does. Told at every look, not only when it changes: a turn whose
     request the server could not take tells the pool too, and the next look that finds it
@@ -403,6 +407,8 @@ async def _watch_health(client: Client, pool: PoolHandle, info: DaemonInfo) -> N
             up = answers
             if up:
                 log.info("%s answers again: its slots are lent again", client.engine.title)
+            elif alone:
+                log.warning("%s does not answer: turns wait for it", client.engine.title)
             else:
                 log.warning(
                     "%s does not answer: its sessions go on on the other servers, their "

@@ -321,6 +321,10 @@ class _Pool:
         self.evicting: set[str] = set()
         """Sessions whose cache is being saved by whoever took their slot."""
         self.grants = itertools.count(1)
+        self.ran_on: dict[str, str] = {}
+        """The server each session last had a slot of: where its cache is likeliest to be
+        (vLLM keeps a session's blocks after its slot went to another), preferred when it
+        takes a slot again and no slot file names another."""
 
     def take(self, message: _Message) -> None:
         if isinstance(message, _Acquire):
@@ -400,7 +404,8 @@ class _Pool:
                 return False  # its cache is on its way to the file the fork would restore
             if (theirs := self._holding(request.source, request.avoid)) and not theirs.leased:
                 mine = theirs  # the fork takes it over, holding its parent's cache
-        state = mine or self._least_recently_used(request.prefer, request.avoid)
+        prefer = request.prefer or self.ran_on.get(request.owner or "")
+        state = mine or self._least_recently_used(prefer, request.avoid)
         if state is None or state.leased:
             return False
         hot = state is mine
@@ -414,6 +419,8 @@ class _Pool:
             tokens=state.tokens if hot else None,
             grant=next(self.grants),
         )
+        if request.owner is not None:
+            self.ran_on[request.owner] = state.slot.client.base_url
         if self._give(request, state, lease) and (not hot or taken_over):
             if lease.evicted is not None:
                 self.evicting.add(lease.evicted)

@@ -33,6 +33,7 @@ from loopd.canonical import canonical
 from ._assemble import Assembler, Loose, Usage, read_chunk
 from ._errors import BadAnswer, HttpError, InferError, StreamBroken
 from ._format import FormatError
+from ._grammar import structural_tag
 from ._raw import RawAssembler, RawChunk, parser_for
 from ._schema import ArgumentTypes
 from ._types import (
@@ -392,6 +393,8 @@ class Vllm(Engine):
             payload["max_tokens"] = max(self.context - len(ids), 1)
         if request.grammar:
             payload["structured_outputs"] = {"grammar": request.grammar}
+        elif (calls := structural_tag(request.format, request.tools)) is not None:
+            payload["structured_outputs"] = {"structural_tag": calls}
         return "/v1/completions", canonical(payload)
 
     def reader(self, request: ChatRequest | PromptRequest) -> tuple[Reader, list[ChatEvent]]:

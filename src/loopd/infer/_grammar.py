@@ -8,6 +8,7 @@ arguments (LFM2); gpt-oss's harmony calls are a message to `functions.NAME` whos
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from ._gbnf import ID_CHARS, JSON, SYNTAX, Rules, excluding, literal
 from ._notation import GEMMA_QUOTE
 from ._schema import value_types
 
-__all__ = ["CallGrammar", "call_grammar"]
+__all__ = ["CallGrammar", "call_grammar", "structural_tag"]
 
 
 def _delimiter(text: str) -> str:
@@ -137,6 +138,29 @@ def call_grammar(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> CallGra
     if call.notation == "gemma":
         delimiters.append(GEMMA_QUOTE)
     return CallGrammar(rules.text(), trigger, _call_token(fmt, call), _specials(delimiters))
+
+
+def structural_tag(fmt: ChatFormat, tools: Iterable[Mapping[str, Any]]) -> str | None:
+    """The same lazy constraint for vLLM, in xgrammar's terms (`structured_outputs.structural_tag`,
+    a JSON string): once the model writes a call's opening, the rest of a call of an offered
+    tool, its arguments by the tool's schema. Only for a call that is one JSON object between
+    fixed texts; None for the others (parameters one by one, Gemma's or Python's notation,
+    harmony's messages, blocks of calls), which vLLM then leaves unconstrained."""
+    call, offered = fmt.tool_call, _tools(tools)
+    if call is None or not offered or fmt.messages:
+        return None
+    if call.params is not None or call.notation != "json" or call.block_close or call.again:
+        return None
+    tags = [
+        {
+            "begin": call.open + name + call.mid,
+            "content": {"type": "json_schema", "json_schema": dict(params) or {"type": "object"}},
+            "end": call.close,
+        }
+        for name, params in offered
+    ]
+    triggered = {"type": "triggered_tags", "triggers": [call.open], "tags": tags}
+    return json.dumps({"type": "structural_tag", "format": triggered})
 
 
 def _sequence(*parts: str) -> str:
