@@ -2,10 +2,10 @@
 
 Part 1: a four-turn conversation through `loopd serve` and `bxctl chat -m`, with loopd
 stopped and started again between the second and the third turn. Against
-$LOOPD_SERVER_URL when set (a GPU llama-server), else loopd's embedded default (the bundled
-llama-server and model on the CPU). Fails on any `cache_loss` record, or any request whose
-`cache_n` is below what the slot held: the whole previous prompt and the tokens generated,
-less the last.
+$LOOPD_SERVER_URL when set (a GPU llama-server, or a vLLM: loopd finds which), else loopd's
+embedded default (the bundled llama-server and model on the CPU). Fails on any `cache_loss`
+record, or any request whose `cache_n` is below what the slot held: the whole previous prompt
+and the tokens generated, less the last (on vLLM, the whole blocks of them: docs/cache.md).
 
 Part 2 (embedded default only): llama-server itself is killed between two turns; loopd starts
 it again and restores the slot from the file saved after the first turn (`[slots] save =
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import assets  # beside this script, so on sys.path when it runs
 
-from loopd.infer import slot_tokens
+from loopd.infer import cache_limit
 from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
@@ -150,7 +150,7 @@ def table(records: list[object]) -> tuple[int, int]:
             split = any(isinstance(piece, str) for piece in record.tokens or ())
         elif isinstance(record, UsageRecord) and record.timings:
             t = record.timings
-            expected = slot_tokens(previous) if previous else 0
+            expected = cache_limit(previous, t) if previous else 0  # vLLM's: in blocks
             outcome = "hit" if t.cached >= expected else f"LOSS ({expected - t.cached} lost)"
             if split_before and t.cached < expected:
                 outcome += ", after a character split across tokens"

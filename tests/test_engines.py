@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from loopd.infer import (
     Access,
@@ -328,3 +329,17 @@ async def test_a_bad_answer_fails_the_turn_and_leaves_a_valid_log(tmp_path: Path
     log = records(d, session)
     assert conversation_problems(log) == []
     assert [r.kind for r in log][-1] == "turn_end"
+
+
+async def test_loopd_pointed_at_a_server_that_is_no_engine_stops_at_start_saying_so(
+    tmp_path: Path,
+) -> None:
+    with fake_engine({"/": Answer(200, b"<html>a web page</html>", "text/html")}) as server:
+        d = Daemon(tmp_path / "loopd", server.url, history="exact")
+        with d.log.open("ab") as log:
+            process = await trio.lowlevel.open_process(d.command("serve"), stdout=log, stderr=log)
+        with trio.fail_after(30):
+            status = await process.wait()
+    assert status != 0
+    said = d.log.read_text()
+    assert "is neither llama-server (no /props) nor an OpenAI-compatible server" in said
