@@ -150,6 +150,11 @@ def table(records: list[object]) -> tuple[int, int]:
             split = any(isinstance(piece, str) for piece in record.tokens or ())
         elif isinstance(record, UsageRecord) and record.timings:
             t = record.timings
+            if t.cache_n is None:  # a server that reports no cache figure: nothing to check
+                print(f"  {turn:>4} {t.prompt_n:>9} {'?':>8}  cache not reported")
+                below += 1
+                previous = t
+                continue
             expected = cache_limit(previous, t) if previous else 0  # vLLM's: in blocks
             outcome = "hit" if t.cached >= expected else f"LOSS ({expected - t.cached} lost)"
             if split_before and t.cached < expected:

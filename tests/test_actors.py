@@ -464,11 +464,13 @@ async def test_a_bug_in_a_turn_fails_that_turn_and_the_next_is_served(
 
 
 NO_FILES = SlotFiles("never", Path("unused"), None, 1)
+LLAMA = SimpleNamespace(slot_files=True)
+"""A client's engine as the pool reads it: llama-server's, whose slots hold their caches."""
 
 
 def slots(count: int) -> list[Slot]:
     # The pool only lends slots and knows their server; nothing runs on them here.
-    server = cast("Client", SimpleNamespace(base_url="http://llama.test"))
+    server = cast("Client", SimpleNamespace(base_url="http://llama.test", engine=LLAMA))
     return [Slot(server, n) for n in range(count)]
 
 
@@ -606,7 +608,10 @@ async def test_reset_forgets_what_idle_slots_held(nursery: trio.Nursery) -> None
 async def test_a_move_takes_an_idle_slot_of_another_server_and_counts_the_first_down(
     nursery: trio.Nursery,
 ) -> None:
-    one, two = (cast("Client", SimpleNamespace(base_url=url)) for url in ("http://1", "http://2"))
+    one, two = (
+        cast("Client", SimpleNamespace(base_url=url, engine=LLAMA))
+        for url in ("http://1", "http://2")
+    )
     pool: PoolHandle = await nursery.start(pool_actor, [Slot(one, 0), Slot(two, 0)], NO_FILES)
     async with pool.lease("a") as lease:
         assert lease is not None
@@ -634,7 +639,11 @@ async def test_a_session_whose_slot_went_to_another_takes_one_on_the_server_it_r
 ) -> None:
     """On vLLM no slot holds a session's cache, the server does: a session that lost its slot
     takes an idle one of the same server, not a free one elsewhere."""
-    one, two = (cast("Client", SimpleNamespace(base_url=url)) for url in ("http://1", "http://2"))
+    vllm = SimpleNamespace(slot_files=False)
+    one, two = (
+        cast("Client", SimpleNamespace(base_url=url, engine=vllm))
+        for url in ("http://1", "http://2")
+    )
     states = [Slot(two, 0), Slot(two, 1), Slot(one, 0)]
     pool: PoolHandle = await nursery.start(pool_actor, states, NO_FILES)
     async with pool.lease("a", prefer="http://1") as a, pool.lease("b") as b:

@@ -347,6 +347,8 @@ def test_status_reads_the_wire_models_as_plain_json() -> None:
         session="s1",
         server="http://a",
         model="m.gguf",
+        engine="vllm",
+        context_size=4096,
         slot=0,
         busy=True,
         queue=1,
@@ -372,7 +374,8 @@ def test_status_reads_the_wire_models_as_plain_json() -> None:
     assert plain == status_lines(status)
     assert plain == [
         "session  s1 (2 turns)",
-        "server   http://a  model m.gguf  slot 0",
+        "server   http://a  (vLLM)",
+        "model    m.gguf, a window of 4096 tokens  slot 0",
         "turn     running, 1 waiting",
         "slot http://a 0   busy, session s1, 100 tokens",
         "slot http://b 0   idle, free",

@@ -97,6 +97,19 @@ def test_a_server_url_must_be_http(tmp_path: Path) -> None:
     assert error_of(path).startswith(f"{path}:2: [server] url: ")
 
 
+def test_an_affinity_header_must_be_a_header_name(tmp_path: Path) -> None:
+    """A name that is not one would go out on the wire as it is, before any check."""
+    path = write(tmp_path, '[server]\nurl = "http://gpu:8000"\naffinity_header = "X Id:"\n')
+    said = error_of(path)
+    assert said.startswith(f"{path}:3: [server] affinity_header: ")
+    assert "is not a header's name" in said
+
+
+def test_an_engine_must_be_one_loopd_knows(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nurl = "http://gpu:8000"\nengine = "sglang"\n')
+    assert error_of(path).startswith(f"{path}:3: [server] engine: ")
+
+
 def test_every_mistake_is_reported_at_once(tmp_path: Path) -> None:
     path = write(tmp_path, "[loop]\ntool_iterations = 0\nturn_timeout = -1\n")
     assert len(error_of(path).splitlines()) == 2

@@ -343,3 +343,46 @@ async def test_loopd_pointed_at_a_server_that_is_no_engine_stops_at_start_saying
     assert status != 0
     said = d.log.read_text()
     assert "is neither llama-server (no /props) nor an OpenAI-compatible server" in said
+
+
+async def test_a_llama_server_loading_its_model_is_not_taken_for_another_server() -> None:
+    """While it loads, llama-server answers `/props` with 503 and `/v1/models` with 200."""
+    loading = {
+        "/props": Answer.of({"error": {"message": "Loading model", "code": 503}}, 503),
+        "/v1/models": Answer.of({"data": [{"id": "m.gguf", "owned_by": "llamacpp"}]}),
+    }
+    with fake_engine(loading) as server:
+        async with Client(server.url) as client:
+            with pytest.raises(HttpError) as raised:
+                await client.identify()
+    assert raised.value.status == 503
+    locked = {**loading, "/props": Answer.of({"error": {"code": 401}}, 401)}
+    with fake_engine(locked) as server:  # its /props wants a key loopd was not given
+        async with Client(server.url) as client:
+            assert await client.identify() == "llama"
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+async def test_an_answer_vllm_ended_otherwise_than_by_stop_or_length_is_broken(
+    reason: str,
+) -> None:
+    stream = Answer.events(piece("Hel", [10]), piece("", [11], finish=reason), usage(5, 2, 0))
+    with pytest.raises(StreamBroken, match=f"ended the answer with '{reason}'"):
+        await vllm_completion(stream, engine="vllm")
+
+
+async def test_a_vllm_stream_done_without_a_finish_is_broken() -> None:
+    with pytest.raises(StreamBroken, match="without a finish reason"):
+        await vllm_completion(Answer.events(piece("Hel", [10])), engine="vllm")
+
+
+async def test_the_block_size_named_in_the_config_stands_where_metrics_cannot_be_read() -> None:
+    """A router in front of vLLM: no `/metrics` of vLLM's."""
+    stream = Answer.events(piece("a", [10], finish="stop"), usage(40, 1, 16))
+    routes = {**vllm_routes(stream), "/metrics": Answer(404, b"not found", "text/plain")}
+    with fake_engine(routes) as server:
+        async with Client(server.url, access=Access(engine="vllm", block_size=16)) as client:
+            assert (await client.describe()).block == 16
+            done = await client.chat(prompt_request(), lambda _: None)
+    assert done.timings is not None
+    assert done.timings.block == 16

@@ -314,6 +314,6 @@ async def test_a_json_endpoint_without_what_it_is_for_is_a_bad_answer(
         with pytest.raises(BadAnswer, match="/detokenize answered without content"):
             await client.detokenize([1, 2])
         assert await client.healthy()
-        assert await client.model() == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert (await client.describe()).model == "SmolLM2-135M-Instruct.Q4_1.gguf"
     async with Client(f"http://127.0.0.1:{free_port()}") as nobody:
         assert not await nobody.healthy()

@@ -25,6 +25,7 @@ from loopd.session.records import (
     conversation_problems,
 )
 from support.daemon import Daemon, LineClient
+from support.fake_engine import fake_engine
 from support.vllm import RunningVllm, start_vllm
 from test_sessions import records, welcome
 
@@ -69,21 +70,20 @@ def assert_at_the_block_limit(d: Daemon, session: str) -> None:
         assert after.cache_n == cache_limit(before, after), (before, after)
 
 
-def assert_prompts_extend(d: Daemon, session: str) -> None:
-    """Each request's prompt is the previous one and its answer, token for token, and more:
-    the log's prompt records and answers' token ids are what was sent."""
-    pieces: list[Any] = []
-    for record in records(d, session):
-        if isinstance(record, PromptRecord):
-            if record.full:
-                assert not pieces  # the first prompt only: never rendered whole again
-            pieces.append(record.text)
-        elif isinstance(record, AssistantRecord) and record.tokens is not None:
-            assert all(isinstance(t, int) for t in record.tokens)  # vLLM names every token
-            pieces += list(record.tokens)
-        elif isinstance(record, AssistantRecord):
-            pytest.fail("an answer without its token ids")
-    assert pieces
+def assert_prompts_extend(d: Daemon, session: str, sent: list[Any]) -> None:
+    """Each request's prompt, as vLLM received it (`sent`: the bodies of `/v1/completions`),
+    is the previous one and the tokens of its answer, token for token, and more."""
+    log = records(d, session)
+    prompts = [r for r in log if isinstance(r, PromptRecord)]
+    answers = [r for r in log if isinstance(r, AssistantRecord)]
+    assert len(sent) == len(prompts) == len(answers) >= 2
+    for n in range(len(sent) - 1):
+        tokens = list(answers[n].tokens or ())
+        assert tokens, "an answer without its token ids"
+        assert all(isinstance(t, int) for t in tokens)  # vLLM names every token
+        kept = sent[n]["prompt"] + tokens[: len(tokens) - prompts[n + 1].trim]
+        assert sent[n + 1]["prompt"][: len(kept)] == kept, f"request {n + 2} does not extend"
+        assert len(sent[n + 1]["prompt"]) > len(kept)
 
 
 async def conversation(d: Daemon, questions: list[str], *, restart_after: int | None = None) -> str:
@@ -109,21 +109,19 @@ async def status(client: LineClient) -> dict[str, Any]:
 async def test_a_conversation_with_a_restart_is_token_exact_at_the_block_limit(
     vllm_server: RunningVllm, tmp_path: Path
 ) -> None:
-    d = on_vllm(tmp_path / "loopd", vllm_server.url)
-    await d.start()
-    try:
-        session = await conversation(d, QUESTIONS, restart_after=2)
-        seen = await status(d.clients[-1])
-    finally:
-        await d.end()
-    assert (seen["engine"], seen["model"], seen["context_size"]) == (
-        "vllm",
-        vllm_server.model,
-        4096,
-    )
+    with fake_engine({}, upstream=vllm_server.url) as recorder:  # what vLLM receives
+        d = on_vllm(tmp_path / "loopd", recorder.url)
+        await d.start()
+        try:
+            session = await conversation(d, QUESTIONS, restart_after=2)
+            seen = await status(d.clients[-1])
+        finally:
+            await d.end()
+    assert seen["engine"] == "vllm"
+    assert (seen["model"], seen["context_size"]) == (vllm_server.model, 4096)
     assert "vLLM server at" in d.log.read_text()  # found, not named
     assert_at_the_block_limit(d, session)
-    assert_prompts_extend(d, session)
+    assert_prompts_extend(d, session, recorder.bodies("/v1/completions"))
 
 
 async def test_two_sessions_at_once_each_extend_their_own_prompts(

@@ -113,6 +113,13 @@ def _urls(value: object) -> object:
     return urls
 
 
+def _header_name(name: str) -> str:
+    """An HTTP header's name (RFC 9110's token), or empty."""
+    if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]*", name):
+        raise ValueError(f"{name!r} is not a header's name (letters, digits and - only)")
+    return name
+
+
 Urls = Annotated[list[str], BeforeValidator(_urls)]
 """One URL, or a list of them."""
 
@@ -133,10 +140,14 @@ class ServerConfig(_Table):
     api_key_env: str | None = None
     """The environment variable that holds the server's API key, sent as `Authorization:
     Bearer ...`; the key itself is never written to a log or a record."""
-    affinity_header: str = "X-Session-ID"
+    affinity_header: Annotated[str, AfterValidator(_header_name)] = "X-Session-ID"
     """The header each request names its session in, for a router in front of several
     servers that keeps a session on the one holding its cache (docs/operations.md, "On a
-    cluster"); an empty string sends none."""
+    cluster"). It goes to every server, a hosted API's too; an empty string sends none."""
+    block_size: PositiveInt | None = None
+    """vLLM's cache block in tokens, where loopd cannot read it from the server's `/metrics`
+    (a router in front of vLLM): the grain of the cache figure's limit (docs/cache.md).
+    Unset: read from the server."""
     connect_timeout: PositiveFloat = 5.0
     """Seconds to make the TCP connection."""
     queue_timeout: PositiveFloat = 600.0

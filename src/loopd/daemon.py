@@ -147,22 +147,26 @@ async def _keep_running(
             await trio.sleep(delay)
 
 
-async def _probe(client: Client, forced: EngineName | None) -> ServerFacts | None:
-    """Say early what an external server is (the engine, found unless `[server] engine`
-    names it), which model it runs and its context window. None while it does not answer
-    (requests wait for it; the health watch asks again); a server that answers none of what
-    an engine would is a `StartupError`."""
+async def _probe(
+    client: Client, forced: EngineName | None, *, at_start: bool = True
+) -> ServerFacts | None:
+    """Ask an external server what it is (the engine, found unless `[server] engine` names
+    it), which model it runs and its context window. None while it cannot say (it does not
+    answer, or still loads its model): requests wait for it, and the health watch asks again.
+    At start, a server that answers none of what an engine would is a `StartupError`; later,
+    it is said in the log and asked again."""
+    say = log.warning if at_start else log.debug  # the watch asks every second
     with trio.move_on_after(HEALTH_TIMEOUT):
         try:
             client.be(forced or await client.identify())
             facts = await client.describe()
         except BadAnswer as e:
-            if forced is None:
+            if forced is None and at_start:
                 raise StartupError(str(e)) from e
-            log.warning("%s does not say what it serves: %s", client.engine.title, e)
+            say("%s does not say what it serves: %s", client.base_url, e)
             return None
         except InferError as e:
-            log.warning("%s is not ready yet (%s); requests will wait for it", client.base_url, e)
+            say("%s is not ready yet (%s); requests will wait for it", client.base_url, e)
             return None
         client.started_at = facts.started
         log.info(
@@ -172,7 +176,7 @@ async def _probe(client: Client, forced: EngineName | None) -> ServerFacts | Non
             facts.context or "unknown",
         )
         return facts
-    log.warning("%s does not answer yet; requests will wait for it", client.base_url)
+    say("%s does not answer yet; requests will wait for it", client.base_url)
     return None
 
 
@@ -203,7 +207,7 @@ async def check_servers(config: Config) -> tuple[list[str], bool]:
                     client.be(config.server.engine or await client.identify())
                     facts = await client.describe()
             except (InferError, trio.TooSlowError) as e:
-                lines.append(f"# server {url}: cannot be used: {e or 'no answer in time'}")
+                lines.append(f"# server {url}: cannot be used: {str(e) or 'no answer in time'}")
                 ok = False
                 continue
         window = f"a window of {facts.context} tokens" if facts.context else "window not said"
@@ -331,10 +335,8 @@ async def _serve(
             ):
                 if config.server.urls:
                     for client in clients:
-                        alone = len(clients) == 1
-                        watch.start_soon(
-                            partial(_watch_health, alone=alone), client, core.pool, info
-                        )
+                        watching = partial(_watch_health, alone=len(clients) == 1)
+                        watch.start_soon(watching, client, core.pool, info, config.server.engine)
                 else:
                     watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
                 stop.channel = ChannelServer(core, info, config.channel)
@@ -359,6 +361,7 @@ def server_access(config: Config) -> Access:
         model=s.model,
         api_key=key,
         affinity_header=s.affinity_header or None,
+        block_size=s.block_size,
     )
 
 
@@ -381,27 +384,29 @@ async def _forget_after_restarts(
         pool.reset(client.base_url)
 
 
-async def _watch_health(client: Client, pool: PoolHandle, info: DaemonInfo, *, alone: bool) -> None:
-    """Tell the pool whether an external server answers its engine's health check: its slots
-    are lent only while it does. Told at every look, not only when it changes: a turn whose
-    request the server could not take tells the pool too, and the next look that finds it
-    answering undoes that. A server that comes back (or answers for the first time) is asked
-    again what it is: it may have restarted, with an empty cache, or with another model."""
+async def _watch_health(
+    client: Client, pool: PoolHandle, info: DaemonInfo, forced: EngineName | None, *, alone: bool
+) -> None:
+    """Tell the pool whether an external server answers: its slots are lent only while it
+    does. Told at every look, not only when it changes: a turn whose request the server could
+    not take tells the pool too, and the next look that finds it answering undoes that. Until
+    the server has said what it is (down or loading at start), each look asks it that instead
+    of its health; one that comes back is asked again: it may have restarted, with an empty
+    cache, or with another model."""
     up = True
-    known = info.engine is not None
     while True:
-        answers = False
-        with trio.move_on_after(HEALTH_TIMEOUT):
-            answers = await client.healthy()
-        if answers and (not known or not up):
-            facts = await _probe(client, client.engine.name if known else None)
-            if facts is not None:
-                known = True
-                if not up and facts.started is None:  # it was away: its cache may be gone
+        if client.engine.facts is None:
+            answers = await _probe(client, forced, at_start=False) is not None
+        else:
+            answers = False
+            with trio.move_on_after(HEALTH_TIMEOUT):
+                answers = await client.healthy()
+            if answers and not up:
+                facts = await _probe(client, client.engine.name, at_start=False)
+                if facts is not None and facts.started is None:  # it was away: its cache too
                     client.started_at = time.time()
-                if info.engine is None:
-                    info.model, info.context_size = facts.model, facts.context
-                    info.engine = facts.engine
+        if (facts := client.engine.facts) is not None and info.model is None:
+            info.model, info.context_size, info.engine = facts.model, facts.context, facts.engine
         pool.health(client.base_url, up=answers)
         if answers != up:
             up = answers

@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible server over real HTTP on loopback, in a thread of its own: each
-path answers what the test gives it (a JSON body, an event stream, a status, a cut), and every
-request is kept with its headers, so a test can check what loopd sent. Stands in for what no
+path answers what the test gives it (a JSON body, an event stream, a status, a cut), or what a
+real server behind it answers (`upstream`), and every request is kept with its headers, so a
+test can check what loopd sent. Stands in for what no
 real server here can be made to do on purpose (a 400 without JSON, a stream cut mid-token, an
 answer without token ids, a usage without cache figures)."""
 
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import httpx
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,10 @@ Route = Callable[[Any], Answer]
 
 @dataclass
 class FakeEngine:
-    routes: dict[str, Route | Answer]
+    routes: Mapping[str, Route | Answer]
+    upstream: str | None = None
+    """Where a path the routes do not name goes (a real server behind this one, which then
+    records what reaches it), its answer read whole and sent on."""
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
 
@@ -60,17 +66,28 @@ class FakeEngine:
         body = json.loads(raw) if raw else None
         self.seen.append(Seen(method, path, headers, body))
         route = self.routes.get(path)
+        if route is None and self.upstream is not None:
+            return self._forward(method, path, raw)
         if route is None:
             return Answer.of({"error": {"message": f"no {path}", "code": 404}}, 404)
         return route if isinstance(route, Answer) else route(body)
+
+    def _forward(self, method: str, path: str, raw: bytes) -> Answer:
+        headers = {"Content-Type": "application/json"} if raw else {}
+        with httpx.Client(timeout=600) as http:
+            got = http.request(method, f"{self.upstream}{path}", content=raw, headers=headers)
+        kind = got.headers.get("content-type", "application/json").split(";")[0]
+        return Answer(got.status_code, got.content, kind)
 
     def bodies(self, path: str) -> list[Any]:
         return [s.body for s in self.seen if s.path == path]
 
 
 @contextmanager
-def fake_engine(routes: dict[str, Route | Answer]) -> Iterator[FakeEngine]:
-    engine = FakeEngine(routes)
+def fake_engine(
+    routes: Mapping[str, Route | Answer], upstream: str | None = None
+) -> Iterator[FakeEngine]:
+    engine = FakeEngine(routes, upstream)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

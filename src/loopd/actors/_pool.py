@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -263,6 +263,8 @@ class PoolHandle:
 
 
 POOL = "the slot pool"
+RAN_ON_KEPT = 4096
+"""Sessions whose server the pool remembers (`_Pool.ran_on`), the most recent."""
 
 
 def _restarted_since(client: Client, session: Session) -> str | None:
@@ -321,10 +323,11 @@ class _Pool:
         self.evicting: set[str] = set()
         """Sessions whose cache is being saved by whoever took their slot."""
         self.grants = itertools.count(1)
-        self.ran_on: dict[str, str] = {}
-        """The server each session last had a slot of: where its cache is likeliest to be
-        (vLLM keeps a session's blocks after its slot went to another), preferred when it
-        takes a slot again and no slot file names another."""
+        self.ran_on: OrderedDict[str, str] = OrderedDict()
+        """On servers whose cache every request shares (vLLM), the one each session last ran
+        on: it keeps the session's blocks after its slot went to another session, so the
+        session takes a slot there again rather than a free one elsewhere. (On llama-server
+        a session's cache leaves with its slot, and its slot file says where it went.)"""
 
     def take(self, message: _Message) -> None:
         if isinstance(message, _Acquire):
@@ -419,13 +422,21 @@ class _Pool:
             tokens=state.tokens if hot else None,
             grant=next(self.grants),
         )
-        if request.owner is not None:
-            self.ran_on[request.owner] = state.slot.client.base_url
+        self._keep_server(request.owner, state)
         if self._give(request, state, lease) and (not hot or taken_over):
             if lease.evicted is not None:
                 self.evicting.add(lease.evicted)
             state.owner, state.tokens = request.owner, None
         return True
+
+    def _keep_server(self, owner: str | None, state: _State) -> None:
+        """Where `owner` runs now, where the server's cache outlives the slot (`ran_on`)."""
+        if owner is None or state.slot.client.engine.slot_files:
+            return
+        self.ran_on[owner] = state.slot.client.base_url
+        self.ran_on.move_to_end(owner)
+        if len(self.ran_on) > RAN_ON_KEPT:
+            self.ran_on.popitem(last=False)
 
     def _holding(self, owner: str | None, avoid: str | None) -> _State | None:
         """The slot that holds `owner`'s cache, on a server other than `avoid`."""

@@ -124,6 +124,8 @@ class Access:
     """Sent as `Authorization: Bearer ...`; never in a log (not even in this object's repr)."""
     affinity_header: str | None = None
     """The header each streamed request names its session in."""
+    block_size: int | None = None
+    """vLLM's cache block where its `/metrics` cannot be read (a router in front of it)."""
 
 
 class Client:
@@ -165,7 +167,8 @@ class Client:
         self._urls: dict[str, httpx.URL] = {}
         self._affinity = access.affinity_header.encode() if access.affinity_header else None
         self._model = access.model
-        self.engine: Engine = ENGINES[access.engine](self, access.model)
+        self._block = access.block_size
+        self.engine: Engine = ENGINES[access.engine](self, access.model, access.block_size)
         """What the server is (`identify`): llama-server until found otherwise."""
         self.started_at: float | None = None
         """When the server last came up, as far as loopd saw (seconds since the epoch): a
@@ -174,7 +177,7 @@ class Client:
     def be(self, engine: EngineName) -> None:
         """The server is `engine` (found, or named by `[server] engine`)."""
         if engine != self.engine.name:
-            self.engine = ENGINES[engine](self, self._model)
+            self.engine = ENGINES[engine](self, self._model, self._block)
 
     async def identify(self) -> EngineName:
         """Which engine the server is, asked of the server itself; raises an `InferError`
@@ -232,10 +235,6 @@ class Client:
         """The chat template the server uses, where it tells it."""
         return await self.engine.chat_template()
 
-    async def model(self) -> str | None:
-        """The model the server runs, as it names it."""
-        return (await self.engine.describe()).model
-
     async def healthy(self) -> bool:
         """The server answers `/health` with 200 (it has loaded its model) within the read
         deadline."""
@@ -267,14 +266,6 @@ class Client:
                 return held if isinstance(held, int) else None
         return None
 
-    async def context_size(self) -> int | None:
-        """Each slot's context window in tokens (`GET /slots`, the first slot's `n_ctx`);
-        None when the server does not say."""
-        for entry in await self._slots() or []:
-            if isinstance(entry, dict) and isinstance(n_ctx := entry.get("n_ctx"), int):
-                return n_ctx
-        return None
-
     async def slot_count(self) -> int | None:
         """How many slots the server has (`GET /slots`); None when it does not say. It matters:
         llama-server takes an `id_slot` past its last slot modulo their number, so a request
@@ -283,10 +274,7 @@ class Client:
         return None if slots is None else len(slots)
 
     async def _slots(self) -> list[Any] | None:
-        if not self.engine.slot_files:  # no slots: vLLM and the others share one cache
-            return None
-        slots = await self.get_any("/slots")
-        return slots if isinstance(slots, list) else None
+        return await self.engine.slots()
 
     async def get_any(self, path: str) -> object:
         """Any JSON `path` answers, within the read deadline; None where it answers an error,
@@ -459,12 +447,7 @@ class Client:
                         "([server] read_timeout)"
                     )
                 if data is None:
-                    last = (
-                        "its last chunk"
-                        if self.engine.name == "llama" and isinstance(request, PromptRequest)
-                        else "[DONE]"
-                    )
-                    raise StreamBroken(f"the stream ended without {last}")
+                    raise StreamBroken(f"the stream ended without {self.engine.end(request)}")
                 if (done := _take(assembler, data, on_event)) is not None:
                     return done
                 # Many events can sit in one read; let the tasks that relay them to

@@ -113,15 +113,29 @@ class Engine:
     health: ClassVar[str] = "/health"
     """The path that answers 200 once the server can take requests."""
 
-    def __init__(self, api: JsonApi, model: str | None = None) -> None:
+    def __init__(self, api: JsonApi, model: str | None = None, block: int | None = None) -> None:
         self.api = api
+        self.wanted = model
+        """The model `[server] model` names; None: the server's first."""
         self.model = model
-        """The model to ask for (`[server] model`, else the server's first)."""
-        self.block: int | None = None
-        """The cache's grain, once `describe` has read it."""
+        """The model asked for: `wanted`, else the one `describe` found."""
+        self.block = block
+        """The cache's grain: `[server] block_size`, else what `describe` read."""
+        self.facts: ServerFacts | None = None
+        """What `describe` found last; None before it answered."""
 
     async def describe(self) -> ServerFacts:
+        """What the server says of itself (kept as `facts`)."""
         raise NotImplementedError
+
+    async def slots(self) -> list[Any] | None:
+        """The slots `GET /slots` lists (llama-server's); None for an engine without them."""
+        return None
+
+    def end(self, request: ChatRequest | PromptRequest) -> str:
+        """What a whole stream ends with, for the error of one that ended before it."""
+        del request
+        return "[DONE]"
 
     async def render(
         self,
@@ -202,20 +216,19 @@ class LlamaServer(Engine):
         props = await self.api.get_json("/props")
         path = props.get("model_path")
         model = path.rsplit("/", 1)[-1] if isinstance(path, str) else None
-        slots = await self._slots()
-        context = next(
-            (
-                s["n_ctx"]
-                for s in slots or ()
-                if isinstance(s, dict) and isinstance(s.get("n_ctx"), int)
-            ),
-            None,
-        )
-        return ServerFacts("llama", model, context, None if slots is None else len(slots))
+        slots = await self.slots()
+        windows = (s.get("n_ctx") for s in slots or () if isinstance(s, dict))
+        context = next((n for n in windows if isinstance(n, int)), None)
+        count = None if slots is None else len(slots)
+        self.facts = ServerFacts("llama", model, context, count)
+        return self.facts
 
-    async def _slots(self) -> list[Any] | None:
+    async def slots(self) -> list[Any] | None:
         slots = await self.api.get_any("/slots")
         return slots if isinstance(slots, list) else None
+
+    def end(self, request: ChatRequest | PromptRequest) -> str:
+        return "its last chunk" if isinstance(request, PromptRequest) else "[DONE]"
 
     async def render(
         self,
@@ -265,6 +278,8 @@ class LlamaServer(Engine):
         return raw, raw.prime(request.prefill)
 
 
+LOADING = 503
+"""llama-server's status while it loads its model."""
 BLOCK_SIZE = r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"'
 """The block size in vLLM's `/metrics`: a label of its cache's configuration."""
 TOKENIZED_KEPT = 4096
@@ -279,14 +294,14 @@ class Vllm(Engine):
     name = "vllm"
     exact = True
 
-    def __init__(self, api: JsonApi, model: str | None = None) -> None:
-        super().__init__(api, model)
+    def __init__(self, api: JsonApi, model: str | None = None, block: int | None = None) -> None:
+        super().__init__(api, model, block)
         self.context: int | None = None
         self._tokens: OrderedDict[str, list[int]] = OrderedDict()
+        """The ids of the texts tokenized, by the model and the server's run that made them."""
 
     async def describe(self) -> ServerFacts:
-        entry = await _first_model(self.api, self.model)
-        self.model = self.model or _str(entry.get("id"))
+        entry = await _first_model(self.api, self.wanted)
         context = entry.get("max_model_len")
         self.context = context if isinstance(context, int) else None
         try:
@@ -294,16 +309,20 @@ class Vllm(Engine):
         except InferError as e:
             log.warning("%s does not say its block size (/metrics: %s)", self.title, e)
             metrics = ""
-        block = re.search(BLOCK_SIZE, metrics, re.MULTILINE)
-        self.block = int(block.group(1)) if block else None
+        if block := re.search(BLOCK_SIZE, metrics, re.MULTILINE):
+            self.block = int(block.group(1))
         started = re.search(r"^process_start_time_seconds ([0-9.e+]+)$", metrics, re.MULTILINE)
-        return ServerFacts(
+        facts = ServerFacts(
             "vllm",
-            self.model,
+            self.wanted or _str(entry.get("id")),
             self.context,
             block=self.block,
             started=float(started.group(1)) if started else None,
         )
+        if self.facts and (facts.model, facts.started) != (self.facts.model, self.facts.started):
+            self._tokens.clear()  # another model, or another run of it: tokenized anew
+        self.model, self.facts = facts.model, facts
+        return facts
 
     async def render(
         self,
@@ -437,8 +456,10 @@ class VllmRaw:
         return self.raw.done
 
     def feed(self, data: str) -> list[ChatEvent]:
-        if data == "[DONE]":  # no usage came: the end without figures
-            return self._end(None) if not self.raw.done else []
+        if data == "[DONE]":
+            if self._finish is None:
+                raise StreamBroken("the vLLM server ended the stream without a finish reason")
+            return self._end(None) if not self.raw.done else []  # no usage: no figures
         chunk = read_chunk(_VLLM_CHUNK, data)
         events: list[ChatEvent] = []
         for choice in chunk.choices:
@@ -454,13 +475,17 @@ class VllmRaw:
                     RawChunk(content=choice.text, tokens=ids, tokens_predicted=self._counted)
                 )
             if choice.finish_reason is not None:
+                if choice.finish_reason not in {"stop", "length"}:  # `abort`, `error`
+                    raise StreamBroken(
+                        f"the vLLM server ended the answer with {choice.finish_reason!r}"
+                    )
                 self._finish = (choice.finish_reason, choice.stop_reason)
         if chunk.usage is not None and self._finish is not None:
             events += self._end(chunk.usage)
         return events
 
     def _end(self, usage: Usage | None) -> list[ChatEvent]:
-        reason, stop = self._finish or ("stop", None)
+        reason, stop = self._finish or ("stop", None)  # fed only once a finish came
         # An end of generation (`stop_reason` None) or a stop token ended the message; a stop
         # text did not (it is not among loopd's requests); `length`: a limit.
         ended = reason == "stop" and (stop is None or isinstance(stop, int))
@@ -492,13 +517,14 @@ class OpenAICompatible(Engine):
         return "/v1/chat/completions", chat_body(request, self.model)
 
     async def describe(self) -> ServerFacts:
-        entry = await _first_model(self.api, self.model)
-        self.model = self.model or _str(entry.get("id"))
+        entry = await _first_model(self.api, self.wanted)
+        self.model = self.wanted or _str(entry.get("id"))
         context = next(
             (v for k in ("max_model_len", "context_length") if isinstance(v := entry.get(k), int)),
             None,
         )
-        return ServerFacts("openai", self.model, context)
+        self.facts = ServerFacts("openai", self.model, context)
+        return self.facts
 
 
 async def _first_model(api: JsonApi, wanted: str | None) -> dict[str, Any]:
@@ -532,10 +558,15 @@ ENGINES: dict[EngineName, type[Engine]] = {
 async def identify(api: JsonApi) -> EngineName:
     """Which engine answers at `api`: llama-server's `/props`, else the owner `/v1/models`
     names. Raises `BadAnswer` where the server answers neither, `ConnectError` where it
-    cannot be reached."""
+    cannot be reached, and llama-server's 503 while it loads its model (its `/v1/models`
+    answers meanwhile, and would be taken for another server's)."""
     try:
         props = await api.get_json("/props")
-    except (HttpError, BadAnswer):
+    except HttpError as e:
+        if e.status == LOADING:  # llama-server loading its model: ask again once it answers
+            raise
+        props = {}
+    except BadAnswer:
         props = {}
     if "default_generation_settings" in props or "total_slots" in props:
         return "llama"
@@ -551,4 +582,6 @@ async def identify(api: JsonApi) -> EngineName:
         if isinstance(models, list)
         else set()
     )
+    if "llamacpp" in owners:  # a llama-server whose /props wants the key loopd lacks
+        return "llama"
     return "vllm" if "vllm" in owners else "openai"
