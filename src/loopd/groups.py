@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-import trio
-
 __all__ = ["innermost", "leaf", "only_cancelled"]
 
 E = TypeVar("E", bound=BaseException)
@@ -31,6 +29,8 @@ def leaf(error: BaseException, kind: type[E]) -> E | None:
 
 def only_cancelled(error: BaseException) -> bool:
     """`error` is a cancellation, raw or in groups (a nursery's) that hold nothing else."""
+    import trio  # noqa: PLC0415 - here: bxctl's quick commands import this module, not trio
+
     if isinstance(error, BaseExceptionGroup):
         return error.split(trio.Cancelled)[1] is None
     return isinstance(error, trio.Cancelled)
