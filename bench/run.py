@@ -18,6 +18,8 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     startup   bxctl --help and bxctl status, whole processes, against python -c pass
     fork      time to first token of a fork's first turn, against the conversation uncached
     prompt    a long session's next prompt and body, against both built from the whole history
+    vllm      loopd on vLLM: tokens processed, time to first token, sessions at once, against
+              clients of vLLM's chat endpoint
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import slots
 import startup
 import store
 import trio
+import vllm
 
 import templates
 
@@ -95,6 +98,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
         Path(os.environ["LOOPD_CHAT_CASES"]),
     ),
     "prompt": prompt.run,
+    "vllm": lambda: trio.run(vllm.measure, Path(os.environ["LOOPD_TEMPLATES"])),
 }
 
 
@@ -318,6 +322,30 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             "| figure | loopd | baseline (same run) | ratio |",
             "| --- | --- | --- | --- |",
             *(f"| {' | '.join(row)} |" for row in prompt.rows(f)),
+        ]
+    if name == "vllm":
+        return [
+            "## 19. loopd on vLLM",
+            "",
+            (
+                f"vLLM {f.get('version') or ''} (the CPU build, two cores), SmolLM2-135M, "
+                "prefix caching in blocks of 32 tokens (bench/vllm.py, tests/support/vllm.py): "
+                'loopd (`history = "exact"`, temperature 0) against a client that sends the '
+                "same conversation as messages straight to `/v1/chat/completions` (the same "
+                "system prompt, tools and thinking; each answer sent back as the content it "
+                "got), on the same server. Tokens: processed is `prompt_tokens - cached_tokens`; "
+                "the minimum is what the request's prompt holds beyond what the conversation's "
+                "previous request left in whole blocks (`loopd.infer.cache_limit`), so 1.00 is "
+                "the limit; recomputed, what that left and the request did not find. The prefix "
+                "cache is emptied before each side; the three llama.cpp templates are served "
+                "with `--chat-template` (and `-O0`: the same tokens, a faster start). Times: "
+                "SmolLM2's own template, `[server] slots = 4`; time to first content through "
+                "the socket, against the first content chunk of the streamed chat request; each "
+                "side first as often, after the same history (its blocks filled beforehand, so "
+                "both compute the same tokens)."
+            ),
+            "",
+            *vllm.table(f),
         ]
     if name == "store":
         return [
