@@ -7,6 +7,7 @@ conversation sent as messages to vLLM's chat endpoint, side by side."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,15 +171,13 @@ def chat_endpoint(server: RunningVllm, questions: list[str]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def reasoning_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
-    """A second vLLM, serving SmolLM2 with a template that drops past reasoning (and calls in
-    Hermes' `<tool_call>` syntax)."""
+    """A second vLLM, serving SmolLM2 with a template that drops past reasoning and writes
+    loopd's tools into the prompt (calls in Hermes' `<tool_call>` syntax), started with no
+    tool-call parser at all."""
     template = TEMPLATES / DROPS_REASONING
     assert template.is_file(), f"{template} is missing: run `just test` (it fetches them)"
-    # Its tool-call parser serves the chat endpoint's clients, loopd's OpenAI path among them;
-    # loopd's token-exact requests do not use it.
-    parser = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    folder = tmp_path_factory.mktemp("vllm-qwq")
-    with start_vllm(folder, chat_template=template, extra_args=parser) as server:
+    # No tool-call parser: loopd reads the model's calls itself.
+    with start_vllm(tmp_path_factory.mktemp("vllm-qwq"), chat_template=template) as server:
         yield server
 
 
@@ -187,13 +186,22 @@ async def test_on_a_template_that_drops_past_reasoning_loopd_recomputes_nothing(
 ) -> None:
     """The chat endpoint's client loses what the template drops at every request; loopd,
     sending the tokens the model generated, loses nothing. Processed tokens side by side."""
-    d = on_vllm(tmp_path / "loopd", reasoning_vllm.url)
-    await d.start()
-    try:
-        session = await conversation(d, QUESTIONS[1:])
-    finally:
-        await d.end()
+    with fake_engine({}, upstream=reasoning_vllm.url) as recorder:  # what vLLM receives
+        d = on_vllm(tmp_path / "loopd", recorder.url)
+        await d.start()
+        try:
+            session = await conversation(d, QUESTIONS[1:])
+        finally:
+            await d.end()
     assert_at_the_block_limit(d, session)
+    sent = recorder.bodies("/v1/completions")
+    assert_prompts_extend(d, session, sent)
+    # loopd's tools are in the prompt, and a call of one is constrained once it opens; the
+    # vLLM has no parser of calls, and needs none.
+    rendered = [b for b in recorder.bodies("/tokenize") if "messages" in b]
+    assert any(t["function"]["name"] == "find_tool" for b in rendered for t in b.get("tools", []))
+    tags = [json.loads(b["structured_outputs"]["structural_tag"]) for b in sent]
+    assert all(t["format"]["triggers"] == ['<tool_call>\n{"name": "'] for t in tags)
     answers = [r for r in records(d, session) if isinstance(r, AssistantRecord)]
     assert any(a.reasoning_content for a in answers)  # the template opens the reasoning
     loopd = [t.prompt_n for t in usages(d, session)]
@@ -202,11 +210,11 @@ async def test_on_a_template_that_drops_past_reasoning_loopd_recomputes_nothing(
 
 
 async def test_vllms_chat_endpoint_as_an_openai_server_with_loopds_tools(
-    reasoning_vllm: RunningVllm, tmp_path: Path
+    vllm_server: RunningVllm, tmp_path: Path
 ) -> None:
     """`engine = "openai"`: history as messages, loopd's tools offered, vLLM's own parser
-    reading the calls; its cache figures read from `usage`."""
-    d = on_vllm(tmp_path / "loopd", reasoning_vllm.url)
+    reading the calls (`CHAT_TOOLS`); its cache figures read from `usage`."""
+    d = on_vllm(tmp_path / "loopd", vllm_server.url)
     d.config.write_text(
         d.config.read_text().replace("sampling = ", 'engine = "openai"\nsampling = ', 1)
     )

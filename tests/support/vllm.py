@@ -260,9 +260,15 @@ def start_vllm(
         stop(process)
 
 
+CHAT_TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+"""A tool-call parser for the chat endpoint, which refuses tools without one; loopd's
+token-exact requests never use it."""
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
-    """One vLLM for the whole run (the FLAGS, the model's own chat template), started by the
+    """One vLLM for the whole run (the FLAGS, the model's own chat template, a tool-call
+    parser for its chat endpoint: `CHAT_TOOLS`), started by the
     first test that asks for it and stopped at the end of the run; or the one already running
     at `$LOOPD_VLLM_URL` (started with the same FLAGS), to try a test again without waiting."""
     if url := os.environ.get("LOOPD_VLLM_URL"):  # one already running, with FLAGS
@@ -271,7 +277,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVll
         return
     failure = None
     try:
-        with start_vllm(tmp_path_factory.mktemp("vllm")) as server:
+        with start_vllm(tmp_path_factory.mktemp("vllm"), extra_args=CHAT_TOOLS) as server:
             yield server
     except VllmStartError as error:
         failure = str(error)
