@@ -186,6 +186,18 @@ def _assembler(request: ChatRequest | PromptRequest, block: int | None) -> Assem
     return Assembler(thinking_cap=g.budget, repetition_cap=g.repetition_cap, block=block)
 
 
+def _rendering(add_generation_prompt: bool, thinking: bool, date: str | None) -> dict[str, Any]:
+    """What a request for a template's rendering asks besides the messages, alike on every
+    engine that renders: the generation prompt, thinking on or off, the pinned date."""
+    # Also as a template variable: llama-server leaves it undefined when false, and a
+    # template that defaults an undefined one to true (RWKV World's) would add it anyway.
+    kwargs = template_kwargs(thinking=thinking, date=date)
+    return {
+        "add_generation_prompt": add_generation_prompt,
+        "chat_template_kwargs": {**kwargs, "add_generation_prompt": add_generation_prompt},
+    }
+
+
 def chat_body(request: ChatRequest, model: str | None) -> bytes:
     """A chat request as any OpenAI-compatible server reads it: none of llama-server's own
     fields, which a strict server refuses."""
@@ -239,14 +251,10 @@ class LlamaServer(Engine):
         thinking: bool,
         date: str | None,
     ) -> str:
-        # Also as a template variable: llama-server leaves it undefined when false, and a
-        # template that defaults an undefined one to true (RWKV World's) would add it anyway.
-        kwargs = template_kwargs(thinking=thinking, date=date)
         body = {
             "messages": messages,
             "tools": tools,
-            "add_generation_prompt": add_generation_prompt,
-            "chat_template_kwargs": {**kwargs, "add_generation_prompt": add_generation_prompt},
+            **_rendering(add_generation_prompt, thinking, date),
         }
         prompt = (await self.api.post_json("/apply-template", body)).get("prompt")
         if not isinstance(prompt, str):
@@ -335,12 +343,8 @@ class Vllm(Engine):
     ) -> str:
         body: dict[str, Any] = {
             "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
-            "add_special_tokens": False,
-            "chat_template_kwargs": {
-                **template_kwargs(thinking=thinking, date=date),
-                "add_generation_prompt": add_generation_prompt,
-            },
+            **_rendering(add_generation_prompt, thinking, date),
+            "add_special_tokens": False,  # the template writes them
         }
         if tools:
             body["tools"] = tools
