@@ -73,13 +73,158 @@ def test_an_unknown_key_names_file_line_table_and_key_and_suggests(tmp_path: Pat
 
 
 def test_an_unknown_table_is_named(tmp_path: Path) -> None:
-    path = write(tmp_path, "[loops]\ntool_iterations = 3\n")
-    assert error_of(path) == f"{path}:1: [loops] is not a table loopd knows"
+    path = write(tmp_path, "[plugins]\nname = 3\n")
+    assert error_of(path) == f"{path}:1: [plugins] is not a table loopd knows"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[servr]\nslots = 2\n", "1: [servr] is not a table loopd knows (did you mean [server]?)"),
+        (
+            '[server]\nslots = 2\n[server.managd]\nmodel = "m.gguf"\n',
+            "3: [server.managd] is not a table loopd knows (did you mean [server.managed]?)",
+        ),
+        (
+            '[tools.mcpp.cal]\ncommand = ["cal-mcp"]\n',
+            "1: [tools.mcpp] is not a table loopd knows (did you mean [tools.mcp]?)",
+        ),
+        (
+            '[tools.mcp.cal]\ncommand = ["cal-mcp"]\n[tools.mcp.cal.polcy]\naction = "ask"\n',
+            (
+                "3: [tools.mcp.cal.polcy] is not a table loopd knows "
+                "(did you mean [tools.mcp.cal.policy]?)"
+            ),
+        ),
+    ],
+)
+def test_an_unknown_table_suggests_the_one_meant(tmp_path: Path, text: str, said: str) -> None:
+    path = write(tmp_path, text)
+    assert error_of(path) == f"{path}:{said}"
+
+
+def test_an_unknown_key_of_an_mcp_server_suggests_the_one_meant(tmp_path: Path) -> None:
+    """Inside a table of named ones (`[tools.mcp.NAME]`) as anywhere else."""
+    path = write(tmp_path, '[tools.mcp.cal]\ncommand = ["cal-mcp"]\nenvs = "TZ=UTC"\n')
+    assert error_of(path) == f"{path}:3: [tools.mcp.cal] envs: unknown key (did you mean 'env'?)"
 
 
 def test_a_wrong_type_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, '[loop]\nrepeat_detection = "often"\n')
-    assert error_of(path).startswith(f"{path}:2: [loop] repeat_detection: Input should be")
+    assert error_of(path) == (
+        f'{path}:2: [loop] repeat_detection: must be true or false, not the string "often"'
+    )
+
+
+def test_a_string_that_pydantic_would_read_as_a_boolean_is_refused(tmp_path: Path) -> None:
+    """`"yes"` is not `true`: the file says what it means in TOML's own types."""
+    path = write(tmp_path, '[loop]\nrepeat_detection = "yes"\n')
+    assert error_of(path) == (
+        f'{path}:2: [loop] repeat_detection: must be true or false, not the string "yes"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[loop]\nthinking = 1\n", "2: [loop] thinking: must be true or false, not the number 1"),
+        (
+            '[tools.run]\nnetwork = "true"\n',
+            (
+                '2: [tools.run] network: must be true or false, not the string "true" '
+                "(write it without quotes: true)"
+            ),
+        ),
+        (
+            '[tools.policies.read_file]\nuntrusted = "false"\n',
+            (
+                "2: [tools.policies.read_file] untrusted: must be true or false, "
+                'not the string "false" (write it without quotes: false)'
+            ),
+        ),
+    ],
+)
+def test_a_boolean_in_any_table_must_be_a_toml_boolean(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    path = write(tmp_path, text)
+    assert error_of(path) == f"{path}:{said}"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            '[loop]\ntool_iterations = "5"\n',
+            (
+                '2: [loop] tool_iterations: must be a whole number, not the string "5" '
+                "(write it without quotes: 5)"
+            ),
+        ),
+        (
+            '[server]\nread_timeout = "0.5"\n',
+            (
+                '2: [server] read_timeout: must be a number, not the string "0.5" '
+                "(write it without quotes: 0.5)"
+            ),
+        ),
+        (
+            "[loop]\nmax_tokens = 5.0\n",
+            "2: [loop] max_tokens: must be a whole number, not the number 5.0",
+        ),
+        ("[store]\ndirectory = 5\n", "2: [store] directory: must be a string, not the number 5"),
+        (
+            "[tools]\nroots = [true]\n",
+            "2: [tools] roots[0]: must be a string, not the boolean true",
+        ),
+        (
+            '[server]\nslots = "four"\n',
+            '2: [server] slots: must be a whole number, not the string "four"',
+        ),
+        ("loop = 5\n", "1: loop: must be a table, not the number 5"),
+    ],
+)
+def test_a_value_of_another_toml_type_is_refused_not_converted(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    path = write(tmp_path, text)
+    assert error_of(path) == f"{path}:{said}"
+
+
+def test_a_whole_number_is_taken_where_a_number_is_wanted(tmp_path: Path) -> None:
+    """TOML writes 30 and 30.0 apart; both are a number of seconds."""
+    path = write(tmp_path, "[tools]\ntimeout = 30\n")
+    assert load_config(path)[0].tools.timeout == 30.0
+
+
+def test_mistakes_are_reported_in_the_order_of_their_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[tools]\ntimeout = 0\n[loop]\nthinking = 1\n[server]\nslots = 0\n[servr]\n",
+    )
+    lines = error_of(path).splitlines()
+    assert [line.split(":")[1] for line in lines] == ["2", "4", "6", "7"]
+
+
+def test_a_validators_message_comes_without_pydantics_prefix(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nurl = "gpu-box:8080"\n')
+    assert error_of(path) == (
+        f"{path}:2: [server] url: 'gpu-box:8080' is not an http:// or https:// URL"
+    )
+
+
+def test_a_mistake_in_a_table_with_a_quoted_name_names_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[tools.policies."notes.search"]\naction = "maybe"\n')
+    assert error_of(path).startswith(f'{path}:2: [tools.policies."notes.search"] action: ')
+
+
+def test_a_multi_line_string_is_not_read_for_keys(tmp_path: Path) -> None:
+    """Text inside the system prompt that looks like a table does not move a mistake's line."""
+    path = write(
+        tmp_path,
+        '[session]\nsystem_prompt = """\n[loop]\nthinking = 1\n"""\n[loop]\nthinking = 2\n',
+    )
+    assert error_of(path).startswith(f"{path}:7: [loop] thinking: ")
 
 
 def test_a_negative_limit_is_refused(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 With no file at all loopd runs the embedded default: it starts its own llama-server with the
 model named by `[server.managed]` (or `$LOOPD_MODEL`). Every mistake in a file is reported as
-one line per problem naming the file, the line when it can be found, the table and the key;
-never a traceback.
+one line per problem naming the file, the line when it can be found, the table and the key,
+in the order of the file's lines; never a traceback. An unknown table or key is named with
+the one most like it. Each value must be of the TOML type its key wants: `true`, not `"yes"`
+or `1`; `5`, not `"5"` or `5.0` (a whole number does where a number of seconds is wanted).
 
 Where the file is: `--config FILE`, else `$LOOPD_CONFIG`, else `config.toml` in the user's
 config directory (`~/.config/loopd/` on Linux) when it exists.
@@ -12,6 +14,7 @@ config directory (`~/.config/loopd/` on Linux) when it exists.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -30,6 +33,7 @@ from pydantic import (
     PositiveInt,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
 
 from loopd.locations import APP, config_path, default_socket, default_store
 from loopd.session.baseline import DEFAULT_SYSTEM_PROMPT
@@ -68,6 +72,20 @@ class ConfigError(Exception):
     """The config file is missing, not TOML, or not a valid config: the message says where."""
 
 
+def _path(value: object) -> object:
+    """A path as TOML writes it, a string. The file is validated strictly (no `"yes"` for
+    true, no `"5"` for 5), where pydantic would take nothing but a `Path` object."""
+    if isinstance(value, str):
+        return Path(value)
+    if isinstance(value, Path):
+        return value
+    raise PydanticCustomError("string_type", "Input should be a valid string")
+
+
+TomlPath = Annotated[Path, BeforeValidator(_path)]
+"""A path, written as a string."""
+
+
 class _Table(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True
@@ -87,15 +105,15 @@ class RetryConfig(_Table):
 class ManagedServer(_Table):
     """The llama-server loopd starts itself when `[server] url` is not set."""
 
-    binary: Path | None = None
+    binary: TomlPath | None = None
     """The llama-server binary; default `$LOOPD_LLAMA_SERVER`, then `llama-server` on PATH."""
-    model: Path | None = None
+    model: TomlPath | None = None
     """The GGUF model; default `$LOOPD_MODEL`."""
     n_ctx: PositiveInt = 8192
     """Context size of each slot, in tokens (`[server] slots` of them)."""
     threads: PositiveInt | None = None
     """CPU threads for llama-server; unset: its own default."""
-    chat_template_file: Path | None = None
+    chat_template_file: TomlPath | None = None
     """A Jinja chat template to use instead of the model's own."""
     extra_args: list[str] = []
     """More llama-server arguments, appended as given."""
@@ -122,6 +140,17 @@ def _header_name(name: str) -> str:
 
 Urls = Annotated[list[str], BeforeValidator(_urls)]
 """One URL, or a list of them."""
+
+
+def _scalar(value: object) -> object:
+    """A number, a string or a boolean: one error for anything else, not one per kind."""
+    if not isinstance(value, int | float | str):
+        raise PydanticCustomError("sampling_type", "must be a number, a string, true or false")
+    return value
+
+
+Sampling = Annotated[float | int | bool | str, BeforeValidator(_scalar)]
+"""A value sent as it is in a request's sampling fields."""
 
 
 class ServerConfig(_Table):
@@ -167,7 +196,7 @@ class ServerConfig(_Table):
     `n_ctx`); of an external server's slots (`GET /slots`), loopd uses at most this many. vLLM
     and OpenAI-compatible servers have no slots (their cache is shared by every request):
     there, this many turns run at once on each server."""
-    sampling: dict[str, float | int | bool | str] = {}
+    sampling: dict[str, Sampling] = {}
     """Sent with every request, e.g. `{temperature = 0.7, top_p = 0.9}`; unset fields keep
     llama-server's own defaults (its flags, else the model file's). `just chat` and `just
     serve` start the embedded llama-server at temperature 0 (`LLAMA_ARG_TEMPERATURE`), where
@@ -274,7 +303,7 @@ class AgentsConfig(_Table):
 
 
 class ChannelConfig(_Table):
-    socket: Path = Field(default_factory=default_socket)
+    socket: TomlPath = Field(default_factory=default_socket)
     """The Unix socket clients connect to (made 0600, in a 0700 directory). Started by systemd's
     socket activation, loopd listens on the socket systemd passes instead: make its
     `ListenStream=` this path."""
@@ -292,7 +321,7 @@ class ChannelConfig(_Table):
 
 
 class StoreConfig(_Table):
-    directory: Path = Field(default_factory=default_store)
+    directory: TomlPath = Field(default_factory=default_store)
     """Where session logs live, one `<id>.jsonl` each."""
 
 
@@ -349,14 +378,14 @@ class RunConfig(_Table):
     timeout: PositiveFloat = 120.0
     """Seconds a command may run at most (the model may ask for less); then it is killed,
     with every process it started."""
-    deny_read: list[Path] = []
+    deny_read: list[TomlPath] = []
     """More files and folders sandboxed commands cannot read (a folder shows empty, a file
     cannot be opened) and the file tools cannot reach, besides
     loopd's own and the user's keys: `~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.azure`,
     `~/.config/gcloud`, `~/.kube`, `~/.docker`, `~/.netrc`, `~/.git-credentials`, `~/.pypirc`,
     `~/.npmrc`, `~/.config/gh`, `~/.cargo/credentials.toml`, `~/.password-store`,
     `~/.local/share/keyrings`."""
-    allow_read: list[Annotated[Path, AfterValidator(_secret)]] = []
+    allow_read: list[Annotated[TomlPath, AfterValidator(_secret)]] = []
     """Paths of that default list that commands may read after all, on purpose."""
     env: dict[str, str] = {}
     """Environment variables for commands. Besides these they get only `PATH`, `HOME`,
@@ -374,7 +403,7 @@ class RunConfig(_Table):
 
 
 class ToolsConfig(_Table):
-    roots: list[Path] = []
+    roots: list[TomlPath] = []
     """Directories the built-in file tools may read, write and run commands in; nothing
     outside them. A client that opens a session in a folder (an editor's `session/new`
     always does) is refused any folder outside them. Unset, such a folder is that session's
@@ -464,52 +493,153 @@ def load_config(explicit: Path | None = None) -> tuple[Config, Path | None]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     try:
-        return Config.model_validate(data), path
+        # Strict: a value of the wrong TOML type is a mistake, not something to guess at
+        # ("yes" for true, "5" for 5, 5.0 for 5).
+        return Config.model_validate(data, strict=True), path
     except ValidationError as e:
-        raise ConfigError("\n".join(_describe(path, text, err) for err in e.errors())) from None
+        raise ConfigError(_problems(path, text, e.errors())) from None
 
 
-def _describe(path: Path, text: str, error: Any) -> str:
-    loc = [str(part) for part in error["loc"]]
+def _problems(path: Path, text: str, errors: list[Any]) -> str:
+    """One line per mistake, in the order of the file's lines (those without a line last)."""
+    lines = _lines_of(text)
+    found = []
+    for error in errors:
+        names = tuple(str(part) for part in error["loc"])
+        line = next(
+            (lines[names[:n]] for n in range(len(names), 0, -1) if names[:n] in lines), None
+        )
+        where = f"{path}:{line}" if line is not None else str(path)
+        found.append((line is None, line or 0, f"{where}: {_describe(error)}"))
+    return "\n".join(message for *_, message in sorted(found, key=lambda f: f[:2]))
+
+
+_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
+"""What pydantic puts before the message of an error a validator raised."""
+
+_WANTED = {
+    "bool_type": "true or false",
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+}
+"""What a value of the wrong TOML type should have been, by pydantic's error type."""
+
+
+def _describe(error: Any) -> str:
+    loc = list(error["loc"])
     if error["type"] == "extra_forbidden":
-        *table, key = loc
-        known = _known_keys(loc[:-1])
-        hint = difflib.get_close_matches(key, known, n=1)
-        message = f"unknown key (did you mean {hint[0]!r}?)" if hint else "unknown key"
+        *table, key = (str(part) for part in loc)
+        hint = difflib.get_close_matches(key, _known_keys(table), n=1)
+        if isinstance(error["input"], dict):
+            better = f" (did you mean [{_dotted([*table, hint[0]])}]?)" if hint else ""
+            return f"[{_dotted([*table, key])}] is not a table loopd knows{better}"
         if not table:
-            return f"{_where(path, text, [key], None)}: [{key}] is not a table loopd knows"
+            better = f"did you mean [{hint[0]}]?" if hint else "every key goes in a table"
+            return f"{key}: unknown key at the top of the file ({better})"
+        better = f" (did you mean {hint[0]!r}?)" if hint else ""
+        return f"[{_dotted(table)}] {key}: unknown key{better}"
+    # The key is the last name; list indexes after it are shown as [0].
+    last = max(i for i, part in enumerate(loc) if isinstance(part, str))
+    key = str(loc[last]) + "".join(f"[{i}]" for i in loc[last + 1 :])
+    table = [str(part) for part in loc[:last]]
+    if error["type"] in _WANTED:
+        value = error["input"]
+        message = f"must be {_WANTED[error['type']]}, not {_toml_kind(value)}"
+        if isinstance(value, str) and _unquoted(error["type"], value):
+            message += f" (write it without quotes: {value})"
     else:
-        *table, key = loc if len(loc) > 1 else ["", *loc]
-        message = error["msg"]
-    table = [t for t in table if t]
-    return f"{_where(path, text, table, key)}: [{'.'.join(table)}] {key}: {message}"
+        message = _PREFIX.sub("", error["msg"])
+    return f"[{_dotted(table)}] {key}: {message}" if table else f"{key}: {message}"
+
+
+def _toml_kind(value: object) -> str:
+    """A TOML value as a person reads its type: `the string "yes"`, `the number 5`."""
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)}"
+    if isinstance(value, bool | int | float):
+        return f"the {'boolean' if isinstance(value, bool) else 'number'} {json.dumps(value)}"
+    if isinstance(value, list | dict):
+        return "a list" if isinstance(value, list) else "a table"
+    return f"the date or time {value}"  # TOML's last kinds
+
+
+def _unquoted(kind: str, value: str) -> bool:
+    """Whether the string is what was wanted, written in quotes."""
+    try:
+        data = tomllib.loads(f"v = {value}")
+    except tomllib.TOMLDecodeError:
+        return False
+    wanted = {"bool_type": bool, "int_type": int, "float_type": int | float}.get(kind)
+    return wanted is not None and isinstance(data["v"], wanted)
+
+
+def _dotted(names: list[str]) -> str:
+    """Names as a TOML table header writes them, quoted where they must be."""
+    return ".".join(n if re.fullmatch(r"[A-Za-z0-9_-]+", n) else json.dumps(n) for n in names)
 
 
 def _known_keys(loc: list[str]) -> list[str]:
+    """The keys of the table at `loc` (none where it is not one of loopd's models)."""
     model: type[BaseModel] = Config
-    for part in loc:
+    names = iter(loc)
+    for part in names:
         field = model.model_fields.get(part)
         annotation = field.annotation if field is not None else None
+        if get_origin(annotation) is dict:  # a table of named ones: the next part is a name
+            annotation = get_args(annotation)[-1]
+            if next(names, None) is None:
+                return []
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation
-    return list(model.model_fields)
+    return [field.alias or name for name, field in model.model_fields.items()]
 
 
-def _where(path: Path, text: str, table: list[str], key: str | None) -> str:
-    """`file:line` where the key (or the table) is written, when a plain search finds it."""
-    header = f"[{'.'.join(table)}]"
-    in_table = not table
+_KEY = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_KEYS = rf"{_KEY}(?:\s*\.\s*{_KEY})*"
+_HEADER = re.compile(rf"\[\[?\s*({_KEYS})\s*\]")
+_ASSIGNMENT = re.compile(rf"({_KEYS})\s*=(.*)")
+
+
+def _lines_of(text: str) -> dict[tuple[str, ...], int]:
+    """The line each table and key of the file is first written on, by its names. A table
+    `[a.b]` or a key `a.b = 1` also names `a`. Keys inside an inline table are not found:
+    a mistake there is shown on the line of the key that holds it."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    open_string: str | None = None  # the quotes of a multi-line string not yet closed
     for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.split("#", 1)[0].strip()
-        if stripped.startswith("["):
-            in_table = stripped == header
-            if in_table and key is None:
-                return f"{path}:{number}"
+        if open_string is not None:
+            if line.count(open_string) % 2:
+                open_string = None
             continue
-        if in_table and key is not None and re.match(rf"{re.escape(key)}\s*=", stripped):
-            return f"{path}:{number}"
-    return str(path)
+        stripped = line.strip()
+        if header := _HEADER.match(stripped):
+            table = _names(header.group(1))
+            names = table
+        elif assignment := _ASSIGNMENT.match(stripped):
+            names = (*table, *_names(assignment.group(1)))
+            rest = assignment.group(2)
+            open_string = next((q for q in ('"""', "'''") if rest.count(q) % 2), None)
+        else:
+            continue
+        for n in range(1, len(names) + 1):
+            lines.setdefault(names[:n], number)
+    return lines
+
+
+def _names(keys: str) -> tuple[str, ...]:
+    """`a."b.c"` as the names `a`, `b.c`: read by TOML itself."""
+    value: Any = tomllib.loads(f"{keys} = 0")
+    names = []
+    while isinstance(value, dict):
+        ((name, value),) = value.items()
+        names.append(name)
+    return tuple(names)
 
 
 def dump_toml(config: Config) -> str:
