@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -339,6 +340,23 @@ def test_check_config_names_an_mcp_server_whose_tools_run_without_asking(
     web = listed(out, "every tool of server web:")
     assert web == "allow (runs without asking: [tools.mcp.web] policy)"
     assert listed(out, "every tool of server mail:") == "ask"
+
+
+def test_check_config_says_an_mcp_servers_tools_ask_unless_the_config_allows_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = f"command = [{json.dumps(sys.executable)}]\n"
+    path = write(
+        tmp_path,
+        f"[tools.mcp.cal]\n{server}[tools.mcp.notes]\n{server}"
+        '[tools.policies."notes.search"]\naction = "allow"\n',
+    )
+    main(["check-config", "--config", str(path)])
+    out = capsys.readouterr().out
+    assert listed(out, "every tool of server cal:") == "ask"
+    assert listed(out, "every tool of server notes:") == "ask"
+    search = listed(out, "notes.search")
+    assert search == 'allow (runs without asking: [tools.policies."notes.search"])'
 
 
 def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> None:

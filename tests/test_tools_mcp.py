@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from loopd.config import McpServer, Policy, ToolsConfig
 from loopd.tools import (
+    Approval,
+    Asking,
     CallOrigin,
     Failed,
     Result,
@@ -37,10 +39,12 @@ def config(tmp_path: Path, **servers: McpServer) -> ToolsConfig:
 
 
 def notes(pid_file: Path, **policy: object) -> McpServer:
+    """The notes server, its tools allowed unless `policy` says otherwise: these tests are of
+    the server's life, and an MCP server's tools ask by default."""
     return McpServer(
         command=[sys.executable, SERVER],
         env={"NOTES_PID_FILE": str(pid_file)},
-        policy=Policy.model_validate(policy),
+        policy=Policy.model_validate({"action": "allow", **policy}),
     )
 
 
@@ -60,6 +64,42 @@ async def test_an_mcp_servers_tools_join_the_registry_and_answer(tmp_path: Path)
             await port.call(request("notes.read_note", title="groceries"), never_asked)
         ).answer
         assert answer == Result("eggs, milk, bread", "private", True)
+
+
+async def test_an_mcp_servers_tool_asks_before_it_runs_by_default(tmp_path: Path) -> None:
+    """As in other agents, a server's tool runs only once a person approves it; `session`
+    approves that tool for the rest of the session."""
+    server = McpServer(command=[sys.executable, SERVER])
+    asked: list[Asking] = []
+    async with open_tool_port(config(tmp_path, notes=server)) as port, trio.open_nursery() as n:
+
+        async def on_asking(asking: Asking) -> None:
+            asked.append(asking)
+            n.start_soon(port.decide, "s", asking.call, "session")
+
+        answered = await port.call(request("notes.list_notes"), on_asking)
+    assert [a.tool for a in asked] == ["notes.list_notes"]
+    assert answered.answer == Result("groceries\ntodo", "public", False)
+    assert answered.approval == Approval("notes.list_notes", "session", "user")
+
+
+@pytest.mark.parametrize(
+    "table",
+    ['[tools.policies."notes.list_notes"]', "[tools.policies.notes]", "[tools.mcp.notes] policy"],
+)
+async def test_an_mcp_servers_tool_the_config_allows_runs_unasked(
+    tmp_path: Path, table: str
+) -> None:
+    server: dict[str, object] = {"command": [sys.executable, SERVER]}
+    tools: dict[str, object] = {"roots": [str(tmp_path)], "timeout": 5, "mcp": {"notes": server}}
+    allow = {"action": "allow"}
+    if table.startswith("[tools.policies"):
+        tools["policies"] = {table.removeprefix("[tools.policies.").strip('"]'): allow}
+    else:
+        server["policy"] = allow
+    async with open_tool_port(ToolsConfig.model_validate(tools)) as port:
+        answered = await port.call(request("notes.list_notes"), never_asked)
+    assert answered.answer == Result("groceries\ntodo", "public", False)
 
 
 async def test_an_mcp_tool_error_is_failed(tmp_path: Path) -> None:
@@ -202,7 +242,9 @@ def test_a_real_mcp_server_with_any_schema_leaves_the_model_a_text(
     """Schemas as a server sends them, through the SDK's client: whatever they are, a call
     gives the model a text (a result, what was wrong, or that the tool is not there)."""
     server = McpServer(
-        command=[sys.executable, SCHEMA_SERVER], env={"TOOL_SCHEMA": json.dumps(schema)}
+        command=[sys.executable, SCHEMA_SERVER],
+        env={"TOOL_SCHEMA": json.dumps(schema)},
+        policy=Policy(action="allow"),
     )
 
     async def play() -> str:

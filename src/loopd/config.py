@@ -328,7 +328,8 @@ class StoreConfig(_Table):
 class Policy(_Table):
     action: Action = "allow"
     """`allow` runs the call, `deny` refuses it, `ask` waits for a person to approve it
-    (`[tools] approval_timeout`)."""
+    (`[tools] approval_timeout`; `a` in bxctl approves that tool for the rest of the
+    session)."""
     data_class: DataClass = Field(default="public", alias="class")
     """What the results hold: `public`, `private` or `secret`."""
     untrusted: bool = False
@@ -341,7 +342,8 @@ class McpServer(_Table):
     env: dict[str, str] = {}
     """Environment variables for the server, added to loopd's own."""
     policy: Policy = Policy()
-    """The policy of every tool of this server (a per-tool policy wins)."""
+    """The policy of every tool of this server (a per-tool policy wins). Without an `action`
+    here or in `[tools.policies]`, its tools ask before they run."""
 
 
 SECRETS = (
@@ -419,7 +421,8 @@ class ToolsConfig(_Table):
     """Matches `find_tool` returns at most."""
     policies: dict[str, Policy] = {}
     """Per tool name or per source (an MCP server's name, or `builtin`); a tool's own table wins
-    over its source's, and without either a tool is allowed. `write_file`, `edit_file` and
+    over its source's, then an MCP server's `policy`; without any, a built-in tool is allowed
+    and an MCP server's tool asks. `write_file`, `edit_file` and
     `run_command` ask unless their own table sets `action`: the `builtin` table can make them
     deny, never allow (its `class` and `untrusted` apply as to any tool), and their own table
     without `action` keeps them asking. `loopd check-config` lists which tools run without
@@ -700,8 +703,10 @@ def _reference_table(model: type[BaseModel], path: list[str], out: list[str]) ->
         _reference_table(sub, sub_path, out)
 
 
-# Defaults that depend on the machine, shown as their rule.
+# Defaults that depend on the machine or on the tool, shown as their rule.
 _DEFAULTS_SHOWN = {
+    "action": "`ask` for MCP servers' tools and `write_file`, `edit_file`, `run_command`; "
+    "else `allow`",
     "socket": "`$XDG_RUNTIME_DIR/loopd/loopd.sock` (without it, `/tmp/loopd-UID/loopd.sock`)",
     "directory": "`$XDG_STATE_HOME/loopd/sessions` (`~/.local/state/loopd/sessions`)",
     "system_prompt": "a short prompt that explains `find_tool`, `call_tool` and untrusted data",

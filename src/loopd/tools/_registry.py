@@ -49,7 +49,9 @@ def policy_for(
     """The policy of a tool: each key from the most specific table that sets it (the tool's
     own, else its source's: `[tools.policies.<source>]`, then its MCP server's `policy`:
     `server`, or `[tools.mcp.<source>] policy`), else its default; then made as strict as
-    `[tools] class_actions` asks for its data class.
+    `[tools] class_actions` asks for its data class. The default action of an MCP server's
+    tools is `ask`, as in other agents: a server's tool runs unasked only where the config
+    says so. Other tools' default is `allow`.
 
     The tools in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
     table may make them deny, never allow; a table that sets only a class keeps them asking.
@@ -67,7 +69,7 @@ def policy_for(
 
     policy = Policy.model_validate(
         {
-            "action": first("action", default="allow"),
+            "action": first("action", default="allow" if server is None else "ask"),
             "class": first("data_class", default="public"),
             "untrusted": first("untrusted", default=False),
         }
