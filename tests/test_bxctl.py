@@ -76,7 +76,8 @@ async def bxctl(
 async def test_chat_m_prints_the_answer_and_exits_0(daemon: StartDaemon) -> None:
     d = await daemon(FakeLlama([Reply(content="Paris is the capital.")]))
     code, out, err = await bxctl(d, "chat", "-m", "Capital of France?")
-    assert (code, out, err) == (0, "Paris is the capital.\n", "")
+    session = Store(d.home / "sessions").latest()
+    assert (code, out, err) == (0, "Paris is the capital.\n", f"bxctl: session {session}\n")
 
 
 async def test_chat_reads_the_message_from_stdin(daemon: StartDaemon) -> None:
@@ -90,10 +91,23 @@ async def test_chat_json_prints_the_turns_messages(daemon: StartDaemon) -> None:
     code, out, _ = await bxctl(d, "chat", "-m", "count", "--json")
     lines = [json.loads(line) for line in out.splitlines()]
     assert code == 0
-    assert lines[0]["type"] == "accepted"
+    assert [line["type"] for line in lines[:2]] == ["session", "accepted"]
     assert lines[-1]["type"] == "turn_done"
     assert lines[-1]["content"] == "One two."
     assert any(line["type"] == "event" and line["event"]["kind"] == "content" for line in lines)
+
+
+async def test_chat_m_names_its_session_so_a_script_goes_on_in_it(daemon: StartDaemon) -> None:
+    """On stderr, and as the first line with --json: `--session ID` then continues that
+    session, whichever session is the latest by then."""
+    d = await daemon(FakeLlama([Reply(content="Noted.")] * 4))
+    _, _, err = await bxctl(d, "chat", "-m", "remember oats")
+    assert (await bxctl(d, "chat", "-m", "another conversation"))[0] == 0  # now the latest
+    (first,) = re.fullmatch(r"bxctl: session (\S+)\n", err).groups()  # type: ignore[union-attr]
+    code, out, _ = await bxctl(d, "chat", "--session", first, "-m", "and milk", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert (code, lines[0]) == (0, {"type": "session", "session": first})
+    assert [i.turns for i in Store(d.home / "sessions").sessions_now() if i.id == first] == [2]
 
 
 async def test_a_limit_exits_3(daemon: StartDaemon) -> None:
@@ -141,7 +155,9 @@ async def test_two_chat_m_at_once_start_one_loopd_and_both_are_answered(
         nursery.start_soon(one)
         nursery.start_soon(one)
     assert [(code, out) for code, out, _ in runs] == [(0, "Hello there.\n")] * 2
-    said = sorted(err for _, _, err in runs)
+    named = [re.findall(r"^bxctl: session \S+$", err, re.MULTILINE) for _, _, err in runs]
+    assert [len(lines) for lines in named] == [1, 1]  # each its own session
+    said = sorted(re.sub(r"bxctl: session \S+\n", "", err) for _, _, err in runs)
     assert said == ["", f"bxctl: starting loopd (log: {d.home / 'loopd.log'})\n"]
     (pid,) = loopds_of(d.config)
     assert int((d.home / "loopd.pid").read_text()) == pid

@@ -4,6 +4,7 @@ a command is to run)."""
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -29,8 +30,8 @@ from loopd.session.records import InstructionFile, Record, SessionHeader, ToolRe
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
-from loopd.wire.events import ApprovalNeeded
-from loopd.wire.proto import Error, Event, TurnDone, TurnFailed, Undone
+from loopd.wire.events import ApprovalNeeded, SessionContinued
+from loopd.wire.proto import DaemonMessage, Error, Event, TurnDone, TurnFailed, Undone
 
 __all__ = ["run"]
 
@@ -110,6 +111,7 @@ async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
         await connection.hello(args.session)
     else:  # a folder loopd refuses leaves the session without one, silently: stderr is the script's
         await connection.here(lambda cwd: connection.hello("new", cwd=cwd))
+    _tell_session(connection.session, args.json)
     turn = f"bxctl-{id(connection):x}"
     await connection.send({"type": "send", "id": turn, "content": text})
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
@@ -126,10 +128,27 @@ async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
     return code
 
 
+def _tell_session(session: str, as_json: bool) -> None:
+    """Say which session the turn runs in, so that a script goes on with `--session ID`
+    (`--continue` takes whichever is latest by then): on stderr, stdout being the answer's;
+    with `--json`, as a line of its own."""
+    if as_json:
+        print(json.dumps({"type": "session", "session": session}), flush=True)
+    else:
+        print(f"bxctl: session {session}", file=sys.stderr, flush=True)
+
+
+def _tell_continued(message: DaemonMessage, as_json: bool) -> None:
+    """After a compaction, the session to go on in is the new one: say so as at the start."""
+    if isinstance(message, Event) and isinstance(message.event, SessionContinued):
+        _tell_session(message.event.session, as_json)
+
+
 async def _follow(connection: Connection, turn: str, as_json: bool, approve: bool) -> int:
     while (message := await connection.receive()) is not None:
         if getattr(message, "id", None) != turn:
             continue
+        _tell_continued(message, as_json)
         if as_json:
             print(message.model_dump_json(by_alias=True), flush=True)
         elif isinstance(message, Event) and message.event.kind == "content":
