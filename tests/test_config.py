@@ -329,10 +329,11 @@ def test_check_config_names_a_command_that_runs_without_asking(
 def test_check_config_names_an_mcp_server_whose_tools_run_without_asking(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    program = f"command = [{json.dumps(sys.executable)}]\n"
     path = write(
         tmp_path,
-        '[tools.mcp.web]\ncommand = ["web-mcp"]\npolicy = { action = "allow" }\n'
-        '[tools.mcp.mail]\ncommand = ["mail-mcp"]\npolicy = { action = "ask" }\n',
+        f'[tools.mcp.web]\n{program}policy = {{ action = "allow" }}\n'
+        f'[tools.mcp.mail]\n{program}policy = {{ action = "ask" }}\n',
     )
     assert main(["check-config", "--config", str(path)]) == 0
     out = capsys.readouterr().out
@@ -357,6 +358,70 @@ def test_check_config_says_an_mcp_servers_tools_ask_unless_the_config_allows_the
     assert listed(out, "every tool of server notes:") == "ask"
     search = listed(out, "notes.search")
     assert search == 'allow (runs without asking: [tools.policies."notes.search"])'
+
+
+def test_check_config_fails_naming_an_mcp_server_whose_program_is_not_on_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, '[tools.mcp.cal]\ncommand = ["cal-mcp-nowhere", "--db", "x"]\n')
+    assert main(["check-config", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "# MCP server cal: cannot start: cal-mcp-nowhere is not found on PATH" in out
+
+
+def test_check_config_fails_naming_an_mcp_program_that_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "cal-mcp"
+    script.write_text("#!/bin/sh\n")  # not executable
+    path = write(
+        tmp_path,
+        f'[tools.mcp.cal]\ncommand = ["{script}"]\n'
+        f'[tools.mcp.mail]\ncommand = ["{tmp_path / "gone"}"]\n',
+    )
+    assert main(["check-config", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"# MCP server cal: cannot start: {script} is not an executable file" in out
+    assert f"# MCP server mail: cannot start: {tmp_path / 'gone'} does not exist" in out
+
+
+def test_check_config_finds_an_mcp_program_on_the_path_its_env_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server starts with its `env` over loopd's: its PATH is where its program is found."""
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "cal-mcp"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    path = write(
+        tmp_path,
+        f'[tools.mcp.cal]\ncommand = ["cal-mcp"]\nenv = {{ PATH = "{tmp_path / "bin"}" }}\n',
+    )
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert f"# MCP server cal: {script}\n" in capsys.readouterr().out
+
+
+def test_check_config_fails_when_the_model_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOPD_MODEL", str(tmp_path / "gone.gguf"))
+    assert main(["check-config", "--config", str(write(tmp_path, ""))]) == 1
+    out = capsys.readouterr().out
+    assert f"the model {tmp_path / 'gone.gguf'} does not exist" in out
+
+
+def test_check_config_fails_when_the_llama_server_binary_is_missing_or_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "llama-server"
+    for written in ("", "#!/bin/sh\n"):  # missing, then there but not executable
+        if written:
+            binary.write_text(written)
+        path = write(tmp_path, f'[server.managed]\nbinary = "{binary}"\n')
+        assert main(["check-config", "--config", str(path)]) == 1
+        out = capsys.readouterr().out
+        said = "is not executable" if written else "does not exist"
+        assert f"the llama-server {binary} {said}" in out
 
 
 def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from loopd.actors import AGENTS
 from loopd.canonical import canonical
 from loopd.channel import BadActivation, DaemonRunning, UnsafeSocket
 from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
-from loopd.daemon import StartupError, Unusable, check_servers, serve
+from loopd.daemon import StartupError, Unusable, check_servers, launch_spec, serve
 from loopd.groups import innermost
 from loopd.session.baseline import messages
 from loopd.session.records import conversation_problems
@@ -89,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
         "check-config",
         "validate the config and print the effective one",
         "Validate the config file and print the effective config as TOML, every default "
-        "spelled out. Exit status 2 when the file is missing or invalid.",
+        "spelled out, then which tools run without asking, and what was found of the servers "
+        "and programs loopd would start or reach. Exit status 2 when the file is missing or "
+        "invalid, 1 when a server cannot be used or a program or model is missing.",
     )
     return p
 
@@ -136,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_toml(config), end="")
         lines = _without_asking(config.tools, delegates=config.agents.depth > 0)
         servers, usable = trio.run(check_servers, config)
-        print("\n".join(["", *lines, *_sandbox(config.tools), "", *servers]))
-        return EXIT_OK if usable else EXIT_FAILED
+        programs, found = _programs(config)
+        print("\n".join(["", *lines, *_sandbox(config.tools), "", *servers, *programs]))
+        return EXIT_OK if usable and found else EXIT_FAILED
     if args.command == "serve":
         return _serve(config, args, source)
     if args.command == "sessions":
@@ -190,6 +195,40 @@ def _sandbox(tools: ToolsConfig) -> list[str]:
     if why is not None:
         return [f"# run_command: refused here: {why}"]
     return [f"# run_command: sandboxed by bubblewrap; {process_bound(tools.run)}"]
+
+
+def _programs(config: Config) -> tuple[list[str], bool]:
+    """Comment lines: the programs loopd would start that cannot run (the embedded
+    llama-server's binary, found but not executable; each MCP server's, not found as its
+    start would look for it), each MCP server's that can; and whether all of them can."""
+    lines, ok = [], True
+    if not config.server.urls:
+        try:
+            binary = launch_spec(config.server.managed, config.server.slots, Path()).binary
+        except StartupError:
+            binary = None  # check_servers has said why
+        if binary is not None and not os.access(binary, os.X_OK):
+            lines.append(f"# server: the llama-server {binary} is not executable")
+            ok = False
+    for name, server in config.tools.mcp.items():
+        program = server.command[0]
+        # Started with loopd's environment and the server's `env` over it, PATH included.
+        path = server.env.get("PATH", os.environ.get("PATH", os.defpath))
+        found = shutil.which(program, path=path)
+        if found is not None:
+            lines.append(f"# MCP server {name}: {found}")
+            continue
+        ok = False
+        if "/" not in program:
+            why = f"{program} is not found on PATH"
+        elif Path(program).exists():
+            why = f"{program} is not an executable file"
+        else:
+            why = f"{program} does not exist"
+        if program.startswith("~"):
+            why += " (a ~ is not expanded in a command)"
+        lines.append(f"# MCP server {name}: cannot start: {why}")
+    return lines, ok
 
 
 def _toml_key(key: str) -> str:
