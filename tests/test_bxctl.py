@@ -19,7 +19,8 @@ import trio
 from rich.console import Console
 
 from bxctl import rewind
-from bxctl.chat import _think
+from bxctl.chat import _mode, _think
+from bxctl.connection import Connection
 from bxctl.oneshot import read_message, status_lines
 from bxctl.view import TurnView
 from conftest import StartDaemon, Unstarted
@@ -788,13 +789,30 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         shutil.rmtree(home, ignore_errors=True)
 
 
-def test_think_sets_thinking_for_the_turns_that_follow() -> None:
+async def test_think_off_is_the_sessions_mode_shown_by_mode_and_kept_across_a_restart(
+    daemon: StartDaemon,
+) -> None:
+    d = await daemon(FakeLlama([]))
     console = Console(record=True, width=100)
-    assert _think("/think off", console, None) is False
-    assert _think("/think  on", console, False) is True
-    assert _think("/think", console, True) is None
-    assert _think("/think maybe", console, False) is False  # unchanged, and said why
-    assert "/think on, /think off" in console.export_text()
+    connection = await Connection.open(d.socket)
+    session = await connection.hello("new")
+    await _think(["maybe"], connection, console)  # refused, and said why
+    await _think(["off"], connection, console)
+    await _mode([], connection, console)
+    await connection.aclose()
+    await d.stop()
+    await d.start()
+    connection = await Connection.open(d.socket)
+    await connection.hello(session)
+    await _think([], connection, console)
+    await connection.aclose()
+    said = console.export_text().splitlines()
+    assert said == [
+        "/think on, /think off, or /think alone (whether turns think)",
+        "thinking: off (mode ask)",
+        "mode: ask (thinking off)",
+        "thinking: off (mode ask)",
+    ]
 
 
 def test_an_answer_cut_in_a_loop_says_so() -> None:

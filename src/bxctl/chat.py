@@ -70,11 +70,11 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /undo [N]    put back the files the last turn (or call N) changed
   /mode [ask|accept_edits|read_only]   what this session's calls may do: ask before
               each change (the default), write and edit without asking, or change nothing;
-              kept in the session's log (/mode alone: the mode now)
+              kept in the session's log (/mode alone: the mode now, and whether turns think)
   /approve N once|session|deny [SESSION]   answer call N, which waits for approval (of
               the sub-agent SESSION, when the prompt names one)
-  /think off  let the model answer without reasoning first (/think on: with; /think: as
-              loopd's config says)
+  /think off  let the model answer without reasoning first (/think on: with; /think alone:
+              which it is); kept in the session's log, as /mode is
   /help       this text
   /quit       leave"""
 
@@ -152,17 +152,13 @@ async def _take(
     turns: Iterator[int],
 ) -> bool:
     """Do what a line typed at the prompt says; False to quit."""
-    if text.startswith("/think"):
-        settings.thinking = _think(text, console, settings.thinking)
-    elif text.strip() == "/compact":
+    if text.strip() == "/compact":
         compact: dict[str, object] = {"type": "compact", "id": f"t{next(turns)}"}
         await live_turn(connection, compact, console, settings)
     elif text.startswith("/"):
         return await _command(text.strip(), connection, console)
     else:
         send: dict[str, object] = {"type": "send", "id": f"t{next(turns)}", "content": text}
-        if settings.thinking is not None:
-            send["thinking"] = settings.thinking
         await live_turn(connection, send, console, settings)
     return True
 
@@ -250,16 +246,22 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
     return True
 
 
-def _think(text: str, console: Console, current: bool | None) -> bool | None:
-    """`/think on|off`: for the turns that follow; `/think` alone: as the daemon's config."""
-    choice = {"/think": None, "/think on": True, "/think off": False}
-    words = " ".join(text.split())
-    if words not in choice:
-        console.print("/think on, /think off, or /think alone (as loopd's config)", style="red")
-        return current
-    said = {None: "as loopd's config says", True: "on", False: "off"}
-    console.print(f"thinking: {said[choice[words]]}", style="dim")
-    return choice[words]
+async def _think(words: list[str], connection: Connection, console: Console) -> None:
+    """`/think on|off`: whether the session's turns think, set as its mode is (`set_mode`):
+    kept in its log, so it holds when the session is opened again, as an editor's thought
+    level does; `/think` alone: whether they do now."""
+    if len(words) > 1 or (words and words[0] not in ("on", "off")):
+        console.print("/think on, /think off, or /think alone (whether turns think)", style="red")
+        return
+    message: dict[str, object] = {"type": "set_mode"}
+    if words:
+        message["thinking"] = words[0] == "on"
+    answer = await connection.request(message, "mode")
+    if isinstance(answer, ModeSet):
+        thinking = "on" if answer.thinking else "off"
+        console.print(f"thinking: {thinking} (mode {answer.mode})", style="green")
+    elif isinstance(answer, Error):
+        console.print(answer.message, style="red")
 
 
 async def _new(_: list[str], connection: Connection, console: Console) -> None:
@@ -401,6 +403,7 @@ _LOCAL = {
     "/approve": _approve,
     "/new": _new,
     "/mode": _mode,
+    "/think": _think,
     "/fork": _fork,
     "/rewind": _rewind,
     "/sessions": _list_sessions,
@@ -418,8 +421,6 @@ class Settings:
     """What the chat's commands and flags set for the turns that follow."""
 
     show_reasoning: bool = True
-    thinking: bool | None = None
-    """None: as loopd's `[loop] thinking`."""
 
 
 async def live_turn(
