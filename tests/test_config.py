@@ -439,6 +439,21 @@ def test_check_config_reports_a_mistake_with_exit_status_2(tmp_path: Path) -> No
     assert "Traceback" not in done.stderr
 
 
+def test_serve_help_says_it_serves_every_session_on_the_socket() -> None:
+    """Not the latest session alone, as it once said: any client opens any session."""
+    done = subprocess.run(
+        [sys.executable, "-m", "loopd", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    said = " ".join(done.stdout.split())
+    assert "latest session" not in said
+    assert "every session" in said
+    assert "[server] url" in said
+    assert "starts a llama-server of its own" in said
+
+
 def test_the_config_reference_in_docs_is_up_to_date() -> None:
     """docs/config.md is generated from the models; `just docs` writes it anew."""
     docs = Path(__file__).resolve().parent.parent / "docs" / "config.md"

@@ -43,7 +43,8 @@ EXIT_RUNNING = 3
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loopd",
-        description="A local agent runtime for llama-server: sessions, tools, runaway limits.",
+        description="A local agent runtime for llama-server, vLLM and any OpenAI-compatible "
+        "server: sessions, tools, runaway limits. bxctl is its client.",
     )
     p.add_argument("--version", action="version", version=f"loopd {__version__}")
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -62,8 +63,13 @@ def parser() -> argparse.ArgumentParser:
     run = command(
         "serve",
         "run the daemon",
-        "Serve the latest session (or a new one) on the Unix socket until SIGINT or "
-        "SIGTERM. With no [server] url, start the configured llama-server and model.",
+        "Run the daemon until SIGINT or SIGTERM: it serves every session to its clients "
+        "(bxctl, editors through bxctl acp) on the Unix socket, or on the one systemd passes "
+        "when it starts loopd. The model is the server's at [server] url (llama-server, vLLM "
+        "or any OpenAI-compatible server; several urls join one pool); with none, loopd "
+        "starts a llama-server of its own ([server.managed] binary, else $LOOPD_LLAMA_SERVER, "
+        "else llama-server on PATH; [server.managed] model, else $LOOPD_MODEL) and starts it "
+        "again if it dies.",
     )
     run.add_argument(
         "--socket",
@@ -86,7 +92,9 @@ def parser() -> argparse.ArgumentParser:
         "Print the conversation of a session, and check that its log replays to "
         "the same messages and is a valid conversation (exit 1 when not).",
     )
-    replay.add_argument("session", help="the session id (or 'latest')")
+    replay.add_argument(
+        "session", help="the session id (or 'latest': the newest that is not a sub-agent's)"
+    )
     command(
         "check-config",
         "validate the config and print the effective one",
