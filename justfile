@@ -20,21 +20,20 @@ setup:
 
 # Run the daemon on the bundled llama-server and model (arguments go to `loopd serve`)
 serve *ARGS: setup
-    LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)" \
-    LOOPD_MODEL="$({{py}} scripts/assets.py model-path)" \
-    LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-$({{py}} scripts/assets.py temperature)}" \
     .venv/bin/loopd serve "$@"
 
+# `continue` (just 1.54): a Ctrl-C that bxctl took (it cancels the turn) does not fail the
+# recipe; bxctl's own exit status is `just chat`'s, and bxctl has said why already.
+
 # Chat with the model: bxctl starts loopd on the bundled server and model if none runs (arguments go to `bxctl chat`)
+[continue]
+[no-exit-message]
 chat *ARGS: setup
     #!/usr/bin/env bash
     set -euo pipefail
-    # The loopd that bxctl starts (in a session of its own, its log and pid file in
-    # ${XDG_STATE_HOME:-~/.local/state}/loopd) inherits these.
-    export LOOPD_LLAMA_SERVER="$({{py}} scripts/assets.py server-path)"
-    export LOOPD_MODEL="$({{py}} scripts/assets.py model-path)"
-    export LLAMA_ARG_TEMPERATURE="${LLAMA_ARG_TEMPERATURE:-$({{py}} scripts/assets.py temperature)}"
-    # A new session works in the folder `just chat` was run from, as `bxctl chat` run there.
+    # The set-up named the bundled llama-server and model for this checkout's loopd
+    # (loopd.bundled). A new session works in the folder `just chat` was run from, as
+    # `bxctl chat` run there.
     cd "{{invocation_directory()}}"
     exec "{{justfile_directory()}}/.venv/bin/bxctl" chat "$@"
 

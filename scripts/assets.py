@@ -431,6 +431,24 @@ and `just chat` start, and of Zed's settings (a request's own `[server] sampling
 SmolLM2-135M answers simple questions right only near 0 (docs/benchmarks.md, section 11)."""
 
 
+def name_bundled(server: Path, model: Path) -> None:
+    """Name the bundled llama-server and model where the loopd of this Python finds them
+    (`loopd.bundled`): `bxctl chat` and `loopd serve` run straight from `.venv/bin` use them
+    with no config. Written only when it changes, and whole (a staging name, then a rename)."""
+    from loopd.bundled import bundled_file  # noqa: PLC0415 - the venv's loopd, once set up
+
+    path = bundled_file()
+    named = {"binary": str(server), "model": str(model), "temperature": BUNDLED_TEMPERATURE}
+    text = json.dumps(named, indent=1) + "\n"
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text(text)
+    staging.replace(path)
+
+
 def zed_settings() -> dict[str, object]:
     """Zed's `agent_servers` entry: this checkout's `bxctl acp`, with the bundled llama-server
     and model for the loopd it starts. Pasted into Zed's settings, nothing else is needed."""
@@ -477,8 +495,7 @@ def main(argv: list[str]) -> int:
         return 0
     with _one_at_a_time():
         if command == "ensure":
-            ensure_server()
-            ensure_model()
+            name_bundled(ensure_server(), ensure_model())
         elif command in PATH_COMMANDS:
             print(PATH_COMMANDS[command]())
         elif command == "ensure-vllm":

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from bxctl import rewind
 from bxctl.chat import _mode, _think
 from bxctl.connection import Connection
 from bxctl.oneshot import read_message, status_lines
+from bxctl.text import recent_tree, session_line
 from bxctl.view import TurnView
 from conftest import StartDaemon, Unstarted
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
@@ -37,6 +39,7 @@ from loopd.session.transcript import transcript
 from loopd.wire.events import (
     ApprovalNeeded,
     CacheLoss,
+    Compacting,
     ToolCallStarted,
     ToolOutputChunk,
     ToolResult,
@@ -57,10 +60,15 @@ from support.fake_llama import FakeLlama, Reply
 
 
 async def bxctl(
-    d: Daemon, *args: str, stdin: bytes | None = None, cwd: Path | None = None
+    d: Daemon,
+    *args: str,
+    stdin: bytes | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """Run bxctl against `d`, in folder `cwd` (default: `/`, which loopd refuses as a
-    session's folder whatever the roots, so a new session has none)."""
+    session's folder whatever the roots, so a new session has none), with `env` added to
+    the environment (where a terminal 200 columns wide is its width unless it says another)."""
     command = [sys.executable, "-m", "bxctl", "--config", str(d.config), *args]
     with trio.fail_after(60):
         done = await trio.run_process(
@@ -70,6 +78,7 @@ async def bxctl(
             capture_stderr=True,
             check=False,
             cwd=cwd or "/",
+            env={**os.environ, "COLUMNS": "200", **(env or {})},
         )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
@@ -232,7 +241,7 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert (await bxctl(d, "chat", "-m", "remember this"))[0] == 0
     code, out, _ = await bxctl(d, "status")
     assert code == 0
-    assert "(1 turns)" in out
+    assert "(1 turn)" in out
     code, out, _ = await bxctl(d, "sessions")
     assert out.startswith("* ")
     code, out, _ = await bxctl(d, "log")
@@ -241,6 +250,86 @@ async def test_status_sessions_and_log(daemon: StartDaemon) -> None:
     assert "model: Logged answer." in out
     assert "cached" in out
     assert await bxctl(d, "log", "latest") == (0, out, "")  # as every command that names one
+
+
+async def test_sessions_lists_titles_most_recent_first_with_one_turn_singular(
+    daemon: StartDaemon,
+) -> None:
+    """As loopd answers and as the store reads when none runs."""
+    d = await daemon(FakeLlama([Reply(content="ok")] * 3))
+    assert (await bxctl(d, "chat", "-m", "plan the garden\nwith more lines"))[0] == 0
+    first = Store(d.home / "sessions").latest()
+    assert (await bxctl(d, "chat", "-m", "fix the bike"))[0] == 0
+    second = Store(d.home / "sessions").latest()
+    assert (await bxctl(d, "chat", "--session", str(first), "-m", "and the roses"))[0] == 0
+    for fast in (True, False):
+        code, out, _ = await bxctl(d, "sessions")
+        assert code == 0
+        listed = [line.split() for line in out.splitlines()]
+        assert [words[:3] for words in listed] == [
+            [first, "2", "turns"],
+            ["*", second, "1"],  # the latest made, which `chat --continue` takes
+        ]
+        assert out.splitlines()[0].endswith("  plan the garden")
+        assert out.splitlines()[1].endswith("  fix the bike")
+        assert f"{second}     1 turn   20" in out
+        if fast:
+            await d.stop()
+
+
+async def test_sessions_cuts_a_long_title_to_fit_the_terminal(daemon: StartDaemon) -> None:
+    d = await daemon(FakeLlama([Reply(content="ok")]))
+    title = "please " * 20
+    assert (await bxctl(d, "chat", "-m", title))[0] == 0
+    for fast in (True, False):
+        code, out, _ = await bxctl(d, "sessions", env={"COLUMNS": "70"})
+        assert code == 0
+        (line,) = out.splitlines()
+        assert len(line) == 70
+        assert line.endswith("  please pl…")
+        if fast:
+            await d.stop()
+
+
+def listed_session(
+    name: str, last: str, *, parent: str | None = None, forked_from: str | None = None
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        id=name,
+        parent=parent,
+        forked_from=forked_from,
+        at=1 if forked_from else None,
+        continues=None,
+        turns=1,
+        last_activity=f"2026-12-01T{last}:00+00:00",
+        title=f"title of {name}",
+    )
+
+
+def test_a_session_worked_in_last_comes_first_with_its_forks_under_it() -> None:
+    """Work in a fork brings up the session it forks; the tree stays as it is."""
+    listed = [
+        listed_session("a", "10:00"),
+        listed_session("b", "11:00"),
+        listed_session("a-fork", "12:00", forked_from="a"),
+        listed_session("c", "11:30"),
+        listed_session("c-agent", "11:20", parent="c"),
+    ]
+    tree = [(depth, s.id) for depth, s in recent_tree(listed)]
+    assert tree == [(0, "a"), (1, "a-fork"), (0, "c"), (1, "c-agent"), (0, "b")]
+
+
+def test_a_title_of_wide_or_control_characters_fits_its_columns() -> None:
+    """A wide character takes two columns of the terminal; a tab or an escape in the user's
+    message reaches the terminal as a space."""
+    wide = listed_session("a", "10:00")
+    wide.title = "日本語" * 20
+    line = session_line(wide, None, width=60)
+    assert sum(2 if c >= "\u3000" else 1 for c in line) <= 60
+    assert line.endswith("…")
+    escaped = listed_session("b", "10:00")
+    escaped.title = "red\x1b[31m\tline"
+    assert session_line(escaped, None).endswith("  red [31m line")
 
 
 NO_FILES = (
@@ -262,8 +351,8 @@ async def test_fork_and_rewind_make_a_session_listed_as_the_fork_of_its_parent(
     assert (code, out) == (0, f"session {fork}: the fork of session {parent} at turn 1\n")
     for fast in (True, False):  # loopd's answer, then the store read when none runs
         code, out, _ = await bxctl(d, "sessions")
-        assert f"{fork}     1 turns" in out
-        assert f"fork of {parent} at turn 1" in out
+        assert f"{fork}     1 turn " in out
+        assert re.search(f"{fork} .* fork at turn 1  first$", out, re.MULTILINE)
         if fast:
             await d.stop()
     await d.start()
@@ -305,10 +394,10 @@ async def test_sessions_draws_each_fork_under_the_session_it_forks(daemon: Start
     for fast in (True, False):
         code, out, _ = await bxctl(d, "sessions")
         assert code == 0
-        drawn = [line[: line.index(" turns")].rsplit(maxsplit=1)[0] for line in out.splitlines()]
+        drawn = [line[: line.index(" turn")].rsplit(maxsplit=1)[0] for line in out.splitlines()]
         assert drawn == [f"  {parent}", f"  └─ {fork}", f"     └─ {of_fork}", f"* └─ {rewound}"]
-        assert f"{of_fork}     1 turns" in out
-        assert f"fork of {fork} at turn 1" in out
+        assert f"{of_fork}     1 turn " in out
+        assert re.search(f"{of_fork} .* fork at turn 1  first$", out, re.MULTILINE)
         if fast:
             await d.stop()
 
@@ -331,10 +420,10 @@ async def test_status_and_sessions_run_on_neither_trio_nor_pydantic_nor_rich(
     done = await trio.run_process([sys.executable, "-c", code], capture_stdout=True)
     *shown, loaded = done.stdout.decode().splitlines()
     assert loaded == "[0, 0] []"
-    assert re.fullmatch(r"session  \S+ \(1 turns\)", shown[0])
+    assert re.fullmatch(r"session  \S+ \(1 turn\)", shown[0])
     listed = [line for line in shown if line.startswith(("* ", "  "))]
     assert len(listed) == 2
-    assert listed[1].startswith(f"* {Store(d.home / 'sessions').latest()}  ")
+    assert listed[0].startswith(f"* {Store(d.home / 'sessions').latest()}  ")
 
 
 async def test_status_of_a_session_loopd_does_not_know_is_refused(daemon: StartDaemon) -> None:
@@ -397,7 +486,7 @@ def test_status_reads_the_wire_models_as_plain_json() -> None:
         "slot http://a 0   busy, session s1, 100 tokens",
         "slot http://b 0   idle, free",
         "last     10 prompt tokens processed, 90 cached, 5 generated",
-        "context  100 tokens in the slot, 25 of them past reasoning (25%)",
+        "context  100 of 4096 tokens in the slot (2%), 25 of them past reasoning (25%)",
         (
             'waiting  call 3: write_file {"path": "a.txt", "lines": [{"n": 1}]} '
             "(bxctl approve 3 --once|--session|--deny --in s1 --sub-agent sub)"
@@ -459,10 +548,75 @@ def test_a_turn_renders_tools_content_cache_loss_and_figures() -> None:
     assert "CACHE LOSS: 50 tokens cached of 200 expected" in text
     assert "thinking capped at 2 tokens" in text
     assert "(thought for 3 words; --show-reasoning shows it)" in text
-    assert "request 1: prompt 120 tokens, 100 cached, 20 processed; 4 generated" in text
-    assert (
-        "last request: 20 prompt tokens processed, 100 cached; 4 generated at 80 tokens/s" in text
+    figures = [line.strip() for line in text.splitlines() if "request" in line]
+    assert figures == [
+        "request 1: prompt 120 tokens, 100 cached, 20 processed; 4 generated at 80 tokens/s"
+    ]
+
+
+def usage(prompt_n: int, cache_n: int | None, predicted_n: int) -> Usage:
+    return Usage(
+        prompt_n=prompt_n,
+        cache_n=cache_n,
+        predicted_n=predicted_n,
+        prompt_ms=10,
+        predicted_ms=100,
+        reasoning_tokens=0,
+        thinking_capped=False,
     )
+
+
+def figures(*messages: Any) -> list[str]:
+    view = TurnView()
+    for message in messages:
+        view.feed(message)
+    return [line.strip() for line in render(view).splitlines() if line.startswith("request")]
+
+
+def test_an_answers_figures_are_one_line_with_the_servers_count_of_what_it_generated() -> None:
+    """Seven pieces of text streamed, and the end token that streams none: eight generated,
+    as the server counts them."""
+    pieces = [Event(id="t", event=Content(text=f"w{n} ")) for n in range(7)]
+    assert figures(
+        Event(id="t", event=Waiting()),
+        Event(id="t", event=Progress(total=98, cache=0, processed=98)),
+        *pieces,
+        TurnDone(id="t", content="...", usage=usage(98, 0, 8)),
+    ) == ["request 1: prompt 98 tokens, 0 cached, 98 processed; 8 generated at 80 tokens/s"]
+
+
+def test_a_compactions_figures_are_its_summary_requests() -> None:
+    """The summary streams no text: what it generated is the server's figure, not 0."""
+    assert figures(
+        Event(id="c", event=Compacting(session="s1", slot=0)),
+        Event(id="c", event=Waiting()),
+        Event(id="c", event=Progress(total=500, cache=400, processed=500)),
+        TurnDone(id="c", content="The summary.", usage=usage(100, 400, 68)),
+    ) == ["request 1: prompt 500 tokens, 400 cached, 100 processed; 68 generated at 680 tokens/s"]
+
+
+def test_a_request_before_the_last_says_only_what_its_progress_told() -> None:
+    """The server's count of tokens generated comes with the turn's last request alone."""
+    assert figures(
+        Event(id="t", event=Waiting()),
+        Event(id="t", event=Progress(total=120, cache=100, processed=120)),
+        Event(id="t", event=ToolCallStarted(name="find_tool", call=1)),
+        Event(id="t", event=Waiting()),
+        Event(id="t", event=Progress(total=150, cache=130, processed=150)),
+        TurnDone(id="t", content="Done.", usage=usage(20, 130, 3)),
+    ) == [
+        "request 1: prompt 120 tokens, 100 cached, 20 processed",
+        "request 2: prompt 150 tokens, 130 cached, 20 processed; 3 generated at 30 tokens/s",
+    ]
+
+
+def test_a_server_that_reports_no_progress_has_its_figures_from_its_usage() -> None:
+    """vLLM and OpenAI-compatible servers send no progress: no made-up `prompt 0 tokens`."""
+    assert figures(
+        Event(id="t", event=Waiting()),
+        Event(id="t", event=Content(text="Hi.")),
+        TurnDone(id="t", content="Hi.", usage=usage(12, None, 2)),
+    ) == ["request 1: prompt 12 tokens processed, cache not reported; 2 generated at 20 tokens/s"]
 
 
 def test_a_running_commands_last_lines_show_under_it_until_its_result() -> None:
@@ -647,7 +801,7 @@ async def test_the_live_chat_in_tmux(daemon: StartDaemon, tmp_path: Path) -> Non
         await tmux.keys("which tool tells the time?", "Enter")
         screen = await tmux.wait_for("Use current_time for that.")
         assert "⚙ find_tool (call 1)" in screen
-        assert "request 2: prompt" in screen
+        assert "request 2: prompt" in screen  # after the find_tool call's request 1
         await tmux.keys("talk for a long time", "Enter")
         await tmux.wait_for("word5")
         await tmux.keys("C-c")
@@ -759,7 +913,7 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         assert "set [server.managed] model or [server] url in" in screen
         # The first question a newcomer asks, answered right (at the bundled temperature, 0).
         await tmux.keys("What is the capital of France? One sentence.", "Enter")
-        await tmux.wait_for("last request:", timeout=120)
+        await tmux.wait_for(" generated at ", timeout=120)
         assert "Paris" in await tmux.screen()
         await tmux.keys("Write a long story about a cat and a dog.", "Enter")
         await tmux.wait_for("reading the prompt", "answering", timeout=60)  # the turn runs
@@ -772,6 +926,13 @@ async def test_just_chat_survives_ctrl_c_and_the_terminal_closing(tmp_path: Path
         await tmux.keys("Say hello.", "Enter")
         await tmux.keys("/status", "Enter")
         await tmux.wait_for("(3 turns)", timeout=120)  # once the third turn has ended
+        # A clean /quit after a Ctrl-C that bxctl took: `just chat` exits as bxctl does, 0,
+        # where just alone would take the Ctrl-C as its own and exit 130.
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("CHAT-EXIT-", timeout=60)
+        screen = await tmux.screen()
+        assert "CHAT-EXIT-0" in screen
+        assert "interrupted" not in screen
         await tmux.run("kill-session", "-t", tmux.name)  # the terminal closes
         await trio.sleep(1)
         assert alive(pid)

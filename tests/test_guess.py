@@ -94,6 +94,10 @@ class Model:
     def retry(self) -> Any:
         raise NotImplementedError
 
+    @property
+    def reached(self) -> bool:
+        return True
+
     async def chat(
         self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
     ) -> Completion:

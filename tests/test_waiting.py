@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ from bxctl.acp_map import update_of
 from bxctl.view import TurnView
 from conftest import NO_SLOT_FILES
 from loopd.server_proc import LaunchSpec, start_server
+from loopd.turn.waiting import NEVER_REACHED_WAIT
 from loopd.wire.events import WaitingForServer
 from loopd.wire.proto import Event
 from support.daemon import Daemon, LineClient, embedded
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
-from test_bxctl import Tmux
+from test_bxctl import Tmux, bxctl
 
 LOADING = '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
@@ -212,6 +214,47 @@ async def test_a_cancel_ends_the_wait_at_once(
     await client.send({"type": "cancel", "id": "t1"})
     failed = (await until_end(client, "t1", timeout=5))[-1]
     assert (failed["type"], failed["kind"]) == ("turn_failed", "cancelled")
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound, then closed."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_chat_m_to_a_server_never_reached_fails_within_seconds_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A wrong `[server] url` (a closed port) is a failed turn soon, not a wait to the turn's
+    deadline (900 s here), and a script reads the wait and the reason on stderr."""
+    d = Daemon(tmp_path / "loopd", f"http://127.0.0.1:{closed_port()}", slots=NO_SLOT_FILES)
+    d.config.write_text(d.config.read_text() + "[loop]\nturn_timeout = 900\n")
+    await d.start()
+    try:
+        started = trio.current_time()
+        code, out, err = await bxctl(d, "chat", "-m", "hi")
+        waited = trio.current_time() - started
+    finally:
+        await d.end()
+    assert (code, out) == (1, "")
+    assert "bxctl: waiting for the server: it cannot be reached" in err
+    assert "it has not answered once since loopd started: is [server] url right?" in err
+    assert NEVER_REACHED_WAIT <= waited < 60  # the bound, not the turn's deadline
+
+
+async def test_a_server_that_answered_once_is_waited_for_past_the_never_reached_bound(
+    scripted: Callable[..., Awaitable[Scripted]],
+) -> None:
+    """A server loading its model (503) has answered: its wait is the turn's, not the bound."""
+    s = await scripted(Reply(content="loaded"))
+    client = await s.daemon.connect()
+    await client.send({"type": "send", "id": "t1", "content": "hi"})
+    await until_event(client, "waiting_for_server")
+    await trio.sleep(NEVER_REACHED_WAIT + 1)
+    s.loading.loading = False
+    assert (await until_end(client, "t1"))[-1]["type"] == "turn_done"
 
 
 @pytest.mark.llama

@@ -4,7 +4,8 @@
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
 cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
 running or went away (with --no-start), or the loopd started for it did not come up; 6 a call
-waits for approval (without --yes; answer it with `bxctl approve`).
+waits for approval (without --yes; answer it with `bxctl approve`); 128 + N stopped by signal N
+(SIGTERM, SIGHUP), its turn cancelled.
 """
 
 from __future__ import annotations

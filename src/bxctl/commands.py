@@ -26,11 +26,19 @@ from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter, StopFailed
 from bxctl.text import approve_command, fork_line
 from loopd.config import ConfigError, load_config
+from loopd.infer import Queued, Retrying
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
-from loopd.wire.events import ApprovalNeeded, SessionContinued
+from loopd.wire.events import (
+    ApprovalNeeded,
+    Compacting,
+    MovedToServer,
+    SessionContinued,
+    TurnEvent,
+    WaitingForServer,
+)
 from loopd.wire.proto import DaemonMessage, Error, Event, TurnDone, TurnFailed, Undone
 
 __all__ = ["run"]
@@ -114,18 +122,31 @@ async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
     _tell_session(connection.session, args.json)
     turn = f"bxctl-{id(connection):x}"
     await connection.send({"type": "send", "id": turn, "content": text})
-    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+    stopped: list[int] = []
+    with trio.open_signal_receiver(*STOPPING) as interrupts:
         async with trio.open_nursery() as nursery:
 
             async def cancel_on_interrupt() -> None:
-                async for _ in interrupts:
+                async for signum in interrupts:
                     await connection.send({"type": "cancel", "id": turn})
+                    if signum != signal.SIGINT:  # told to go: the turn is cancelled, not awaited
+                        stopped.append(signum)
+                        nursery.cancel_scope.cancel()
 
             nursery.start_soon(cancel_on_interrupt)
             code = await _follow(connection, turn, args.json, args.yes)
             nursery.cancel_scope.cancel()
     await connection.aclose()
+    if stopped:
+        print(f"\nbxctl: {signal.Signals(stopped[0]).name}: the turn is cancelled", file=sys.stderr)
+        return 128 + stopped[0]
     return code
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that cancel `chat -m`'s turn: Ctrl-C, then the answer to it is awaited; a SIGTERM
+(`timeout`, a CI runner) or a hang-up, then bxctl exits at once. (loopd cancels a turn that
+no client follows any more too; this says so, and does not wait for loopd to notice.)"""
 
 
 def _tell_session(session: str, as_json: bool) -> None:
@@ -149,10 +170,7 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
         if getattr(message, "id", None) != turn:
             continue
         _tell_continued(message, as_json)
-        if as_json:
-            print(message.model_dump_json(by_alias=True), flush=True)
-        elif isinstance(message, Event) and message.event.kind == "content":
-            print(message.event.text, end="", flush=True)
+        _show(message, as_json)
         if isinstance(message, Event) and isinstance(message.event, ApprovalNeeded):
             asking = message.event
             if not approve:
@@ -181,6 +199,31 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
             return FAILURE_EXIT.get(what, EXIT_FAILED)
     print("\nbxctl: loopd went away before the turn ended", file=sys.stderr)
     return EXIT_UNREACHABLE
+
+
+def _show(message: DaemonMessage, as_json: bool) -> None:
+    """A message of the turn as `chat -m` prints it: each as a JSON line; else the answer's
+    text on stdout, and each wait on stderr."""
+    if as_json:
+        print(message.model_dump_json(by_alias=True), flush=True)
+    elif isinstance(message, Event) and message.event.kind == "content":
+        print(message.event.text, end="", flush=True)
+    elif isinstance(message, Event) and (line := waiting_line(message.event)):
+        print(f"bxctl: {line}", file=sys.stderr, flush=True)
+
+
+def waiting_line(event: TurnEvent) -> str | None:
+    """What a script's reader is told on stderr while the turn waits: for a slot, for the
+    server, for a retry, for a summary (its answer alone goes to stdout); None for the rest."""
+    if isinstance(event, Queued):
+        return "queued: every slot of the model is busy; the turn waits for one"
+    if isinstance(event, WaitingForServer | MovedToServer):
+        return event.said()
+    if isinstance(event, Retrying):
+        return f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}"
+    if isinstance(event, Compacting):
+        return f"the context is full: summarising session {event.session} to go on in a new one"
+    return None
 
 
 async def _asked(path: Path, args: argparse.Namespace) -> int:

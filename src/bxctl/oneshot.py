@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
 from collections import deque
@@ -26,7 +27,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 from bxctl.cli import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from bxctl.text import approve_command, as_tree, context_line, session_line, unreadable_line
+from bxctl.text import (
+    approve_command,
+    context_line,
+    fit,
+    session_lines,
+    turns_text,
+    unreadable_line,
+)
 from loopd import __version__
 from loopd.groups import innermost
 from loopd.locations import configured
@@ -51,6 +59,7 @@ __all__ = [
     "print_sessions",
     "read_message",
     "run",
+    "serve_command",
     "sessions",
     "status",
     "status_lines",
@@ -73,10 +82,18 @@ class SessionRefused(Exception):
         self.code = error.code
 
 
+def serve_command() -> list[str]:
+    """`loopd serve` of this install: the `loopd` beside this Python (a venv's, which need
+    not be on PATH), else `python -m loopd`."""
+    sibling = Path(sys.executable).parent / "loopd"
+    loopd = [str(sibling)] if os.access(sibling, os.X_OK) else [sys.executable, "-m", "loopd"]
+    return [*loopd, "serve"]
+
+
 def not_running(path: Path, error: OSError) -> Unreachable:
     return Unreachable(
-        f"loopd is not running at {path} ({error.strerror}): start it with `loopd serve`"
-        " (or `just serve`)"
+        f"loopd is not running at {path} ({error.strerror}): start it with "
+        f"`{' '.join(serve_command())}`"
     )
 
 
@@ -221,7 +238,7 @@ def status_lines(status: Status) -> list[str]:
     window = "" if status.context_size is None else f", a window of {status.context_size} tokens"
     engine = ENGINE_NAMES.get(status.engine or "", "engine not known yet")
     lines = [
-        f"session  {status.session} ({status.turns} turns)",
+        f"session  {status.session} ({turns_text(status.turns)})",
         f"server   {status.server}  ({engine})",
         f"model    {status.model or '?'}{window}  slot {slot}",
         f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting",
@@ -241,7 +258,8 @@ def status_lines(status: Status) -> list[str]:
             f"{u.predicted_n} generated"
         )
     if status.context is not None:
-        lines.append(f"context  {context_line(status.context, status.past_reasoning)}")
+        said = context_line(status.context, status.past_reasoning, status.context_size)
+        lines.append(f"context  {said}")
     asking = [p.event for p in status.pending if p.event.kind == "approval_needed"]
     lines += (
         f"waiting  call {a.call}: {a.tool} {json.dumps(a.arguments, default=vars)} "
@@ -275,14 +293,16 @@ def print_sessions(
     current: str | None,
     store: Path,
 ) -> None:
-    """The sessions, oldest first, each sub-agent's under the session that started it and each
-    fork under the session it forks; the latest (the one `chat --continue` takes, when
-    `current` is None) marked."""
+    """The sessions, the most recent first, each sub-agent's under the session that started
+    it and each fork under the session it forks, with their titles, each in a line that fits
+    the terminal; the latest (the one `chat --continue` takes, when `current` is None)
+    marked."""
     current = current or latest(listed)
-    for depth, s in as_tree(listed):
-        print(session_line(s, current, depth=depth))
+    width = shutil.get_terminal_size().columns
+    for _, line in session_lines(listed, current, width):
+        print(line)
     for bad in unreadable:
-        print(unreadable_line(bad.id, bad.reason))
+        print(fit(unreadable_line(bad.id, bad.reason), width))
     if not listed and not unreadable:
         print(f"no sessions in {store}")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import trio
 
 from bxctl.connection import Connection, Unreachable
+from bxctl.oneshot import serve_command
 
 __all__ = ["START_WAIT", "STOP_WAIT", "Starter", "StopFailed"]
 
@@ -69,9 +70,7 @@ class Starter:
 
     def command(self) -> list[str]:
         """`loopd serve` of this install: the `loopd` beside this Python, else `-m loopd`."""
-        sibling = Path(sys.executable).parent / "loopd"
-        loopd = [str(sibling)] if os.access(sibling, os.X_OK) else [sys.executable, "-m", "loopd"]
-        command = [*loopd, "serve"]
+        command = serve_command()
         if self.config_file is not None:
             command += ["--config", str(self.config_file)]
         if self.socket_given:

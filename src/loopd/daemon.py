@@ -33,6 +33,7 @@ import trio
 
 from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
+from loopd.bundled import bundled
 from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket, systemd_socket
 from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import (
@@ -72,20 +73,40 @@ class Unusable(Exception):
 
 
 def launch_spec(managed: ManagedServer, slots: int, state: Path) -> LaunchSpec:
-    """The embedded llama-server: from the config, else the environment, else PATH; with
-    `slots` slots."""
-    binary = managed.binary or _env_path("LOOPD_LLAMA_SERVER") or _which("llama-server")
+    """The embedded llama-server: from the config, else the environment, else what the
+    set-up bundled (`loopd.bundled`), else PATH; with `slots` slots."""
+    pair = bundled()
+    binary = (
+        managed.binary
+        or _env_path("LOOPD_LLAMA_SERVER")
+        or (pair.binary if pair else None)
+        or _which("llama-server")
+    )
     if binary is None:
         raise StartupError(
             "no llama-server to start: set [server.managed] binary or $LOOPD_LLAMA_SERVER, put "
-            "llama-server on PATH, or point [server] url at a running one"
+            "llama-server on PATH, point [server] url at a running one, or run `just setup` "
+            "in loopd's checkout to build the bundled one"
         )
-    model = managed.model or _env_path("LOOPD_MODEL")
+    model = managed.model or _env_path("LOOPD_MODEL") or (pair.model if pair else None)
     if model is None:
-        raise StartupError("no model to load: set [server.managed] model or $LOOPD_MODEL")
+        raise StartupError(
+            "no model to load: set [server.managed] model or $LOOPD_MODEL, or run `just setup` "
+            "in loopd's checkout to fetch the bundled one"
+        )
     for what, path in (("llama-server", binary), ("model", model)):
         if not path.expanduser().is_file():
             raise StartupError(f"the {what} {path} does not exist")
+    extra = tuple(managed.extra_args)
+    # The bundled model answers right only near its own temperature: the server's default
+    # unless the environment names another (a request's [server] sampling still wins).
+    if (
+        pair is not None
+        and model == pair.model
+        and pair.temperature is not None
+        and "LLAMA_ARG_TEMPERATURE" not in os.environ
+    ):
+        extra = ("--temp", pair.temperature, *extra)
     return LaunchSpec(
         binary=binary.expanduser(),
         model=model.expanduser(),
@@ -95,7 +116,7 @@ def launch_spec(managed: ManagedServer, slots: int, state: Path) -> LaunchSpec:
         slot_save_path=state / "slots",
         port=free_port(),
         chat_template_file=managed.chat_template_file,
-        extra_args=tuple(managed.extra_args),
+        extra_args=extra,
         swa_full=True,  # slot files that restore on sliding-window models too
     )
 
@@ -276,25 +297,29 @@ async def _open_and_serve(
     activated: UnixSocket | None,
 ) -> None:
     store = Store(config.store.directory)
+    # Bound before start-up (clients that started loopd wait on the socket), but said to
+    # listen only once start-up has succeeded and loopd serves.
     unix = activated or await open_socket(socket_path)
-    log.info("listening on %s%s", socket_path, " (systemd's socket)" if activated else "")
+    where = f"{socket_path} (systemd's socket)" if activated else str(socket_path)
+    log.info("listening on %s", where)
     try:
         with store.hold():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_own_files, store, unix, stop)
-                await _serve(config, store, unix.listener, stop, private)
+                await _serve(config, store, unix.listener, stop, private, where)
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await unix.aclose()
 
 
-async def _serve(
+async def _serve(  # noqa: PLR0913, PLR0917 - `where`: said once start-up has succeeded
     config: Config,
     store: Store,
     listener: trio.SocketListener,
     stop: _Stop,
     private: list[Path],
+    where: str,
 ) -> None:
     # Unbounded: the keeper of the embedded server says "restarted" with `send_nowait` and
     # must never block; it restarts at most once per backoff period.
@@ -340,6 +365,7 @@ async def _serve(
                 else:
                     watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
                 stop.channel = ChannelServer(core, info, config.channel)
+                log.info("listening on %s", where)
                 await stop.channel.serve(listener)
         nursery.cancel_scope.cancel()
 

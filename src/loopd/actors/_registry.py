@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +80,9 @@ class _Hooks(SessionHooks):
 
     def renamed(self, old: str, new: str) -> None:
         self.registry.renamed(self.live, old, new)
+
+    def followed(self) -> bool:
+        return self.live.clients > 0
 
 
 ActorFactory = Callable[[Session, SessionHooks, PortHandle], SessionActor]
@@ -285,7 +288,13 @@ class SessionRegistry:
         """A client left the session of `handle`."""
         if (live := self._by_handle.get(handle)) is not None:
             live.clients -= 1
+            if live.clients == 0 and not live.idle:  # its turn runs for nobody
+                self._nursery.start_soon(self._left, handle)
             self.close_if_unused(live)
+
+    async def _left(self, handle: SessionHandle) -> None:
+        with suppress(SessionUnavailable):  # it stopped meanwhile
+            await handle.left()
 
     def close_if_unused(self, live: _Live) -> None:
         if live.clients > 0 or not live.idle or live.handle is None:

@@ -53,6 +53,7 @@ from ._session_inbox import (
     Fanout,
     History,
     HistoryPage,
+    Left,
     ModeState,
     Published,
     RewindFiles,
@@ -90,6 +91,10 @@ class SessionHooks:
     def renamed(self, old: str, new: str) -> None:
         """The conversation goes on in session `new` (a compaction)."""
 
+    def followed(self) -> bool:
+        """Some client is in the session now."""
+        return True
+
 
 def _message(message: Send | Compact) -> Message:
     if isinstance(message, Compact):
@@ -126,6 +131,8 @@ class SessionActor:
         self._wake = trio.Event()
         self._fanout = Fanout()
         self._running: tuple[str, trio.CancelScope] | None = None
+        self._handed_over: str | None = None
+        """The turn its clients left while it waited for an approval: it runs to its end."""
         self._stop = trio.CancelScope()
         """Cancelled when the session fails: the actor stops, and `run` raises the failure."""
         self._failure: SessionFailed | None = None
@@ -159,11 +166,14 @@ class SessionActor:
                 reply_error(message.reply, SessionUnavailable(self._closed_because()))
                 raise
 
-    async def _take(self, message: SessionMessage) -> None:
+    async def _take(self, message: SessionMessage) -> None:  # noqa: C901 - a branch a message
         if isinstance(message, Send | Compact):
             reply_value(message.reply, self._submit(_message(message)))
         elif isinstance(message, Cancel):
             reply_value(message.reply, self._cancel(message.turn))
+        elif isinstance(message, Left):
+            await self._left()
+            reply_value(message.reply, None)
         elif isinstance(message, History):
             page = HistoryPage.of(self.session.id, self.session.records, message.start, message.end)
             reply_value(message.reply, page)
@@ -215,6 +225,33 @@ class SessionActor:
                 )
                 return True
         return False
+
+    async def _left(self) -> None:
+        """Every client has gone: nobody reads the running turn's answer, and the slot it
+        holds is wanted by whoever comes next, so it is cancelled (recorded as a cancelled
+        turn) and the messages that wait are dropped. A turn that waits for a person's
+        approval is the exception: a script that exits on such a call (`bxctl chat -m`, exit
+        6) leaves it to `bxctl approve`, so it is handed over and runs to its end within its
+        limits (the approval's timeout first), whoever comes and goes meanwhile."""
+        if self.hooks.followed() or self._running is None:
+            return  # a client came back meanwhile, or nothing runs
+        turn = self._running[0]
+        if turn == self._handed_over:
+            return
+        if await self._pending():
+            self._handed_over = turn
+            log.info(
+                "session %s: its clients left turn %s waiting for approval", self.session.id, turn
+            )
+            return
+        if self.hooks.followed():  # a client came while the approvals were asked for
+            return
+        for waiting in self._queue:
+            left = TurnFailed("cancelled", "not run: every client of the session left")
+            self._fanout.publish(Published(waiting.turn, left))
+        self._queue.clear()
+        log.info("session %s: every client left; its turn %s is cancelled", self.session.id, turn)
+        self._running[1].cancel()
 
     async def _undo(self, call: int | None) -> UndoRecord:
         record = await undo(self.session, self._hands(), call)

@@ -178,6 +178,14 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Left:
+    """Every client of the session has gone (`SessionActor._left` says what becomes of its
+    turns)."""
+
+    reply: Reply[None]
+
+
+@dataclass(frozen=True)
 class History:
     start: int | None
     end: int | None
@@ -244,6 +252,7 @@ SessionMessage = (
     Send
     | Compact
     | Cancel
+    | Left
     | History
     | Status
     | Subscribe
@@ -281,6 +290,10 @@ class SessionHandle:
     async def cancel(self, turn: str) -> bool:
         """Cancel a running or waiting turn; False when there is no such turn."""
         return await self._ask(lambda r: Cancel(turn, r))
+
+    async def left(self) -> None:
+        """Every client has gone: its turns end, unless one waits for a person's approval."""
+        await self._ask(Left)
 
     async def history(self, start: int | None = None, end: int | None = None) -> HistoryPage:
         """Records of the current session from `start` (negative: from the end) to `end`, at

@@ -170,9 +170,21 @@ class Client:
         self._block = access.block_size
         self.engine: Engine = ENGINES[access.engine](self, access.model, access.block_size)
         """What the server is (`identify`): llama-server until found otherwise."""
+        self.reached = False
+        """Some answer has come from the server since this client was made (any status: one
+        that still loads its model counts). A server never reached is more likely a wrong
+        URL than one that is away for a while, and a turn does not wait long for it."""
         self.started_at: float | None = None
         """When the server last came up, as far as loopd saw (seconds since the epoch): a
         cache lost across that restart is recorded with it as the reason."""
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A request's errors before its answer began, mapped (`_mapped`); once one passes
+        without them, the server is `reached`."""
+        with _mapped(self.base_url, self.down):
+            yield
+        self.reached = True
 
     def be(self, engine: EngineName) -> None:
         """The server is `engine` (found, or named by `[server] engine`)."""
@@ -240,7 +252,7 @@ class Client:
         deadline."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                with _mapped(self.base_url, self.down):
+                with self._reaching():
                     health = self._url(self.engine.health)
                     return (await self._http.get(health)).status_code == httpx.codes.OK
             except InferError:
@@ -281,7 +293,7 @@ class Client:
         no JSON, or nothing in time."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                with _mapped(self.base_url, self.down):
+                with self._reaching():
                     response = await self._http.get(self._url(path))
                 return response.json() if response.status_code == 200 else None
             except (InferError, ValueError):
@@ -291,7 +303,7 @@ class Client:
     async def get_text(self, path: str) -> str:
         """The text `path` answers (`/metrics`), within the read deadline."""
         with trio.move_on_after(self.timeouts.read):
-            with _mapped(self.base_url, self.down):
+            with self._reaching():
                 response = await self._http.get(self._url(path))
             if response.status_code != 200:
                 raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
@@ -313,7 +325,7 @@ class Client:
         """A small JSON request and its JSON answer, not a stream, with the read deadline: the
         server's properties, a template's rendering, tokens' text, a slot's save or restore."""
         with trio.move_on_after(self.timeouts.read):
-            with _mapped(self.base_url, self.down):
+            with self._reaching():
                 response = await self._http.send(request)
             if response.status_code != 200:
                 raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
@@ -391,7 +403,7 @@ class Client:
         stream: Stream | None = None
         try:
             queue = trio.move_on_after(self.timeouts.queue)
-            with queue as waited, _mapped(self.base_url, self.down):
+            with queue as waited, self._reaching():
                 stream = await post(
                     url, body, connect_timeout=self.timeouts.connect, tls=self._tls, headers=headers
                 )

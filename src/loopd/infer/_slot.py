@@ -25,6 +25,11 @@ class Slot:
         """The backoff between tries on this slot's server."""
         return self.client.retry
 
+    @property
+    def reached(self) -> bool:
+        """Some answer has come from this slot's server since loopd started."""
+        return self.client.reached
+
     async def chat(
         self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
     ) -> Completion:

@@ -6,17 +6,16 @@
      └── InferFailed   the server could not answer (the InferError is `.error`)
 
 A server that cannot take a request yet (loading, restarting, unreachable) is waited for
-(`loopd.turn.waiting`), up to the turn's deadline, unless another can take it now: the turn goes
-on there (`Runtime.elsewhere`). A `StoreError` from the session passes through as it is.
-Whatever ends a turn (an answer, a limit, an error, a cancellation), the log is left a valid
-conversation: every tool call of the last answer has a result (saying why it was not run, if
-it was not), and a `turn_end` record gives the reason. Each record is on disk before the
-event that reports it is sent.
+(`loopd.turn.waiting`), up to the turn's deadline (seconds, for one never reached since loopd
+started), unless another can take it now: the turn goes on there (`Runtime.elsewhere`). A
+`StoreError` from the session passes through as it is. Whatever ends a turn (an answer, a limit,
+an error, a cancellation), the log is left a valid conversation: every tool call of the last
+answer has a result (saying why it was not run, if it was not), and a `turn_end` record gives
+the reason. Each record is on disk before the event that reports it is sent.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -70,8 +69,6 @@ __all__ = [
     "run_turn",
 ]
 
-log = logging.getLogger(__name__)
-
 
 class TurnError(Exception):
     """A turn ended without an answer; the log says why in its `turn_end` record."""
@@ -95,10 +92,13 @@ class InferFailed(TurnError):
 
 
 class Inference(Protocol):
-    """What a turn needs of the model: a completion per try, and the backoff between tries."""
+    """What a turn needs of the model: a completion per try, the backoff, its server's `reached`."""
 
     @property
     def retry(self) -> Backoff: ...
+
+    @property
+    def reached(self) -> bool: ...
 
     async def chat(
         self, request: AnyRequest, on_event: EventSink, *, sent: Callable[[], None] | None = None
@@ -126,9 +126,8 @@ class Runtime:
     hands: Hands | None = None
     """Makes the changes of `write_file` and `edit_file` calls; None: there are no roots."""
     prefill: Callable[[list[Record]], tuple[str, str]] | None = None
-    """For tests on a real server: the text an answer starts with and a GBNF grammar for the
-    rest, given the log so far (so a model too small to call tools on its own is made to, and
-    the tool path runs for real)."""
+    """For tests on a real server: an answer's first text and a GBNF grammar for the rest, given
+    the log (a model too small to call tools is made to: the tool path runs for real)."""
     elsewhere: Elsewhere[Runtime] | None = None
     """Moves the turn to another server that can take the request its own cannot: the
     runtime there; None: there is none (one server, or a sub-agent's turn)."""
@@ -154,8 +153,7 @@ async def run_turn(
     *,
     thinking: bool | None = None,
 ) -> TurnOutcome:
-    """One turn; `thinking` overrides the session's own (`Session.thinking`, a `mode` record's)
-    and `[loop] thinking` for this turn only."""
+    """One turn; `thinking`, where given, overrides the session's and `[loop] thinking`."""
     await session.add(UserRecord(content=content))  # durable while its request goes (`first`)
     reason: TurnEndReason = "error"
     try:
@@ -280,6 +278,10 @@ class _Turn:
                     raise SessionFull(str(e)) from e
                 if self.output or (why := wait_reason(e)) is None:
                     raise InferFailed(e) from e
+                if never := wait.never_reached(
+                    why, e, rt.inference.reached
+                ):  # a wrong URL, most likely: said soon
+                    raise InferFailed(never) from e
                 await session.sync()  # the question is on disk while the turn waits
                 if moved := await wait.after(why, e, rt.elsewhere):
                     self.rt = moved  # tried there at once, its slot pinned by its `inference`
