@@ -15,7 +15,7 @@ import trio
 
 from loopd.config import RunConfig, ToolsConfig
 from loopd.tools import Builtins, ToolFailure, ToolRequest, builtin_entries
-from loopd.tools._builtin import READ_LINES
+from loopd.tools._builtin import FIND_LIMIT, READ_LINES
 from loopd.tools._write import plan
 
 
@@ -39,6 +39,7 @@ def run(builtins: Builtins, name: str, **arguments: Any) -> str:
         "read_file": builtins.read_file,
         "list_directory": builtins.list_directory,
         "search_text": builtins.search_text,
+        "find_files": builtins.find_files,
     }[name]
     return function(arguments)
 
@@ -51,6 +52,7 @@ def test_file_tools_exist_with_roots_or_without(tmp_path: Path) -> None:
         "read_file",
         "list_directory",
         "search_text",
+        "find_files",
         "write_file",
         "edit_file",
         "run_command",
@@ -154,6 +156,59 @@ def test_search_text_takes_a_regex_and_reports_a_bad_one(root: Path) -> None:
 
 def test_search_text_with_no_match_says_so(root: Path) -> None:
     assert run(tools(root), "search_text", pattern="zebra") == "No line under . matches 'zebra'."
+
+
+def test_find_files_matches_a_name_at_any_depth_sorted(root: Path) -> None:
+    (root / "notes" / "deep").mkdir()
+    (root / "notes" / "deep" / "week.md").write_text("")
+    (root / "readme.md").write_text("")
+    assert run(tools(root), "find_files", pattern="*.md") == (
+        "notes/deep/week.md\nnotes/old.md\nnotes/today.md\nreadme.md"
+    )
+    assert run(tools(root), "find_files", pattern="t?day.*") == "notes/today.md"
+    assert run(tools(root), "find_files", pattern="[!t]*.md", path="notes") == (
+        "notes/deep/week.md\nnotes/old.md"
+    )
+
+
+def test_find_files_with_a_folder_in_the_pattern_matches_the_whole_path(root: Path) -> None:
+    (root / "notes" / "deep").mkdir()
+    (root / "notes" / "deep" / "week.md").write_text("")
+    assert run(tools(root), "find_files", pattern="notes/*.md") == "notes/old.md\nnotes/today.md"
+    assert run(tools(root), "find_files", pattern="**/deep/*.md") == "notes/deep/week.md"
+    assert run(tools(root), "find_files", pattern="notes/**") == (
+        "notes/deep/week.md\nnotes/old.md\nnotes/today.md"
+    )
+    assert run(tools(root), "find_files", pattern="*.txt") == "No file under . matches '*.txt'."
+
+
+def test_find_files_never_names_a_hidden_path_or_one_outside_the_roots(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id.md").write_text("secret")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "log.md").write_text("")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD.md").write_text("")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.md"
+    outside.write_text("")
+    (tmp_path / "link.md").symlink_to(outside)
+    (tmp_path / "seen.md").write_text("")
+    run_config = RunConfig(deny_read=[tmp_path / "keys"])
+    tools = Builtins([tmp_path], timeout=30, run=run_config, private=[tmp_path / "state"])
+    assert run(tools, "find_files", pattern="*.md") == "seen.md"
+    with pytest.raises(ToolFailure, match="absolute paths are refused"):
+        run(tools, "find_files", pattern="*", path="/etc")
+
+
+def test_find_files_gives_at_most_its_limit(root: Path) -> None:
+    many = root / "many"
+    many.mkdir()
+    for n in range(FIND_LIMIT + 5):
+        (many / f"f{n:04d}.txt").write_text("")
+    found = run(tools(root), "find_files", pattern="*.txt").splitlines()
+    assert len(found) == FIND_LIMIT + 1
+    assert found[0] == "many/f0000.txt"
+    assert found[-1] == "[... and 5 more]"
 
 
 def test_several_roots_are_named_by_their_folder(root: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from acp import schema
 
+from bxctl.text import title_of, turns_text
 from loopd.infer import Content, Reasoning
 from loopd.session.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
 from loopd.wire.events import (
@@ -101,6 +102,7 @@ _KINDS: dict[str, schema.ToolKind] = {
     "read_file": "read",
     "list_directory": "read",
     "search_text": "search",
+    "find_files": "search",
     "find_tool": "search",
     "write_file": "edit",
     "edit_file": "edit",
@@ -305,7 +307,7 @@ def command_of(text: str) -> Command | None:
 def status_text(status: Status) -> str:
     """`/status`'s answer, in a few lines."""
     model = status.model or "a model it does not name"
-    lines = [f"Session {status.session}: {status.turns} turns, {model} at {status.server}."]
+    lines = [f"Session {status.session}: {turns_text(status.turns)}, {model} at {status.server}."]
     if status.context is not None:
         lines.append(f"Context: {status.context} tokens.")
     if status.slot is None:
@@ -407,7 +409,7 @@ def listed(
         schema.SessionInfo(
             session_id=s.id,
             cwd=s.cwd,  # type: ignore[arg-type] # those with none are left out above
-            title=_title(s, by_id),
+            title=title_of(s, by_id),
             updated_at=s.last_activity,
         )
         for s in shown[:page]
@@ -432,17 +434,6 @@ def _after(cursor: str) -> tuple[datetime, str]:
         return datetime.fromisoformat(updated), session
     except ValueError:
         raise BadCursor(f"{cursor!r} is not a cursor that session/list gave") from None
-
-
-def _title(session: SessionInfo, by_id: dict[str, SessionInfo]) -> str | None:
-    """The title of the session a chain of compactions began with (else the nearest one's)."""
-    title, seen = session.title, {session.id}
-    while (
-        session.continues and (earlier := by_id.get(session.continues)) and earlier.id not in seen
-    ):
-        seen.add(earlier.id)
-        session, title = earlier, earlier.title or title
-    return title
 
 
 def usage_update(usage: Usage | None, size: int | None) -> schema.UsageUpdate | None:

@@ -1,4 +1,4 @@
-"""The built-in tools: reading, listing, searching, writing and editing files under the
+"""The built-in tools: reading, listing, searching, finding, writing and editing files under the
 configured roots (writes in `_write`), running commands in them (`_run`), and the time.
 Nothing reaches outside the roots: absolute paths and `..` are refused, and a path whose
 resolved form (symlinks followed) leaves its root is refused too. Reads are bounded, binary
@@ -12,10 +12,12 @@ hours while the event loop waits for the GIL.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ READ_LINES = 400
 READ_BYTES = 256 * 1024
 LIST_LIMIT = 500
 SEARCH_MATCHES = 100
+FIND_LIMIT = 200
 SEARCH_FILE_BYTES = 2 * 1024 * 1024
 # Threads for tool calls at once; an abandoned call keeps its thread until it notices its deadline.
 TOOL_THREADS = 8
@@ -86,6 +89,19 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
                 "path": {**_PATH, "default": "."},
                 "regex": {"type": "boolean", "default": False},
             },
+            ["pattern"],
+        ),
+    ),
+    "find_files": (
+        "Find files by name: glob patterns such as *.py or src/**/test_*.py.",
+        (
+            "Find files under a folder of the open folders whose path matches a glob pattern: "
+            "* and ? within a name, ** across folders, [abc] one of; a pattern without / is "
+            f"matched against each file's name at any depth. Gives up to {FIND_LIMIT} paths, "
+            "sorted."
+        ),
+        _schema(
+            {"pattern": {"type": "string", "minLength": 1}, "path": {**_PATH, "default": "."}},
             ["pattern"],
         ),
     ),
@@ -145,6 +161,7 @@ _FILE_TOOLS = (
     "read_file",
     "list_directory",
     "search_text",
+    "find_files",
     "write_file",
     "edit_file",
     "run_command",
@@ -222,6 +239,7 @@ class Builtins:
             "read_file": self.read_file,
             "list_directory": self.list_directory,
             "search_text": self.search_text,
+            "find_files": self.find_files,
             "current_time": lambda _: _now(),
         }
 
@@ -388,6 +406,53 @@ class Builtins:
                         return "\n".join([*matches, stop])
         return "\n".join(matches) or f"No line under {path} matches {pattern!r}."
 
+    def find_files(self, arguments: dict[str, Any]) -> str:
+        pattern, path = arguments["pattern"], arguments.get("path", ".")
+        matcher = glob_matcher(pattern)
+        start = self.roots.resolve(path)
+        if not start.is_dir():
+            raise ToolFailure(f"{path}: no such folder")
+        deadline = time.monotonic() + self.timeout
+        found = []
+        for file in _files(start, self.roots, deadline):
+            relative = file.relative_to(start).as_posix()
+            if matcher.fullmatch(relative if "/" in pattern else file.name):
+                found.append(self.roots.shown(file))
+        found.sort()
+        if not found:
+            return f"No file under {path} matches {pattern!r}."
+        more = len(found) - FIND_LIMIT
+        return "\n".join(found[:FIND_LIMIT] + ([f"[... and {more} more]"] if more > 0 else []))
+
+
+def glob_matcher(pattern: str) -> re.Pattern[str]:
+    """A glob pattern as a regular expression over a `/`-separated path: `*` and `?` within
+    one name, `**` across folders (`**/` also none), `[...]` a class; the rest as it is."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            negated = body.startswith("!")
+            body = re.escape(body[1:] if negated else body).replace("\\-", "-")
+            out.append(f"[{'^' if negated else ''}{body}]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
 
 def _search(matcher: regex.Pattern[str], line: str, deadline: float, pattern: str) -> bool:
     left = deadline - time.monotonic()
@@ -405,8 +470,19 @@ def _search(matcher: regex.Pattern[str], line: str, deadline: float, pattern: st
 def _text_files(start: Path, roots: Roots) -> list[Path]:
     if start.is_file():
         return [start]
-    found = []
+    return [file.resolve() for file in _files(start, roots)]
+
+
+def _files(start: Path, roots: Roots, deadline: float = math.inf) -> Iterator[Path]:
+    """The regular files under `start` (not resolved: as they are named there) that are in
+    a root and not hidden once their links are followed; the folders of other tools' caches
+    and of version control are left out. Raises `ToolFailure` past `deadline`."""
     for directory, dirs, files in os.walk(start):  # does not follow symlinked folders
+        if time.monotonic() > deadline:
+            raise ToolFailure(
+                f"listing {roots.shown(Path(directory))} took too long ([tools] timeout); "
+                "a narrower path will do"
+            )
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
         for name in sorted(files):
             file = Path(directory) / name
@@ -414,10 +490,9 @@ def _text_files(start: Path, roots: Roots) -> list[Path]:
                 resolved = file.resolve()  # a symlinked file may point anywhere: check
                 inside = any(resolved.is_relative_to(r) for r in roots.roots.values())
                 if inside and not roots.hides(resolved) and stat.S_ISREG(resolved.stat().st_mode):
-                    found.append(resolved)
+                    yield file
             except OSError:
                 continue
-    return found
 
 
 def _now() -> str:
