@@ -377,7 +377,8 @@ def _status(answer: object) -> Text:
         f"model {answer.model}, slot {answer.slot}"
     )
     if answer.context is not None:
-        text += f"\ncontext: {context_line(answer.context, answer.past_reasoning)}"
+        said = context_line(answer.context, answer.past_reasoning, answer.context_size)
+        text += f"\ncontext: {said}"
     for line in answer.pending:
         if isinstance(asking := line.event, ApprovalNeeded):
             text += f"\nwaiting for approval: call {asking.call}, {asking.tool}"

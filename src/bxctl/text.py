@@ -103,10 +103,14 @@ def approve_command(asking: ApprovalNeeded, session: str | None) -> str:
     return f"{command} --sub-agent {asking.session}" if asking.session else command
 
 
-def context_line(context: int, past_reasoning: int | None) -> str:
-    """How full the slot is, and how much of it is past reasoning (a cost a user can cut with
-    `/think off` or `[loop] thinking = false`)."""
+def context_line(context: int, past_reasoning: int | None, window: int | None = None) -> str:
+    """How full the slot is, against its context `window` where the server said it, and how
+    much of it is past reasoning (a cost a user can cut with `/think off` or `[loop] thinking =
+    false`)."""
+    held = f"{context} tokens in the slot"
+    if window:
+        held = f"{context} of {window} tokens in the slot ({context / window:.0%})"
     if past_reasoning is None:
-        return f"{context} tokens in the slot (history sent as messages)"
+        return f"{held} (history sent as messages)"
     share = past_reasoning / context if context else 0.0
-    return f"{context} tokens in the slot, {past_reasoning} of them past reasoning ({share:.0%})"
+    return f"{held}, {past_reasoning} of them past reasoning ({share:.0%})"

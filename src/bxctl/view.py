@@ -8,7 +8,6 @@ printed above the prompt once it ends. No terminal is needed to test it.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -106,8 +105,6 @@ _Note = (
 )
 """Events told as a line under the turn (or as its state)."""
 
-MEASURABLE = 0.05
-"""Seconds of streaming before a tokens/s figure means anything."""
 RUNNING_LINES = 5
 """Lines of a running command's latest output shown under its call."""
 RUNNING_KEEP = 4096
@@ -129,12 +126,12 @@ class Tail:
 
 @dataclass
 class _Request:
+    """One request of the turn, as the server's progress told it (none on a server that
+    reports none)."""
+
     total: int = 0
     cache: int = 0
     processed: int = 0
-    pieces: int = 0
-    first_piece: float | None = None
-    last_piece: float | None = None
 
 
 @dataclass
@@ -164,7 +161,6 @@ class TurnView:
             self._event(message.event)
 
     def _event(self, event: object) -> None:
-        now = time.monotonic()
         if isinstance(event, Queued):
             self.state = "queued: the model is busy"
         elif isinstance(event, Waiting):
@@ -179,10 +175,6 @@ class TurnView:
             )
             self.state = "reading the prompt"
         elif isinstance(event, Reasoning | Content):
-            request = self._request()
-            request.pieces += 1
-            request.first_piece = request.first_piece or now
-            request.last_piece = now
             if isinstance(event, Reasoning):
                 self.reasoning += event.text
                 self.state = "thinking"
@@ -287,18 +279,19 @@ class TurnView:
         )
 
     def _footers(self, usage: Usage | None = None) -> list[Text]:
+        """A line for each request of the turn: its prompt as the server's progress told it,
+        and for the last (the answer's, or a compaction's summary) the server's own figures
+        once the turn is done, what it generated included. Only the server counts the tokens
+        generated (the end token too, which streams no text), and it reports them for the
+        turn's last request alone: an earlier one's line says nothing of them."""
+        requests = self.requests or [_Request()]
         lines = []
-        for number, r in enumerate(self.requests, start=1):
-            line = (
-                f"request {number}: prompt {r.total} tokens, {r.cache} cached, "
-                f"{r.total - r.cache} processed; {r.pieces} generated"
-            )
-            # A rate over a few milliseconds says nothing; show it once there is time to measure.
-            if r.first_piece and r.last_piece and r.last_piece - r.first_piece > MEASURABLE:
-                line += f", {(r.pieces - 1) / (r.last_piece - r.first_piece):.0f} tokens/s"
-            lines.append(Text(line, style="dim"))
-        if usage is not None:
-            lines.append(usage_line(usage))
+        for number, r in enumerate(requests, start=1):
+            if number == len(requests) and usage is not None and usage.prompt_n is not None:
+                lines.append(usage_line(usage, number))
+            elif r.total:
+                said = f"prompt {r.total} tokens, {r.cache} cached, {r.total - r.cache} processed"
+                lines.append(Text(f"request {number}: {said}", style="dim"))
         return lines
 
     def _body(self) -> list[RenderableType]:
@@ -402,13 +395,17 @@ def instructions_line(paths: Sequence[str]) -> Text:
     return Text(f"instructions from {', '.join(paths)}", style="dim")
 
 
-def usage_line(usage: Usage) -> Text:
-    """The last request's figures as its server reported them."""
-    cached = "cache not reported" if usage.cache_n is None else f"{usage.cache_n} cached"
-    text = f"last request: {usage.prompt_n} prompt tokens processed, {cached}"
-    if usage.predicted_n and usage.predicted_ms:
-        rate = usage.predicted_n / usage.predicted_ms * 1000
-        text += f"; {usage.predicted_n} generated at {rate:.0f} tokens/s"
-    if usage.thinking_capped:
-        text += "; thinking capped"
+def usage_line(usage: Usage, number: int) -> Text:
+    """Request `number`'s figures as its server reported them (`usage`); a thinking cap is
+    told by its own line (`thinking_capped`)."""
+    if usage.cache_n is None:
+        prompt = f"prompt {usage.prompt_n} tokens processed, cache not reported"
+    else:
+        total = usage.cache_n + (usage.prompt_n or 0)
+        prompt = f"prompt {total} tokens, {usage.cache_n} cached, {usage.prompt_n} processed"
+    text = f"request {number}: {prompt}"
+    if usage.predicted_n is not None:
+        text += f"; {usage.predicted_n} generated"
+        if usage.predicted_n and usage.predicted_ms:
+            text += f" at {usage.predicted_n / usage.predicted_ms * 1000:.0f} tokens/s"
     return Text(text, style="dim")
