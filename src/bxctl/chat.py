@@ -34,6 +34,7 @@ from bxctl.view import (
     DEMO_NOTE,
     TurnView,
     approval_panel,
+    context_lines,
     instructions_line,
 )
 from loopd.backoff import RECONNECT
@@ -41,6 +42,7 @@ from loopd.session.records import RECORD, Mode
 from loopd.session.transcript import transcript
 from loopd.wire.events import ApprovalNeeded
 from loopd.wire.proto import (
+    Context,
     Error,
     History,
     ModeSet,
@@ -63,6 +65,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
   /compact    go on in a new session that starts from the model's summary of this one
               (loopd does it by itself when the context is full)
   /status     what loopd is doing, and the calls that wait for approval
+  /context    what the model sees (system prompt, AGENTS.md files, tools) and how full its
+              context is, by part
   /fork [N]   go on in a new session with this one's history up to turn N (the latest
               by default), this one left as it is; it costs only your next message
   /rewind [N] [files]   go on from the end of turn N (alone: the turns to pick from), in a
@@ -412,8 +416,14 @@ _LOCAL = {
     "/undo": _undo,
 }
 
+
+def _context(answer: object) -> Text:
+    return Text("\n".join(context_lines(answer)) if isinstance(answer, Context) else "")
+
+
 _COMMANDS = {
     "/status": ("status", "status", _status),
+    "/context": ("context", "context", _context),
 }
 
 

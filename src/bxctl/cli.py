@@ -91,6 +91,19 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
     )
+    context = commands.add_parser(
+        "context",
+        help="what the model sees, and how full its context is",
+        description="Show what a session's model sees: its system prompt, the AGENTS.md files "
+        "in it, the tools offered to it and those it finds through find_tool; and the tokens "
+        "its slot holds by part (first prompt, messages, tool results, answers, past "
+        "reasoning) against the context window, saying whether they are the server's exact "
+        "counts.",
+    )
+    context.add_argument(
+        "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
+    )
+    context.add_argument("--json", action="store_true", help="print loopd's answer as JSON")
     approve = commands.add_parser(
         "approve",
         help="answer a call that waits for approval",

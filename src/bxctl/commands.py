@@ -25,6 +25,7 @@ from bxctl.connection import Connection, SessionRefused
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter, StopFailed
 from bxctl.text import approve_command, fork_line
+from bxctl.view import context_lines
 from loopd.config import ConfigError, load_config
 from loopd.infer import Queued, Retrying
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             return _chat(args, path, starter)
         if args.command == "status":
             return status(path, args.where)
-        if args.command in ("approve", "undo", "fork", "rewind"):
+        if args.command in ("approve", "undo", "fork", "rewind", "context"):
             return trio.run(_asked, path, args)
         if args.command == "acp":
             from bxctl.acp import serve  # noqa: PLC0415 - the ACP package, for this command only
@@ -232,6 +233,8 @@ async def _asked(path: Path, args: argparse.Namespace) -> int:
         return await _approve(path, args.call, args.decision, args.where, args.sub_agent)
     if args.command == "undo":
         return await _undo(path, args.call, args.where)
+    if args.command == "context":
+        return await _context(path, args.where, args.json)
     if args.command == "rewind":
         return await _rewind(path, args.session, args.at, args.files)
     return await _fork(path, args.session, args.at)
@@ -247,6 +250,24 @@ async def _approve(path: Path, call: int, decision: str, where: str, agent: str 
     if isinstance(answer, Error):
         print(f"bxctl: {answer.message}", file=sys.stderr)
         return EXIT_FAILED
+    return EXIT_OK
+
+
+async def _context(path: Path, where: str, as_json: bool) -> int:
+    connection = await Connection.open(path)
+    try:
+        await connection.hello(where)
+        answer = await connection.request({"type": "context"}, "context")
+    finally:
+        await connection.aclose()
+    if isinstance(answer, Error):
+        print(f"bxctl: {answer.message}", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(answer, proto.Context):
+        if as_json:
+            print(answer.model_dump_json(by_alias=True))
+        else:
+            print("\n".join(context_lines(answer)))
     return EXIT_OK
 
 

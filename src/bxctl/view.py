@@ -44,7 +44,15 @@ from loopd.wire.events import (
     ToolResult,
     WaitingForServer,
 )
-from loopd.wire.proto import DaemonMessage, Event, SessionFailed, TurnDone, TurnFailed, Usage
+from loopd.wire.proto import (
+    Context,
+    DaemonMessage,
+    Event,
+    SessionFailed,
+    TurnDone,
+    TurnFailed,
+    Usage,
+)
 
 __all__ = [
     "APPROVAL_KEYS",
@@ -54,6 +62,7 @@ __all__ = [
     "TurnView",
     "agent_line",
     "approval_panel",
+    "context_lines",
     "instructions_line",
     "session_failed",
     "usage_line",
@@ -409,3 +418,43 @@ def usage_line(usage: Usage, number: int) -> Text:
         if usage.predicted_n and usage.predicted_ms:
             text += f" at {usage.predicted_n / usage.predicted_ms * 1000:.0f} tokens/s"
     return Text(text, style="dim")
+
+
+_PARTS = (
+    ("start", "the first prompt: system prompt, tool definitions, first message"),
+    ("messages", "your messages since"),
+    ("tool_results", "tool results"),
+    ("answers", "the model's answers"),
+    ("reasoning", "its past reasoning"),
+)
+
+
+def context_lines(context: Context) -> list[str]:
+    """What `/context` and `bxctl context` print: the system prompt whole, the `AGENTS.md`
+    files in it, the tools the model sees and those it finds through `find_tool`, and the
+    slot's tokens by part against the context window."""
+    lines = [f"session {context.session}", "system prompt:", *context.system_prompt.splitlines()]
+    lines += [
+        f"instructions from {f.path} ({f.kept} of {f.size} bytes in the prompt)"
+        for f in context.instructions
+    ]
+    offered = [t.name for t in context.tools if not t.found]
+    lines.append(f"tools offered to the model: {', '.join(offered)}")
+    found = [t for t in context.tools if t.found]
+    if found:
+        lines.append("tools behind them, found through find_tool and called through call_tool:")
+        lines += [f"  {t.name} ({t.source}): {t.summary}" for t in found]
+    if context.tokens is None or context.parts is None:
+        lines.append("context: no request yet")
+        return lines
+    window = "" if context.context_size is None else f" of {context.context_size}"
+    share = f" ({context.tokens / context.context_size:.0%})" if context.context_size else ""
+    how = (
+        "exact: the server's counts"
+        if context.exact
+        else "not exact: history went as messages, or a request or its cache went unreported"
+    )
+    lines.append(f"context: {context.tokens}{window} tokens in the slot{share}, {how}")
+    width = max(len(label) for _, label in _PARTS)
+    lines += [f"  {label:<{width}}  {getattr(context.parts, part):>7}" for part, label in _PARTS]
+    return lines

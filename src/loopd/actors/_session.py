@@ -23,6 +23,7 @@ import trio
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
+from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
 from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord
 from loopd.session.store import Session, Store, StoreError
@@ -50,6 +51,7 @@ from ._pool import PoolHandle
 from ._session_inbox import (
     Cancel,
     Compact,
+    ContextQuery,
     Fanout,
     History,
     HistoryPage,
@@ -58,6 +60,7 @@ from ._session_inbox import (
     Published,
     RewindFiles,
     Send,
+    SessionContext,
     SessionHandle,
     SessionMessage,
     SessionStatus,
@@ -179,6 +182,8 @@ class SessionActor:
             reply_value(message.reply, page)
         elif isinstance(message, Status):
             reply_value(message.reply, await self._status())
+        elif isinstance(message, ContextQuery):
+            reply_value(message.reply, self._context())
         elif isinstance(message, Subscribe):
             reply_value(message.reply, self._fanout.subscribe(message.buffer))
         elif isinstance(message, Undo):
@@ -295,6 +300,18 @@ class SessionActor:
             context=slot_tokens(usage.timings) if usage and usage.timings else None,
             past_reasoning=past_reasoning(session.records),
             pending=await self._pending(),
+        )
+
+    def _context(self) -> SessionContext:
+        session = self.session
+        instructions = session.header.instructions
+        return SessionContext(
+            session=session.id,
+            system=session.baseline.system,
+            instructions=instructions.files if instructions else (),
+            offered=session.baseline.tools,
+            found=tuple(e for e in self.runtime.registry.entries() if e.available),
+            filling=filling(session.records),
         )
 
     async def _pending(self) -> tuple[Published, ...]:

@@ -10,12 +10,22 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 from loopd.inbox import Reply, ask, reply_error
-from loopd.session.records import Decision, FailureKind, Mode, Record, UndoRecord, UsageRecord
+from loopd.session.filling import Filling
+from loopd.session.records import (
+    Decision,
+    FailureKind,
+    InstructionFile,
+    Mode,
+    Record,
+    UndoRecord,
+    UsageRecord,
+)
+from loopd.tools import ToolEntry
 from loopd.turn import TurnOutcome
 from loopd.wire.events import TurnEvent
 from loopd.wire.proto import HISTORY_PAGE
@@ -28,6 +38,7 @@ __all__ = [
     "HistoryPage",
     "ModeState",
     "Published",
+    "SessionContext",
     "SessionHandle",
     "SessionMessage",
     "SessionStatus",
@@ -198,6 +209,26 @@ class Status:
 
 
 @dataclass(frozen=True)
+class SessionContext:
+    """What the session's model sees, and how its slot is filled."""
+
+    session: str
+    system: str
+    """The system prompt, the `AGENTS.md` block included."""
+    instructions: tuple[InstructionFile, ...]
+    offered: tuple[dict[str, Any], ...]
+    """The tool definitions the model is given (`find_tool`, `call_tool`)."""
+    found: tuple[ToolEntry, ...]
+    """The tools behind them, that `find_tool` finds."""
+    filling: Filling | None
+
+
+@dataclass(frozen=True)
+class ContextQuery:
+    reply: Reply[SessionContext]
+
+
+@dataclass(frozen=True)
 class Subscribe:
     buffer: int
     reply: Reply[Subscription]
@@ -255,6 +286,7 @@ SessionMessage = (
     | Left
     | History
     | Status
+    | ContextQuery
     | Subscribe
     | Unsubscribe
     | Decide
@@ -302,6 +334,11 @@ class SessionHandle:
 
     async def status(self) -> SessionStatus:
         return await self._ask(Status)
+
+    async def context(self) -> SessionContext:
+        """What the model sees: its system prompt, instructions and tools, and how full its
+        slot is."""
+        return await self._ask(ContextQuery)
 
     async def subscribe(self, buffer: int) -> Subscription:
         return await self._ask(lambda r: Subscribe(buffer, r))

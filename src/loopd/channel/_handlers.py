@@ -229,6 +229,46 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
     )
 
 
+async def _context(client: Client, _: proto.ContextRequest) -> None:
+    seen = await (await client.attached()).context()
+    functions = [tool.get("function", {}) for tool in seen.offered]
+    offered = [
+        proto.ToolShown(
+            name=f.get("name", ""),
+            summary=(f.get("description", "").strip().splitlines() or [""])[0],
+            found=False,
+            source="loopd",
+        )
+        for f in functions
+    ]
+    found = [
+        proto.ToolShown(name=e.name, summary=e.summary, found=True, source=e.source)
+        for e in seen.found
+    ]
+    filled = seen.filling
+    parts = None
+    if filled is not None:
+        parts = proto.ContextParts(
+            start=filled.start,
+            messages=filled.messages,
+            tool_results=filled.tool_results,
+            answers=filled.answers,
+            reasoning=filled.reasoning,
+        )
+    client.say(
+        proto.Context(
+            session=seen.session,
+            system_prompt=seen.system,
+            instructions=list(seen.instructions),
+            tools=offered + found,
+            tokens=None if filled is None else filled.held,
+            context_size=client.info.context_size,
+            parts=parts,
+            exact=filled is not None and filled.exact,
+        )
+    )
+
+
 async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
     # A client in no session stays in none: a list (an editor's) opens nothing.
     current = None if client.session is None else (await client.session.status()).session
@@ -308,6 +348,7 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
     proto.Cancel: _cancel,
     proto.Subscribe: _subscribe,
     proto.StatusRequest: _status,
+    proto.ContextRequest: _context,
     proto.SessionsRequest: _sessions,
     proto.HistoryRequest: _history,
     proto.NewSession: _new_session,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
 
-from loopd.session.records import Decision, FailureKind, Mode, UsageRecord
+from loopd.session.records import Decision, FailureKind, InstructionFile, Mode, UsageRecord
 from loopd.session.store import SessionInfo as StoredSession
 from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
@@ -30,6 +30,9 @@ __all__ = [
     "Cancel",
     "ClientMessage",
     "Compact",
+    "Context",
+    "ContextParts",
+    "ContextRequest",
     "DaemonMessage",
     "Error",
     "Event",
@@ -53,6 +56,7 @@ __all__ = [
     "Status",
     "StatusRequest",
     "Subscribe",
+    "ToolShown",
     "TurnDone",
     "TurnFailed",
     "Undo",
@@ -142,6 +146,13 @@ class Cancel(_Message):
 
 class StatusRequest(_Message):
     type: Literal["status"] = "status"
+
+
+class ContextRequest(_Message):
+    """What the model of this session sees, and how full its context is; answered with
+    `context`."""
+
+    type: Literal["context"] = "context"
 
 
 class Subscribe(_Message):
@@ -260,6 +271,7 @@ ClientMessage = Annotated[
     | Compact
     | Cancel
     | StatusRequest
+    | ContextRequest
     | Subscribe
     | NewSession
     | OpenSession
@@ -402,6 +414,59 @@ class Status(_Message):
     """Calls that wait for approval: each the `approval_needed` event that asked."""
     slots: list[SlotInfo] = []
     """Every slot of the pool."""
+
+
+class ToolShown(_Message):
+    """A tool the model can use."""
+
+    name: str
+    summary: str
+    """One line: what it does."""
+    found: bool
+    """True: behind `find_tool` and `call_tool` (the model finds it by searching, and calls it
+    through `call_tool`); False: offered to the model directly."""
+    source: str
+    """`loopd` for the two it is offered, `builtin`, or the MCP server's name."""
+
+
+class ContextParts(_Message):
+    """The tokens the slot holds, by part; they add up to `context`'s `tokens`."""
+
+    start: int
+    """The first prompt: the system prompt, the tool definitions and the first message."""
+    messages: int
+    """The user's messages since, each with the chat template's markers."""
+    tool_results: int
+    """The tool results since, with their markers."""
+    answers: int
+    """The model's answers (text and tool calls), their reasoning aside."""
+    reasoning: int
+    """The reasoning of those answers, kept as generated (past reasoning)."""
+
+
+class Context(_Message):
+    """The answer to `context`: what the session's model sees (its system prompt, the
+    `AGENTS.md` files in it, its tools) and how its context is filled."""
+
+    type: Literal["context"] = "context"
+    session: str
+    system_prompt: str
+    """The whole system prompt, the `AGENTS.md` files' block included."""
+    instructions: list[InstructionFile]
+    """The `AGENTS.md` files the system prompt carries, as read when the session was made."""
+    tools: list[ToolShown]
+    """`find_tool` and `call_tool`, offered; then every tool found through them."""
+    tokens: int | None
+    """Tokens the slot holds after the last request, as the server counted them; None before
+    the first request."""
+    context_size: int | None
+    """The context window in tokens (as `status`'s); None: the server did not say."""
+    parts: ContextParts | None
+    """`tokens` by part, from each request's figures; None before the first request."""
+    exact: bool
+    """`parts` are the server's counts (token-exact history); false where history went as
+    messages (the chat template may drop past reasoning), a server did not report its cache,
+    or a request reported nothing."""
 
 
 class Approved(_Message):
@@ -548,6 +613,7 @@ DaemonMessage = Annotated[
     | TurnFailed
     | SessionFailed
     | Status
+    | Context
     | Sessions
     | History
     | Approved
