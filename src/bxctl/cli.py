@@ -182,6 +182,24 @@ def parser() -> argparse.ArgumentParser:
         "another (a compaction) comes after the sessions it continues, oldest first.",
     )
     log.add_argument("session", nargs="?", help="a session id, or `latest` (default: the latest)")
+    export = commands.add_parser(
+        "export",
+        help="write a session out, to read or to share",
+        description="Write a session out from the store: as Markdown a person reads (every "
+        "message, each tool call with its arguments and result, each sub-agent's conversation "
+        "under the call that started it, where a fork came from), or as one JSON document. A "
+        "session that continues another (a compaction) comes after the sessions it continues. "
+        "Token ids are left out. Works with no loopd running.",
+    )
+    export.add_argument(
+        "session", nargs="?", help="a session id, or `latest` (default: the latest)"
+    )
+    export.add_argument(
+        "--format", choices=("markdown", "json"), default="markdown", help="default: markdown"
+    )
+    export.add_argument(
+        "-o", "--output", type=Path, help="write it to this file (default: standard output)"
+    )
     commands.add_parser(
         "stop",
         help="stop the loopd that bxctl started",

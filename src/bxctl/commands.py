@@ -22,6 +22,7 @@ from bxctl.cli import (
     FAILURE_EXIT,
 )
 from bxctl.connection import Connection, SessionRefused
+from bxctl.export import ExportFormat, exported, json_document, markdown
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter, StopFailed
 from bxctl.text import approve_command, fork_line
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - a status per comman
             store = Store(config.store.directory)
             code = sessions(path, store.directory)
             return trio.run(_stored_sessions, store) if code is None else code
-        return _log(Store(config.store.directory), args.session)
+        return _stored(args, Store(config.store.directory))
     except BaseException as e:  # noqa: BLE001 - what a user meets gets one line; the rest is raised
         return exit_for(e)
 
@@ -356,6 +357,37 @@ def _log(store: Store, session_id: str | None) -> int:
             console.print(_instruction_line(file), style="dim", markup=False)
         for line in _with_sub_agents(store, infos, header.id, records):
             console.print(line)
+    return EXIT_OK
+
+
+def _stored(args: argparse.Namespace, store: Store) -> int:
+    """A command that reads the store alone: `log` or `export`."""
+    if args.command == "export":
+        return _export(store, args.session, args.format, args.output)
+    return _log(store, args.session)
+
+
+def _export(store: Store, session: str | None, how: ExportFormat, output: Path | None) -> int:
+    """The session written out (`bxctl.export`), to `output` or stdout."""
+    if session in (None, "latest"):
+        session = store.latest()
+    if session is None:
+        print(f"bxctl: no sessions in {store.directory}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        chain = exported(store, session)
+    except StoreError as e:
+        print(f"bxctl: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    text = markdown(chain) if how == "markdown" else json_document(chain) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        output.write_text(text)
+    except OSError as e:
+        print(f"bxctl: cannot write {output}: {e.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
