@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from bxctl import rewind
 from bxctl.acp_config import BadOption, ConfigOption, config_options, set_mode_of
 from bxctl.acp_map import (
+    COMMANDS,
     BadCursor,
     Command,
     EditorServer,
@@ -58,7 +59,9 @@ from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Peer, RpcError
 from bxctl.start import Starter
 from bxctl.text import turn_lines
+from bxctl.user_commands import UserCommand, expand, find_commands
 from loopd import __version__
+from loopd.config import user_commands
 from loopd.session.records import RECORD
 from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult
 from loopd.wire.proto import (
@@ -210,7 +213,17 @@ class Agent:
         """Once the editor has a session (new, loaded, resumed or forked): the commands it
         offers."""
         session = getattr(result, "session_id", None) or getattr(request, "session_id", "")
-        await self.notify(str(session), commands_update())
+        opened = self.sessions.get(str(session))
+        own = await self._own_commands(opened) if opened is not None else {}
+        await self.notify(str(session), commands_update(list(own.values())))
+
+    async def _own_commands(self, session: _Session) -> dict[str, UserCommand]:
+        """The user's commands, and the project's where the session has a folder of its own
+        (`bxctl.user_commands`); loopd's own names win."""
+        cwd = session.connection.cwd
+        folder = Path(cwd) if cwd else None
+        reserved = {c.name for c in COMMANDS}
+        return await trio.to_thread.run_sync(find_commands, folder, user_commands(), reserved)
 
     # -- the methods ---------------------------------------------------------------------
 
@@ -447,6 +460,10 @@ class Agent:
         text = text_of(request.prompt)
         if (command := command_of(text)) is not None:
             return await self._command(session, command)
+        if text.startswith("/"):  # one of the user's own commands sends its file's text
+            name, _, arguments = text[1:].partition(" ")
+            if (own := (await self._own_commands(session)).get(name)) is not None:
+                text = expand(own, arguments.strip())
         return await self._turn(session, {"type": "send", "content": text})
 
     async def _turn(self, session: _Session, message: dict[str, Any]) -> schema.PromptResponse:

@@ -17,6 +17,7 @@ from typing import Any
 from acp import schema
 
 from bxctl.text import title_of, turns_text
+from bxctl.user_commands import UserCommand
 from loopd.infer import Content, Reasoning
 from loopd.session.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
 from loopd.wire.events import (
@@ -286,9 +287,20 @@ def usage_of(usage: Usage | None) -> schema.Usage | None:
     )
 
 
-def commands_update() -> schema.AvailableCommandsUpdate:
+def commands_update(own: Sequence[UserCommand] = ()) -> schema.AvailableCommandsUpdate:
+    """loopd's commands, then the user's and the project's own (`bxctl.user_commands`)."""
+    listed = [
+        schema.AvailableCommand(
+            name=c.name,
+            description=c.description or f"the text of {c.path}",
+            input=schema.AvailableCommandInput(
+                root=schema.UnstructuredCommandInput(hint=c.hint or "what $ARGUMENTS stands for")
+            ),
+        )
+        for c in own
+    ]
     return schema.AvailableCommandsUpdate(
-        session_update="available_commands_update", available_commands=COMMANDS
+        session_update="available_commands_update", available_commands=[*COMMANDS, *listed]
     )
 
 

@@ -28,6 +28,7 @@ from bxctl.cli import turn_number
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.text import as_tree, context_line, fork_line, session_line, turn_lines, unreadable_line
+from bxctl.user_commands import UserCommand, expand, find_commands
 from bxctl.view import (
     APPROVAL_KEYS,
     DEMO_MODELS,
@@ -38,6 +39,7 @@ from bxctl.view import (
     instructions_line,
 )
 from loopd.backoff import RECONNECT
+from loopd.config import user_commands
 from loopd.session.records import RECORD, Mode
 from loopd.session.transcript import transcript
 from loopd.wire.events import ApprovalNeeded
@@ -79,7 +81,9 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
               the sub-agent SESSION, when the prompt names one)
   /think off  let the model answer without reasoning first (/think on: with; /think alone:
               which it is); kept in the session's log, as /mode is
-  /help       this text
+  /help       this text, and your own commands (.loopd/commands/NAME.md in this folder or
+              one above it, commands/NAME.md in loopd's config folder): /NAME args sends
+              the file's text, $ARGUMENTS replaced by args
   /quit       leave"""
 
 
@@ -159,6 +163,10 @@ async def _take(
     if text.strip() == "/compact":
         compact: dict[str, object] = {"type": "compact", "id": f"t{next(turns)}"}
         await live_turn(connection, compact, console, settings)
+    elif text.startswith("/") and (own := await _own_command(text, connection)) is not None:
+        console.print(f"({own[0]}: the text of {own[1]})", style="dim")
+        sent: dict[str, object] = {"type": "send", "id": f"t{next(turns)}", "content": own[2]}
+        await live_turn(connection, sent, console, settings)
     elif text.startswith("/"):
         return await _command(text.strip(), connection, console)
     else:
@@ -236,6 +244,9 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
         return False
     if name == "/help":
         console.print(HELP)
+        for command in (await _own_commands(connection)).values():
+            hint = f" {command.hint}" if command.hint else ""
+            console.print(f"  /{command.name}{hint}   {command.description}  ({command.path})")
     elif (run := _LOCAL.get(name)) is not None:
         await run(words, connection, console)
     elif (handler := _COMMANDS.get(name)) is None:
@@ -425,6 +436,27 @@ _COMMANDS = {
     "/status": ("status", "status", _status),
     "/context": ("context", "context", _context),
 }
+BUILT_IN = frozenset(
+    name.removeprefix("/") for name in [*_LOCAL, *_COMMANDS, "/help", "/quit", "/exit", "/compact"]
+)
+"""The chat's own commands: a user's command of the same name is not offered."""
+
+
+async def _own_commands(connection: Connection) -> dict[str, UserCommand]:
+    """The user's and the project's commands (`bxctl.user_commands`), read anew: from the
+    session's own folder up, else from the folder bxctl runs in."""
+    folder = Path(connection.cwd) if connection.cwd else Path.cwd()
+    return await trio.to_thread.run_sync(find_commands, folder, user_commands(), BUILT_IN)
+
+
+async def _own_command(text: str, connection: Connection) -> tuple[str, Path, str] | None:
+    """`/NAME args` as one of the user's commands: its name, its file and the message it
+    sends; None where NAME is none of them."""
+    name, _, arguments = text.strip()[1:].partition(" ")
+    command = (await _own_commands(connection)).get(name)
+    if command is None:
+        return None
+    return f"/{name}", command.path, expand(command, arguments.strip())
 
 
 @dataclass

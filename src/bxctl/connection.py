@@ -46,6 +46,8 @@ class Connection:
         """The session it is in, as far as loopd said (`welcome`, `session_continued`)."""
         self.instructions: list[str] = []
         """The `AGENTS.md` files its session's baseline carries (the last `welcome`)."""
+        self.cwd: str | None = None
+        """Its session's own folder (the last `welcome`); None: none, or loopd's roots."""
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
@@ -151,7 +153,7 @@ class Connection:
             raise Unreachable(f"loopd sent a line bxctl cannot read: {e}") from e
         if isinstance(message, Welcome):
             self.session = message.session
-            self.instructions = message.instructions
+            self.instructions, self.cwd = message.instructions, message.cwd
         elif isinstance(message, Event) and isinstance(message.event, SessionContinued):
             self.session = message.event.session
         return message

@@ -478,6 +478,18 @@ def user_instructions() -> Path:
     return platformdirs.user_config_path(APP) / "AGENTS.md"
 
 
+def user_skills() -> Path:
+    """The user's own skills, one folder each (`$XDG_CONFIG_HOME/loopd/skills/NAME/SKILL.md`):
+    every session has them among its tools (`loopd.tools._skills`)."""
+    return platformdirs.user_config_path(APP) / "skills"
+
+
+def user_commands() -> Path:
+    """The user's own slash commands (`$XDG_CONFIG_HOME/loopd/commands/NAME.md`), which
+    `bxctl chat` and `bxctl acp` offer in every session."""
+    return platformdirs.user_config_path(APP) / "commands"
+
+
 def load_config(explicit: Path | None = None) -> tuple[Config, Path | None]:
     """The effective config and the file it came from (None: defaults only)."""
     path, named = config_path(explicit)

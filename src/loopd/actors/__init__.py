@@ -25,14 +25,22 @@ from pathlib import Path
 
 import trio
 
-from loopd.config import Config, user_instructions
+from loopd.config import Config, user_instructions, user_skills
 from loopd.infer import Client, Slot
 from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.session.compact import Compactor
 from loopd.session.records import Baseline
 from loopd.session.store import Session, Store
 from loopd.supervise import RESTARTS, Restarts
-from loopd.tools import PortHandle, Roots, delegate_entry, given_tools, open_tool_port, secrets
+from loopd.tools import (
+    PortHandle,
+    Roots,
+    SkillReader,
+    delegate_entry,
+    given_tools,
+    open_tool_port,
+    secrets,
+)
 from loopd.turn import Runtime
 from loopd.turn.changes import Blobs, Hands
 from loopd.turn.exact import ExactHistory
@@ -183,7 +191,17 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
                 store,
                 baseline,
                 actor,
-                partial(given_tools, port, config.tools, restarts=restarts),
+                partial(
+                    given_tools,
+                    port,
+                    config.tools,
+                    restarts=restarts,
+                    skills=SkillReader(
+                        roots=Roots(config.tools.roots, [*private, *secrets(config.tools.run)]),
+                        user=user_skills(),
+                        keys=Roots([], secrets(config.tools.run)),
+                    ),
+                ),
                 max_live=config.session.max_live,
                 roots=Roots(
                     config.tools.roots, [*private, *secrets(config.tools.run)], own=private

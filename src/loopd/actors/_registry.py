@@ -60,6 +60,8 @@ class _Live:
     ids: set[str]
     instructions: tuple[str, ...] = ()
     """The paths of the `AGENTS.md` files its baseline carries."""
+    cwd: str | None = None
+    """Its own folder (its header's)."""
     clients: int = 1
     idle: bool = True
     handle: SessionHandle | None = None
@@ -88,10 +90,12 @@ class _Hooks(SessionHooks):
 ActorFactory = Callable[[Session, SessionHooks, PortHandle], SessionActor]
 """Makes a session's actor, whose calls go through the port handle given."""
 GivenTools = Callable[
-    [Sequence[McpServer]], AbstractAsyncContextManager[tuple[PortHandle, tuple[GivenServer, ...]]]
+    [Sequence[McpServer], Path | None],
+    AbstractAsyncContextManager[tuple[PortHandle, tuple[GivenServer, ...]]],
 ]
-"""Runs the MCP servers a client gave a session while the block lasts (`tools.given_tools`):
-the port as that session sees it, and what became of each server."""
+"""Runs the MCP servers a client gave a session working in a folder while the block lasts
+(`tools.given_tools`): the port as that session sees it (its skills among its tools), and what
+became of each server."""
 
 
 class SessionRegistry:
@@ -174,6 +178,11 @@ class SessionRegistry:
             raise SessionUnavailable(why) from None
         return await self.attach(forked)
 
+    def cwd(self, session: str) -> str | None:
+        """The own folder of live session `session` (None: none, or `[tools] roots`)."""
+        live = self._by_id.get(session)
+        return live.cwd if live is not None else None
+
     def instructions(self, session: str) -> tuple[str, ...]:
         """The paths of the `AGENTS.md` files the baseline of live session `session` carries."""
         live = self._by_id.get(session)
@@ -197,7 +206,7 @@ class SessionRegistry:
                     "session %s: %d records, %d turns", which, len(session.records), session.turns
                 )
             files = session.header.instructions.files if session.header.instructions else ()
-            live = _Live({session.id}, tuple(f.path for f in files))
+            live = _Live({session.id}, tuple(f.path for f in files), cwd=session.header.cwd)
             live.handle = await self._nursery.start(self._serve, session, live, servers)
         finally:
             self._pending.pop(key, None)
@@ -266,7 +275,7 @@ class SessionRegistry:
         for the session opens it again."""
         try:
             with live.scope:
-                async with self._tools(servers) as (port, given):
+                async with self._tools(servers, session.cwd) as (port, given):
                     if given:
                         await _record(session, given)
                     actor = self._actor(session, _Hooks(self, live), port)

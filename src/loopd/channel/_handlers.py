@@ -157,8 +157,12 @@ async def _move(
 
 
 def _welcome(client: Client, session: str) -> None:
-    instructions = list(client.core.sessions.instructions(session))
-    client.say(proto.Welcome(daemon=__version__, session=session, instructions=instructions))
+    sessions = client.core.sessions
+    instructions = list(sessions.instructions(session))
+    welcome = proto.Welcome(
+        daemon=__version__, session=session, instructions=instructions, cwd=sessions.cwd(session)
+    )
+    client.say(welcome)
 
 
 async def _send(client: Client, message: proto.Send) -> proto.Error | None:

@@ -61,6 +61,7 @@ from ._registry import BUILTIN, Registry, policy_for
 from ._roots import FolderRefused, Roots
 from ._run import Sandbox, process_bound, sandbox_missing
 from ._sandbox import secrets
+from ._skills import SKILLS, SkillReader
 from ._write import (
     NEW_FILE,
     Planned,
@@ -80,6 +81,7 @@ __all__ = [
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
     "NEW_FILE",
+    "SKILLS",
     "WRITE_TOOLS",
     "Answered",
     "Approval",
@@ -109,6 +111,7 @@ __all__ = [
     "Roots",
     "Runner",
     "Sandbox",
+    "SkillReader",
     "ToolEntry",
     "ToolFailure",
     "ToolOutput",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -28,8 +29,9 @@ from loopd.supervise import RESTARTS, Restarts
 from loopd.wire import proto
 
 from ._mcp import McpSource, start_sources
-from ._port import PortHandle
+from ._port import Executor, PortHandle
 from ._registry import Registry
+from ._skills import SKILLS, SkillReader, Skills
 
 __all__ = ["GIVEN_POLICY", "given_tools"]
 
@@ -40,16 +42,27 @@ GIVEN_POLICY = Policy(action="ask")
 
 
 @asynccontextmanager
-async def given_tools(
+async def given_tools(  # noqa: PLR0913 - what one session's tools are made of
     port: PortHandle,
     config: ToolsConfig,
     servers: Sequence[proto.McpServer],
+    cwd: Path | None = None,
+    *,
     restarts: Restarts = RESTARTS,
+    skills: SkillReader | None = None,
 ) -> AsyncIterator[tuple[PortHandle, tuple[GivenServer, ...]]]:
     """The port as a session given `servers` sees it, those servers running (each has had its
     first start, or failed it) until the block ends, when they stop; and what became of each,
-    for the session's log."""
+    for the session's log. With `skills`, the skills of a session working in `cwd` are its
+    tools too (`_skills`)."""
     registry = Registry(base=port.registry)
+    executors: dict[str, Executor] = {}
+    if skills is not None and SKILLS in port.registry.sources():
+        log.warning("an MCP server is named %s: the skills' tools are left out", SKILLS)
+    elif skills is not None:
+        found = Skills(skills, await trio.to_thread.run_sync(skills.find, cwd), config)
+        registry.set_source(SKILLS, found.entries())
+        executors[SKILLS] = found
     sources: list[McpSource] = []
     given: list[GivenServer] = []
     for server in servers:
@@ -63,7 +76,8 @@ async def given_tools(
     try:
         async with trio.open_nursery() as nursery:
             await start_sources(nursery, sources)
-            yield port.scoped(registry, {s.name: s for s in sources}), tuple(given)
+            executors.update({s.name: s for s in sources})
+            yield port.scoped(registry, executors), tuple(given)
             nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # The sources' supervisors raise nothing of their own: the block's error (a session
@@ -76,6 +90,8 @@ def _refusal(name: str, config: ToolsConfig, shared: Registry, earlier: list[str
         return f"[tools] mcp has a server named {name}"
     if name in shared.sources():
         return f"loopd's own tools come from a source named {name}"
+    if name == SKILLS:
+        return f"loopd's skills are the tools of a source named {SKILLS}"
     if name in earlier:
         return f"an earlier server of the same list is named {name}"
     return None

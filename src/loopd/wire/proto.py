@@ -299,6 +299,8 @@ class Welcome(_Message):
     """The session turns go to."""
     instructions: list[str] = []
     """The paths of the `AGENTS.md` files its system prompt carries, read when it was made."""
+    cwd: str | None = None
+    """The session's own folder (its file tools work there); None: `[tools] roots`."""
 
 
 class Accepted(_Message):
