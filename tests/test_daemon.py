@@ -32,6 +32,7 @@ from loopd.session.records import (
 )
 from loopd.session.store import Store
 from support.daemon import Daemon, LineClient, by_systemd, embedded
+from support.fake_engine import Answer, fake_engine
 from support.fake_llama import FakeLlama, Reply
 from test_tools_mcp import SERVER as MCP_SERVER
 
@@ -696,7 +697,9 @@ async def test_no_child_of_an_activated_loopd_sees_the_socket_or_its_variables(
         with trio.fail_after(30):
             while not seen.exists():  # noqa: ASYNC110 - another process's file
                 await trio.sleep(0.05)
+        assert await welcomed(d)  # it serves: "listening on" is said once start-up is done
         assert await d.stop() == 0
+        await d.close_clients()
     assert "listening on" in d.log.read_text()
     assert seen.read_text() == ""
 
@@ -736,3 +739,36 @@ async def test_a_socket_from_systemd_that_loopd_cannot_use_is_refused_saying_why
     assert d.process.returncode == 1
     assert f"loopd: {said}" in d.log.read_text()
     assert not d.socket.exists()
+
+
+@pytest.mark.parametrize(
+    ("server", "why"),
+    [
+        ("no engine at [server] url", "is neither llama-server"),
+        ("a llama-server that exits", "llama-server did not start"),
+    ],
+)
+async def test_a_loopd_that_cannot_start_never_says_it_listens(
+    tmp_path: Path, server: str, why: str
+) -> None:
+    """Its socket is bound first (a client that started it waits on it), but "listening on"
+    comes only once start-up has succeeded: here it never does."""
+    exits = tmp_path / "llama-server"
+    exits.write_text("#!/bin/sh\nexit 1\n")
+    exits.chmod(0o755)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    page = Answer(200, b"<html>a web page</html>", "text/html")
+    with fake_engine({"/": page}) as web:
+        d = Daemon(tmp_path / "loopd", web.url, history="exact")
+        if server == "a llama-server that exits":
+            text = d.config.read_text().replace(f'url = "{web.url}"\n', "")
+            managed = f'[server.managed]\nbinary = "{exits}"\nmodel = "{tmp_path / "model.gguf"}"\n'
+            d.config.write_text(text + managed)
+        with d.log.open("ab") as log:
+            process = await trio.lowlevel.open_process(d.command("serve"), stdout=log, stderr=log)
+        with trio.fail_after(60):
+            status = await process.wait()
+    said = d.log.read_text()
+    assert status == 1, said
+    assert why in said
+    assert "listening on" not in said

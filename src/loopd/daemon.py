@@ -301,7 +301,6 @@ async def _open_and_serve(
     # listen only once start-up has succeeded and loopd serves.
     unix = activated or await open_socket(socket_path)
     where = f"{socket_path} (systemd's socket)" if activated else str(socket_path)
-    log.info("listening on %s", where)
     try:
         with store.hold():
             async with trio.open_nursery() as nursery:
