@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("loopd.session",),
     ("loopd.config",),
     ("loopd.wire",),
-    ("loopd.tools",),
+    ("loopd.tools", "loopd.hooks"),
     ("loopd.turn",),
     ("loopd.actors",),
     ("loopd.channel",),
@@ -39,7 +39,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 CLIENT_REACH = "loopd.wire"
 """The highest layer bxctl may import: the wire format, the records, the config."""
-DAEMON_ONLY = ("loopd.tools", "loopd.turn", "loopd.actors", "loopd.channel", "loopd.daemon")
+DAEMON_ONLY = (
+    "loopd.tools",
+    "loopd.hooks",
+    "loopd.turn",
+    "loopd.actors",
+    "loopd.channel",
+    "loopd.daemon",
+)
 
 
 def _layer(module: str) -> int:

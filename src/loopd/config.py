@@ -47,6 +47,8 @@ __all__ = [
     "ChannelConfig",
     "Config",
     "ConfigError",
+    "Hook",
+    "HooksConfig",
     "LoopConfig",
     "ManagedServer",
     "McpServer",
@@ -57,6 +59,7 @@ __all__ = [
     "SessionConfig",
     "SlotsConfig",
     "StoreConfig",
+    "ToolHook",
     "ToolsConfig",
     "config_path",
     "dump_toml",
@@ -439,6 +442,54 @@ class ToolsConfig(_Table):
     run: RunConfig = RunConfig()
 
 
+def _matcher(pattern: str) -> str:
+    if pattern not in ("", "*"):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+    return pattern
+
+
+class Hook(_Table):
+    command: list[str] = Field(min_length=1)
+    """The hook's command line, run with no shell (`["sh", "-c", "..."]` for one): as the
+    user, not sandboxed, in the session's folder (else the home folder), with loopd's
+    environment and the event as one JSON object on stdin (docs/hooks.md). Exit status 0 goes
+    on, 2 blocks, any other is logged and blocks nothing."""
+    timeout: PositiveFloat = 60.0
+    """Seconds it may run; then it is killed with every process of its group, and the turn
+    goes on as if it had failed."""
+
+
+class ToolHook(Hook):
+    matcher: Annotated[str, AfterValidator(_matcher)] = ""
+    """A regular expression the tool's name must match whole (`run_command`,
+    `.*_file`, `calendar\\..*`); empty or `*`: every tool. The name is the tool
+    `call_tool` asks for (or `find_tool`)."""
+
+
+class HooksConfig(_Table):
+    """Commands of the user's own at four points of every turn, as Claude Code's and Codex's
+    hooks: `[[hooks.pre_tool_use]]` tables, each a `command`, a `timeout`, and for tool events
+    a `matcher`."""
+
+    pre_tool_use: list[ToolHook] = []
+    """Run before a tool call (before it asks for approval): exit status 2 stops the call, and
+    the model reads the hook's stderr as its result."""
+    post_tool_use: list[ToolHook] = []
+    """Run after a tool call: its stdout (exit status 0), or its stderr (2), is added to the
+    call's result the model reads."""
+    user_prompt_submit: list[Hook] = []
+    """Run as a user message enters a turn: its stdout (exit status 0) is added to the message;
+    exit status 2 refuses the message (the turn fails with the hook's stderr, and the message
+    never enters the log)."""
+    stop: list[Hook] = []
+    """Run as a turn ends with an answer: exit status 2 sends the model back to work with the
+    hook's stderr as a user message (each time one round of `[loop] tool_iterations`; the hook
+    reads `stop_hook_active` true once it has)."""
+
+
 class Config(_Table):
     server: ServerConfig = ServerConfig()
     slots: SlotsConfig = SlotsConfig()
@@ -448,6 +499,7 @@ class Config(_Table):
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     tools: ToolsConfig = ToolsConfig()
+    hooks: HooksConfig = HooksConfig()
 
 
 STATE_ENTRIES = ("file-history", "slot-files", "slots", "llama-server.log", "loopd.log")
@@ -604,7 +656,7 @@ def _known_keys(loc: list[str]) -> list[str]:
     for part in names:
         field = model.model_fields.get(part)
         annotation = field.annotation if field is not None else None
-        if get_origin(annotation) is dict:  # a table of named ones: the next part is a name
+        if get_origin(annotation) in (dict, list):  # named ones, or an array: a name, an index
             annotation = get_args(annotation)[-1]
             if next(names, None) is None:
                 return []
@@ -626,6 +678,7 @@ def _lines_of(text: str) -> dict[tuple[str, ...], int]:
     a mistake there is shown on the line of the key that holds it."""
     lines: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
+    arrays: dict[tuple[str, ...], int] = {}
     open_string: str | None = None  # the quotes of a multi-line string not yet closed
     for number, line in enumerate(text.splitlines(), start=1):
         if open_string is not None:
@@ -635,6 +688,9 @@ def _lines_of(text: str) -> dict[tuple[str, ...], int]:
         stripped = line.strip()
         if header := _HEADER.match(stripped):
             table = _names(header.group(1))
+            if stripped.startswith("[["):  # an array's tables by index, as pydantic names them
+                arrays[table] = index = arrays.get(table, -1) + 1
+                table = (*table, str(index))
             names = table
         elif assignment := _ASSIGNMENT.match(stripped):
             names = (*table, *_names(assignment.group(1)))
@@ -697,25 +753,32 @@ def reference() -> str:
     return "\n".join(out) + "\n"
 
 
-def _reference_table(model: type[BaseModel], path: list[str], out: list[str]) -> None:
-    rows, nested = [], []
+def _reference_table(
+    model: type[BaseModel], path: list[str], out: list[str], *, array: bool = False
+) -> None:
+    """`array`: a list of these tables, TOML's `[[a.b]]`."""
+    rows: list[str] = []
+    nested: list[tuple[type[BaseModel], list[str], bool]] = []
     for name, field in model.model_fields.items():
         key = field.alias or name
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            nested.append((annotation, [*path, key]))
+            nested.append((annotation, [*path, key], False))
             continue
-        value_type = get_args(annotation)[-1] if get_origin(annotation) is dict else None
+        origin = get_origin(annotation)
+        value_type = get_args(annotation)[-1] if origin in (dict, list) else None
         if isinstance(value_type, type) and issubclass(value_type, BaseModel):
-            nested.append((value_type, [*path, key, "NAME"]))
+            named = origin is dict
+            nested.append((value_type, [*path, key, "NAME"] if named else [*path, key], not named))
         shown = _DEFAULTS_SHOWN.get(key) or _default_shown(
             field.get_default(call_default_factory=True), required=field.is_required()
         )
         rows.append(f"| `{key}` | {shown} | {(field.description or '').replace(chr(10), ' ')} |")
-    out += ["", f"## [{'.'.join(path)}]", "", "| key | default | meaning |", "| --- | --- | --- |"]
+    header = f"[[{'.'.join(path)}]]" if array else f"[{'.'.join(path)}]"
+    out += ["", f"## {header}", "", "| key | default | meaning |", "| --- | --- | --- |"]
     out += rows
-    for sub, sub_path in nested:
-        _reference_table(sub, sub_path, out)
+    for sub, sub_path, sub_array in nested:
+        _reference_table(sub, sub_path, out, array=sub_array)
 
 
 # Defaults that depend on the machine or on the tool, shown as their rule.

@@ -26,6 +26,7 @@ from pathlib import Path
 import trio
 
 from loopd.config import Config, user_instructions, user_skills
+from loopd.hooks import Hooks
 from loopd.infer import Client, Slot
 from loopd.session.baseline import SUB_AGENT_NOTE, make_baseline
 from loopd.session.compact import Compactor
@@ -154,6 +155,7 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
             sampling=dict(config.server.sampling),
             exact=ExactHistory(client) if config.session.history == "exact" else None,
             hands=hands(config, private),
+            hooks=Hooks(config.hooks),
         )
         agents = Agents(
             config.agents,

@@ -13,6 +13,7 @@ from typing import Any
 from loopd.session.records import (
     AssistantRecord,
     Baseline,
+    HookRecord,
     Record,
     ToolResultRecord,
     UserRecord,
@@ -101,6 +102,8 @@ def messages(baseline: Baseline, records: Iterable[Record]) -> list[dict[str, An
     for record in records:
         if isinstance(record, UserRecord):
             out.append({"role": "user", "content": record.content})
+        elif isinstance(record, HookRecord) and record.feedback is not None:
+            out.append({"role": "user", "content": record.feedback})  # a stop hook's
         elif isinstance(record, AssistantRecord):
             out.append(_assistant(record))
         elif isinstance(record, ToolResultRecord):

@@ -34,6 +34,8 @@ __all__ = [
     "FailureKind",
     "FileChangeRecord",
     "GivenServer",
+    "HookEvent",
+    "HookRecord",
     "InstructionFile",
     "Instructions",
     "McpServersRecord",
@@ -58,12 +60,13 @@ __all__ = [
     "stricter",
 ]
 
-FORMAT = 6
+FORMAT = 7
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
 records (a session that continues another); 5 added `file_change` and `undo` records, an
 approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
-`mcp_servers`, `mode` and `unread` records and the header's `mode` and `thinking`."""
+`mcp_servers`, `mode` and `unread` records and the header's `mode` and `thinking`; 7 added
+`hook` records."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -368,6 +371,38 @@ class ModeRecord(_Record):
     `[loop] thinking`."""
 
 
+HookEvent = Literal["pre_tool_use", "post_tool_use", "user_prompt_submit", "stop"]
+"""The points of a turn where the user's hooks run (`[hooks]`, docs/hooks.md)."""
+
+
+class HookRecord(_Record):
+    """One run of a hook (`[hooks]`): what ran, for which event, and how it ended. Produces no
+    message, but for `feedback`: a stop hook's reason to go on, which the model reads as a user
+    message after its answer. Never the hook's environment."""
+
+    kind: Literal["hook"] = "hook"
+    event: HookEvent
+    command: tuple[str, ...]
+    """Its command line, as the config gives it."""
+    call: int | None = None
+    """The call it ran for (tool events): the number its result carries."""
+    tool: str | None = None
+    """That call's tool, as the hook's `matcher` saw it."""
+    status: int | None
+    """Its exit status (0 went on, 2 blocked, any other an error that blocked nothing),
+    negative where a signal killed it; None: it did not start, or was killed at its timeout."""
+    seconds: float
+    """How long it ran."""
+    stdout: str = ""
+    """The first 2,000 characters of its stdout."""
+    stderr: str = ""
+    """The first 2,000 characters of its stderr."""
+    error: str | None = None
+    """Why it did not start, or that it was killed at its timeout."""
+    feedback: str | None = None
+    """A stop hook that exited 2: the user message that sends the model back to work."""
+
+
 class TurnEndRecord(_Record):
     kind: Literal["turn_end"] = "turn_end"
     reason: TurnEndReason
@@ -389,7 +424,8 @@ Record = Annotated[
     | UndoRecord
     | McpServersRecord
     | ModeRecord
-    | UnreadRecord,
+    | UnreadRecord
+    | HookRecord,
     Discriminator("kind"),
 ]
 RECORD: TypeAdapter[Record] = TypeAdapter(Record)

@@ -4,7 +4,8 @@ the exception: those of one answer start at once and run side by side with the o
 is a sub-agent on a slot of its own); results still go to the log in call order.
 
 A call repeated with the same arguments in one turn is answered from the log once, and ends
-the turn the third time (`[loop] repeat_detection`).
+the turn the third time (`[loop] repeat_detection`). The `pre_tool_use` and `post_tool_use`
+hooks run around each call that runs (`loopd.hooks`), not around a repeat.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -21,6 +22,7 @@ import trio
 
 from loopd.config import LoopConfig
 from loopd.groups import leaf
+from loopd.hooks import NO_HOOKS, Hooks, Tool
 from loopd.infer import ToolCall
 from loopd.session.baseline import untrusted_envelope
 from loopd.session.records import (
@@ -138,6 +140,7 @@ class ToolCalls:
     on_event: OnEvent
     delegate: Delegate | None = None
     hands: Hands | None = None
+    hooks: Hooks = NO_HOOKS
     seen: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     async def answer_round(self, calls: Sequence[ToolCall]) -> None:
@@ -235,6 +238,15 @@ class ToolCalls:
         return None
 
     async def _run(self, call: ToolCall, number: int) -> ModelAnswer:
+        """The call's answer, its hooks run before and after it (`loopd.hooks`)."""
+        tool, session = Tool.of(call.name, call.arguments), self.session
+        if blocked := await self.hooks.before(session, number, call.id, tool):
+            return ModelAnswer(blocked)
+        answer = await self._answer(call, number)
+        added = await self.hooks.after(session, number, call.id, tool, answer.text)
+        return replace(answer, text=answer.text + added) if added else answer
+
+    async def _answer(self, call: ToolCall, number: int) -> ModelAnswer:
         records = _CallRecords(self.session, call, number, self.on_event)
         session = self.session
         origin = CallOrigin(session.id, number, session.granted, session.cwd, session.mode)

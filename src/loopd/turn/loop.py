@@ -25,6 +25,7 @@ import trio
 from loopd.backoff import Backoff
 from loopd.config import LoopConfig
 from loopd.groups import only_cancelled
+from loopd.hooks import NO_HOOKS, Hooks
 from loopd.infer import (
     AnyRequest,
     ChatEvent,
@@ -58,16 +59,8 @@ from loopd.turn.guess import send
 from loopd.turn.waiting import Elsewhere, ServerWait, wait_reason
 from loopd.wire.events import CacheLoss, TurnEvent
 
-__all__ = [
-    "InferFailed",
-    "Inference",
-    "Runtime",
-    "SessionFull",
-    "TurnError",
-    "TurnLimit",
-    "TurnOutcome",
-    "run_turn",
-]
+__all__ = ["InferFailed", "Inference", "Runtime", "SessionFull", "TurnError", "TurnLimit"]
+__all__ += ["TurnOutcome", "run_turn"]
 
 
 class TurnError(Exception):
@@ -134,6 +127,8 @@ class Runtime:
     uncached: str | None = None
     """Why the slot does not hold the session's cache (its slot file could not be restored):
     the reason a cache loss of the next request is recorded with."""
+    hooks: Hooks = NO_HOOKS
+    """The user's commands at a turn's points (`[hooks]`, `loopd.hooks`)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +149,9 @@ async def run_turn(
     thinking: bool | None = None,
 ) -> TurnOutcome:
     """One turn; `thinking`, where given, overrides the session's and `[loop] thinking`."""
+    content, refused = await rt.hooks.prompt(session, content)
+    if refused is not None:
+        raise TurnError(refused)  # before the turn began: nothing of it is in the log to close
     await session.add(UserRecord(content=content))  # durable while its request goes (`first`)
     reason: TurnEndReason = "error"
     try:
@@ -192,6 +190,7 @@ class _Turn:
         self.calls = ToolCalls(
             session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate, rt.hands
         )
+        self.calls.hooks = rt.hooks
 
     async def run(self) -> TurnOutcome:
         rounds = 0
@@ -209,7 +208,8 @@ class _Turn:
                         f"the model thought past {self.rt.loop.thinking_cap} tokens without an "
                         f"answer ([{self.rt.limits}] thinking_cap); its reasoning is in the log"
                     )
-                return TurnOutcome(completion.content or "", usage)
+                if not await self.rt.hooks.stop(self.session, completion.content):
+                    return TurnOutcome(completion.content or "", usage)  # else a round more
             rounds += 1
             if rounds > self.rt.loop.tool_iterations:
                 raise TurnLimit(
