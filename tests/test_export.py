@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from loopd.session.records import HookRecord
 from loopd.session.store import Store
+from loopd.session.transcript import hook_outcome, transcript
 from support.daemon import Daemon
 from support.fake_llama import Reply
 from support.replay import ReplayServer
@@ -107,3 +109,24 @@ async def test_an_unknown_session_fails_saying_so(made: tuple[Daemon, str, str, 
     code, out, err = await bxctl(d, "export", "20990101T000000000Z-000000")
     assert (code, out) == (1, "")
     assert err.startswith("bxctl: ")
+
+
+def test_a_hooks_run_reads_in_the_transcript_and_the_export() -> None:
+    """`bxctl log` (the transcript) and `bxctl export` name each hook's run and how it ended,
+    and a stop hook's reason to go on as the message the model read."""
+    blocked = HookRecord(
+        event="pre_tool_use", command=("guard", "--strict"), call=3, tool="run_command",
+        status=2, seconds=0.25, stderr="no rm",
+    )  # fmt: skip
+    stop = HookRecord(event="stop", command=("check",), status=2, seconds=1.0, feedback="Go on.")
+    hung = HookRecord(event="stop", command=("slow",), status=None, seconds=60, error="timed out")
+    lines = [str(line) for line in transcript([blocked, stop, hung])]
+    assert lines == [
+        "  hook pre_tool_use for call 3 (run_command): guard --strict - exit 2: blocked in 0.25 s",
+        "  hook stop: check - exit 2: blocked in 1.00 s",
+        "you (stop hook): Go on.",
+        "  hook stop: slow - timed out in 60.00 s",
+    ]
+    assert hook_outcome(HookRecord(event="stop", command=("x",), status=-9, seconds=0)) == (
+        "killed by signal 9"
+    )

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loopd.session.records import (
     ApprovalRecord,
     AssistantRecord,
+    HookRecord,
     ModeRecord,
     PromptRecord,
     Record,
@@ -29,7 +31,7 @@ from loopd.session.records import (
     UserRecord,
 )
 from loopd.session.store import SessionInfo, Store, StoreError
-from loopd.session.transcript import flags, mode_words
+from loopd.session.transcript import flags, hook_outcome, mode_words
 
 __all__ = ["ExportFormat", "Exported", "exported", "json_document", "markdown"]
 
@@ -186,6 +188,12 @@ def _markdown(one: Exported, level: int) -> list[str]:  # noqa: C901, PLR0912 - 
         elif isinstance(record, UndoRecord):
             put = ", ".join(record.paths) or "nothing"
             lines += [f"_Undone: calls {', '.join(map(str, record.calls))} ({put})_", ""]
+        elif isinstance(record, HookRecord):
+            for_call = f" for call {record.call} (`{record.tool}`)" if record.call else ""
+            ran = f"_Hook {record.event}{for_call}: `{shlex.join(record.command)}`"
+            lines += [f"{ran}, {hook_outcome(record)}_", ""]
+            if record.feedback:
+                lines += [f"{h}# You (a stop hook)", "", record.feedback, ""]
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines += [f"_The turn ended: {record.reason.replace('_', ' ')}_", ""]
     lines += [f"_Sub-agent `{c}` does not read: {why}_" for c, why in one.unreadable.items()]

@@ -14,6 +14,7 @@ from loopd.session.records import (
     AssistantRecord,
     CacheLossRecord,
     GivenServer,
+    HookRecord,
     McpServersRecord,
     ModeRecord,
     Record,
@@ -25,7 +26,7 @@ from loopd.session.records import (
     UserRecord,
 )
 
-__all__ = ["approval_line", "flags", "mode_words", "transcript"]
+__all__ = ["approval_line", "flags", "hook_outcome", "mode_words", "transcript"]
 
 _DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 _BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
@@ -96,8 +97,29 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - on
             lines.extend(_given_line(server) for server in record.servers)
         elif isinstance(record, ModeRecord):
             lines.append(Text(f"  (mode set: {mode_words(record)})", style="magenta"))
+        elif isinstance(record, HookRecord):
+            lines += _hook_lines(record)
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
+    return lines
+
+
+def hook_outcome(record: HookRecord) -> str:
+    """How a hook's run ended, in a few words."""
+    if record.status is None:
+        return record.error or "did not run"
+    if record.status < 0:
+        return f"killed by signal {-record.status}"
+    said = {0: "went on", 2: "blocked"}.get(record.status, "failed, blocking nothing")
+    return f"exit {record.status}: {said}"
+
+
+def _hook_lines(record: HookRecord) -> list[Text]:
+    for_call = f" for call {record.call} ({record.tool})" if record.call is not None else ""
+    ran = f"  hook {record.event}{for_call}: {shlex.join(record.command)}"
+    lines = [Text(f"{ran} - {hook_outcome(record)} in {record.seconds:.2f} s", style="dim")]
+    if record.feedback:
+        lines.append(Text.assemble(("you (stop hook): ", "bold green"), record.feedback))
     return lines
 
 
