@@ -533,7 +533,7 @@ async def test_loopds_commands_are_offered_and_run_as_prompts(
     assert [c.name for c in offered.available_commands] == ["compact", "undo", "rewind", "status"]
     status, undo, bad_undo, compact = said
     assert status[0] == "end_turn"
-    assert status[1].startswith(f"Session {session}: 1 turns, ")
+    assert status[1].startswith(f"Session {session}: 1 turn, ")
     assert undo == ("end_turn", "Put back the changes of call 1:\n- " + str(notes / "today.md"))
     assert (notes / "today.md").read_text() == "buy milk\n"
     assert bad_undo == ("end_turn", "/undo, or /undo N for call N's changes alone")

@@ -286,10 +286,19 @@ async def test_bxctl_chat_goes_on_with_the_session_it_is_given(
     assert NO_SLOT_FILES in d.config.read_text()  # a scripted server keeps no slot files
 
 
+def listed(screen: str, start: str, title: str) -> bool:
+    """A line of the screen starts with `start`, then the time of its last activity, then
+    ends with `title`."""
+    at = rf"^{re.escape(start)}  \d{{4}}-\d\d-\d\d \d\d:\d\d  {re.escape(title)}$"
+    return re.search(at, screen, re.MULTILINE) is not None
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
 async def test_sessions_and_resume_in_the_chat(daemon: StartDaemon, tmp_path: Path) -> None:
-    replies = [Reply(content="in one"), Reply(content="in two"), Reply(content="back in one")]
-    d = await daemon(FakeLlama(replies))
+    """`/sessions` lists the sessions with their titles, the most recent first, and `/resume N`
+    takes session N as that list showed it, whatever was active since."""
+    replies = ["in one", "in two", "back in one", "from a script"]
+    d = await daemon(FakeLlama([Reply(content=r) for r in replies]))
     tmux = Tmux(f"resume-{id(d):x}")
     await tmux.chat(d, tmp_path / "state", rows=40, columns=120)
     try:
@@ -298,17 +307,25 @@ async def test_sessions_and_resume_in_the_chat(daemon: StartDaemon, tmp_path: Pa
         await tmux.keys("hello one", "Enter")
         await tmux.wait_for("in one")
         await tmux.keys("/new", "Enter")
-        await tmux.wait_for("new session")
+        second = re.findall(r"new session (\S+)", await tmux.wait_for("new session"))[0]
         await tmux.keys("hello two", "Enter")
         await tmux.wait_for("in two")
         await tmux.keys("/sessions", "Enter")
         screen = await tmux.wait_for("  2. ")
-        assert f"2.   {first}" in screen
+        assert listed(screen, f"  2.   {first}     1 turn ", "hello one")
         await tmux.keys("/resume 2", "Enter")
         screen = await tmux.wait_for("you: hello one")
         assert screen.count(f"session {first}") == 2  # the greeting, and the resume
         await tmux.keys("and again", "Enter")
         await tmux.wait_for("back in one")
+        await tmux.keys("/sessions", "Enter")
+        screen = await tmux.wait_for(f"2.   {second}")
+        assert listed(screen, f"  1. * {first}     2 turns", "hello one")
+        assert listed(screen, f"  2.   {second}     1 turn ", "hello two")
+        command = [sys.executable, "-m", "bxctl", "--config", str(d.config), "chat"]
+        await trio.run_process([*command, "--session", second, "-m", "meanwhile"])
+        await tmux.keys("/resume 2", "Enter")  # the second as listed, now the most recent
+        await tmux.wait_for("you: meanwhile")
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:

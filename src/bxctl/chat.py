@@ -27,7 +27,16 @@ from bxctl import rewind
 from bxctl.cli import turn_number
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
-from bxctl.text import as_tree, context_line, fork_line, session_line, turn_lines, unreadable_line
+from bxctl.text import (
+    context_line,
+    fit,
+    fork_line,
+    recent_tree,
+    session_lines,
+    turn_lines,
+    turns_text,
+    unreadable_line,
+)
 from bxctl.user_commands import UserCommand, expand, find_commands
 from bxctl.view import (
     APPROVAL_KEYS,
@@ -349,17 +358,26 @@ async def _rewind(words: list[str], connection: Connection, console: Console) ->
         console.print(f"put back: {', '.join(put_back)}", markup=False)
 
 
+class _Numbered:
+    """The sessions as `/sessions` last numbered them, for `/resume N`: the same session
+    whatever was made or active since."""
+
+    shown: list[str] | None = None
+
+
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
-    """The sessions, newest first and numbered for `/resume N`."""
+    """The sessions, the most recent first, numbered for `/resume N`, with their titles."""
     answer = await connection.request({"type": "sessions"}, "sessions")
     if not isinstance(answer, Sessions):
         return
-    tree = as_tree(answer.sessions, newest_first=True)
-    for number, (depth, s) in enumerate(tree, start=1):
-        line = session_line(s, answer.current, depth=depth)
+    width = console.width - len("123. ")
+    lines = session_lines(answer.sessions, answer.current, width)
+    for number, (_listed, line) in enumerate(lines, start=1):
         console.print(f"{number:3d}. {line}", markup=False)
+    _Numbered.shown = [listed.id for listed, _line in lines]
     for bad in answer.unreadable:
-        console.print(f"     {unreadable_line(bad.id, bad.reason)}", markup=False, style="red")
+        line = fit(unreadable_line(bad.id, bad.reason), width)
+        console.print(f"     {line}", markup=False, style="red")
 
 
 async def _resume(words: list[str], connection: Connection, console: Console) -> None:
@@ -368,9 +386,11 @@ async def _resume(words: list[str], connection: Connection, console: Console) ->
         return
     choice = words[0]
     if choice.isdigit():
-        answer = await connection.request({"type": "sessions"}, "sessions")
-        listed = as_tree(answer.sessions, newest_first=True) if isinstance(answer, Sessions) else []
-        ids = [s.id for _, s in listed]
+        ids = _Numbered.shown
+        if ids is None:  # not listed yet: numbered as /sessions would number them now
+            answer = await connection.request({"type": "sessions"}, "sessions")
+            listed = recent_tree(answer.sessions) if isinstance(answer, Sessions) else []
+            ids = [s.id for _, s in listed]
         if not 1 <= int(choice) <= len(ids):
             console.print(f"no session {choice}: /sessions lists {len(ids)}", style="red")
             return
@@ -388,7 +408,7 @@ def _status(answer: object) -> Text:
     if not isinstance(answer, Status):
         return Text("")
     text = (
-        f"session {answer.session} ({answer.turns} turns), {answer.server}, "
+        f"session {answer.session} ({turns_text(answer.turns)}), {answer.server}, "
         f"model {answer.model}, slot {answer.slot}"
     )
     if answer.context is not None:
