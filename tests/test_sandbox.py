@@ -10,12 +10,14 @@ sandbox as an unprivileged user (`nobody`), the other way loopd runs.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,10 +28,13 @@ from loopd.session.records import ToolResultRecord
 from loopd.session.store import Store
 from loopd.tools import Sandbox, ToolFailure
 from loopd.tools._bounds import limited, seccomp_program
+from loopd.tools._hosts import Address
+from loopd.tools._proxy import PROXY_ENV, network_rules, proxy
 from loopd.tools._run import _run, run_command
 from support.daemon import Daemon
 from support.fake_llama import FakeLlama, Reply
 from test_bxctl import bxctl
+from test_fetch import Web, serve_page
 from test_hands import call
 
 TOKEN = "ghp_l00pdT3stT0ken0123456789abcdefghij"  # noqa: S105 - a fake, looked for
@@ -521,3 +526,158 @@ async def test_as_a_user_the_process_bound_holds_for_the_commands_tree_alone(
     assert f"refused {errno.EAGAIN}" in output
     forked = int(output.split("forked ")[1].split()[0])
     assert 0 < forked < 16
+
+
+# -- the network through loopd's proxy -------------------------------------------------------
+
+PROBE = """
+import os, socket, sys, urllib.error, urllib.request
+how, url = sys.argv[1], sys.argv[2]
+if how == "get":  # through HTTP_PROXY, as any client reads it
+    try:
+        print(urllib.request.urlopen(url, timeout=10).read().decode())
+    except urllib.error.HTTPError as e:
+        print("refused", e.code, e.read().decode())
+elif how == "connect":  # a tunnel, as https goes: CONNECT host:port, then a request in it
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"CONNECT {url} HTTP/1.1\\r\\nHost: {url}\\r\\n\\r\\n".encode())
+    head = s.recv(65536).decode()
+    print(head.splitlines()[0])
+    if " 200 " in head:
+        s.sendall(b"GET /page HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        print(b"".join(iter(lambda: s.recv(65536), b"")).decode())
+else:  # straight out, no proxy
+    host, port = url.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5)
+        print("CONNECTED")
+    except OSError as e:
+        print("no way out:", e)
+"""
+
+
+async def _test_names(host: str, port: int) -> list[Address]:
+    """Two names for the one server the tests have, on 127.0.0.1."""
+    if host in ("allowed.test", "other.test"):
+        return [ipaddress.ip_address("127.0.0.1")]
+    raise OSError(f"{host}: no such name here")
+
+
+@pytest.fixture
+async def site(nursery: trio.Nursery) -> Web:
+    server = Web(0)
+    serve = partial(trio.serve_tcp, partial(serve_page, server), 0, host="127.0.0.1")
+    listeners = await nursery.start(serve)
+    server.port = listeners[0].socket.getsockname()[1]
+    return server
+
+
+async def probe(folder: Path, network: tuple[str, ...], how: str, url: str) -> str:
+    (folder / "probe.py").write_text(PROBE)
+    sandbox = Sandbox([folder], network=network)
+    command = f"{PYTHON} probe.py {how} {url}"
+    _, output = await run_command(sandbox, command, folder, 30, resolve=_test_names)
+    return output
+
+
+# Loopback named by address on purpose: the tests' one server stands for both names.
+LISTED = ("allowed.test", "127.0.0.1")
+
+
+async def test_a_command_reaches_a_listed_domain_through_the_proxy(
+    tmp_path: Path, site: Web
+) -> None:
+    got = await probe(tmp_path, LISTED, "get", f"http://allowed.test:{site.port}/page")
+    assert "<h1>Shopping</h1>" in got
+    tunnel = await probe(tmp_path, LISTED, "connect", f"allowed.test:{site.port}")
+    assert tunnel.startswith("HTTP/1.1 200 Connection established\n")
+    assert "<h1>Shopping</h1>" in tunnel
+    assert site.asked == ["/page", "/page"]
+
+
+async def test_a_domain_the_list_does_not_name_is_refused_saying_why(
+    tmp_path: Path, site: Web
+) -> None:
+    why = "other.test is not allowed by [tools.run] network"
+    got = await probe(tmp_path, LISTED, "get", f"http://other.test:{site.port}/page")
+    assert got == f"refused 403 {why}\n\n"
+    tunnel = await probe(tmp_path, LISTED, "connect", f"other.test:{site.port}")
+    assert tunnel == f"HTTP/1.1 403 {why}\n"
+    assert site.asked == []
+
+
+async def test_a_command_that_drops_the_proxy_has_no_way_out(tmp_path: Path, site: Web) -> None:
+    for where in (f"127.0.0.1:{site.port}", "192.0.2.1:80", "1.1.1.1:443"):
+        assert (await probe(tmp_path, LISTED, "direct", where)).startswith("no way out:")
+    assert site.asked == []
+
+
+async def test_a_tunnel_to_a_private_address_is_refused(tmp_path: Path, site: Web) -> None:
+    for literal in ("10.0.0.1:80", "169.254.169.254:80", "[fd00::1]:443"):
+        refused = await probe(tmp_path, LISTED, "connect", literal)
+        host = literal.rsplit(":", 1)[0].strip("[]")
+        assert refused == f"HTTP/1.1 403 {host} is not allowed by [tools.run] network\n"
+
+
+async def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(
+    tmp_path: Path, site: Web
+) -> None:
+    refused = await probe(tmp_path, ("allowed.test",), "connect", f"allowed.test:{site.port}")
+    assert refused == (
+        "HTTP/1.1 403 127.0.0.1 (which allowed.test resolves to) is a loopback address, "
+        "refused unless [tools.run] network names it (the address, or a network holding it)\n"
+    )
+    assert site.asked == []
+
+
+async def test_a_network_list_in_the_config_reaches_its_domains_alone(
+    daemon: StartDaemon, site: Web
+) -> None:
+    """The whole way: the config's list, loopd's proxy, `curl` or Python in the sandbox, and
+    the machine's own resolver (`localhost`)."""
+    base = Path(tempfile.mkdtemp(prefix="loopd-sandbox-", dir="/var/tmp"))
+    try:
+        (base / "probe.py").write_text(PROBE)
+        tools = (
+            f'roots = ["{base}"]\n[tools.run]\nnetwork = ["localhost", "127.0.0.1"]\n'
+            '[tools.policies.run_command]\naction = "allow"\n'
+        )
+        fake = FakeLlama([])
+        d = await daemon(fake, tools=tools, home=base / "state")
+        box = Box(d, fake, base, base)
+        got, refused = await box.run(
+            f"{PYTHON} probe.py get http://localhost:{site.port}/page",
+            f"{PYTHON} probe.py get http://example.com:{site.port}/page",
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert "<h1>Shopping</h1>" in got
+    assert "refused 403 example.com is not allowed by [tools.run] network" in refused
+
+
+@as_root_only
+async def test_as_a_user_the_proxy_is_the_only_way_out(shared: Path, site: Web) -> None:
+    assert SYSTEM_PYTHON is not None
+    (shared / "probe.py").write_text(PROBE)
+    sandbox = Sandbox([shared], network=LISTED, hidden=[shared / ".ssh"])
+    program = os.memfd_create("seccomp")
+    got = f"{SYSTEM_PYTHON} probe.py get http://allowed.test:{site.port}/page"
+    refused = f"{SYSTEM_PYTHON} probe.py get http://other.test:{site.port}/page"
+    direct = f"{SYSTEM_PYTHON} probe.py direct 127.0.0.1:{site.port}"
+    try:
+        os.write(program, seccomp_program())
+        os.lseek(program, 0, os.SEEK_SET)
+        bwrap = shutil.which("bwrap")
+        assert bwrap is not None
+        rules = network_rules(LISTED)
+        async with proxy(rules, _test_names, SYSTEM_PYTHON) as gate:
+            shell = gate.wrap(["/bin/sh", "-c", f"{got}; {refused}; {direct}"])
+            argv = [*NOBODY, *sandbox.argv(bwrap, shell, shared, program)]
+            env = {**sandbox.env, **PROXY_ENV}
+            _, output = await _run(argv, shared, 30, env, (program, gate.fd))
+    finally:
+        os.close(program)
+    assert "<h1>Shopping</h1>" in output
+    assert "refused 403 other.test is not allowed by [tools.run] network" in output
+    assert "no way out:" in output
+    assert "CONNECTED" not in output

@@ -13,7 +13,9 @@ config directory (`~/.config/loopd/` on Linux) when it exists.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import ipaddress
 import json
 import re
 import tomllib
@@ -47,6 +49,7 @@ __all__ = [
     "ChannelConfig",
     "Config",
     "ConfigError",
+    "FetchConfig",
     "Hook",
     "HooksConfig",
     "LoopConfig",
@@ -368,6 +371,56 @@ def _secret(path: Path) -> Path:
     return path
 
 
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
+_DOMAIN = re.compile(rf"(?:\*\.)?(?:{_LABEL}\.)*{_LABEL}")
+
+
+def _domain(value: str) -> str:
+    """A host pattern of `[tools.fetch]` and `[tools.run] network`, as matched: a name
+    (lowercase, no final dot), `*.` and a name, an IP address or a network."""
+    text = value.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_network(text, strict=False))
+    if not _DOMAIN.fullmatch(text):
+        raise ValueError(
+            f"{value!r} is not a domain: write example.com, *.example.com (the names under "
+            "it), an IP address or a network such as 10.0.0.0/8; no scheme, port or path"
+        )
+    return text
+
+
+Domain = Annotated[str, AfterValidator(_domain)]
+"""A host pattern (`_domain`)."""
+
+
+def _network(value: object) -> object:
+    """`true`, `false` or a list: anything else is named as a wrong boolean, once (not once
+    per member of the union)."""
+    if isinstance(value, bool | list):
+        return value
+    raise PydanticCustomError("bool_type", "Input should be a valid boolean")
+
+
+class FetchConfig(_Table):
+    """`fetch_url`: web pages and files over HTTP(S), for the model to read."""
+
+    allow: list[Domain] = []
+    """Domains `fetch_url` reaches without asking: `example.com` (that name alone),
+    `*.example.com` (every name under it, not `example.com` itself), an IP address, or a
+    network (`10.0.0.0/8`). A domain on neither list asks. Loopback, private and link-local
+    addresses (127.0.0.1, 10.x, 192.168.x, 169.254.169.254, fd00::/8, ...) are refused unless
+    named here by address or network, whatever name leads to them."""
+    deny: list[Domain] = []
+    """Domains (patterns as `allow`'s) `fetch_url` refuses without asking; it wins over
+    `allow`."""
+    max_bytes: PositiveInt = 2 << 20
+    """Bytes of a response's body read at most; the rest is cut, saying so."""
+    timeout: PositiveFloat = 20.0
+    """Seconds a fetch may take in all, redirects included."""
+    max_redirects: NonNegativeInt = 5
+    """Redirects followed at most, each to a URL checked as the first was."""
+
+
 class RunConfig(_Table):
     """`run_command`: shell commands in a folder under the roots."""
 
@@ -378,8 +431,12 @@ class RunConfig(_Table):
     seccomp filter), no network unless `network`, a bounded process tree, a clean environment;
     the roots' `.git` folders read-only (`git_writable`). Refused where `bwrap` or
     libseccomp is missing. `none`: commands run unconfined, as the user."""
-    network: bool = False
-    """Whether sandboxed commands reach the network."""
+    network: Annotated[bool | list[Domain], BeforeValidator(_network)] = False
+    """Whether sandboxed commands reach the network: `true` all of it, `false` none (not
+    even 127.0.0.1), or a list of domains (patterns as `[tools.fetch] allow`'s): then the
+    command's only way out is an HTTP(S) proxy of loopd's (`HTTP_PROXY`, `HTTPS_PROXY` are
+    set) that reaches those domains alone, and loopback or private addresses only where the
+    list names them by address."""
     timeout: PositiveFloat = 120.0
     """Seconds a command may run at most (the model may ask for less); then it is killed,
     with every process it started."""
@@ -440,6 +497,7 @@ class ToolsConfig(_Table):
     mcp: dict[str, McpServer] = {}
     """MCP servers over stdio, by name; their tools join the registry."""
     run: RunConfig = RunConfig()
+    fetch: FetchConfig = FetchConfig()
 
 
 def _matcher(pattern: str) -> str:

@@ -154,7 +154,9 @@ async def open_tool_port(
     before the port is handed out, so their tools are in the registry from the first turn on.
     """
     registry = Registry(builtin_entries(config))
-    builtins = Builtins(config.roots, config.timeout, config.run, private=private)
+    builtins = Builtins(
+        config.roots, config.timeout, config.run, private=private, fetch=config.fetch
+    )
     if config.roots and builtins.sandbox.enabled:
         if why := sandbox_missing():
             log.warning("run_command: %s", why)

@@ -1,5 +1,6 @@
 """The built-in tools: reading, listing, searching, finding, writing and editing files under the
-configured roots (writes in `_write`), running commands in them (`_run`), and the time.
+configured roots (writes in `_write`), running commands in them (`_run`), fetching a web page
+(`_fetch`), and the time.
 Nothing reaches outside the roots: absolute paths and `..` are refused, and a path whose
 resolved form (symlinks followed) leaves its root is refused too. Reads are bounded, binary
 files are named as such, and only regular files are opened (a FIFO would hang a read forever).
@@ -25,10 +26,11 @@ from typing import Any
 import regex
 import trio
 
-from loopd.config import RunConfig, ToolsConfig
+from loopd.config import FetchConfig, RunConfig, ToolsConfig
 
 from ._entry import ToolEntry
-from ._port import OnOutput, Preview, ToolFailure, ToolOutput, ToolRequest
+from ._fetch import Fetcher
+from ._port import Judgment, OnOutput, Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
@@ -151,6 +153,15 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             ["command"],
         ),
     ),
+    "fetch_url": (
+        "Fetch a web page or text file by its URL (http or https), as Markdown or text.",
+        (
+            "Fetch a web page or text file over http or https: HTML comes back as Markdown, "
+            "text, JSON and XML as they are, long ones cut. Hosts that are not allowed ask "
+            "first or are refused."
+        ),
+        _schema({"url": {"type": "string", "minLength": 1}}, ["url"]),
+    ),
     "current_time": (
         "Tell the current date and time.",
         "The current date and time, in UTC and in the machine's local time zone.",
@@ -219,15 +230,18 @@ def delegate_entry(config: ToolsConfig, source: str) -> ToolEntry:
 
 
 class Builtins:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the tools' whole context
         self,
         roots: list[Path],
         timeout: float,
         run: RunConfig | None = None,
         threads: trio.CapacityLimiter | None = None,
         private: Sequence[Path] = (),
+        *,
+        fetch: Fetcher | FetchConfig | None = None,
     ) -> None:
         self.run = run or RunConfig()
+        self.fetcher = fetch if isinstance(fetch, Fetcher) else Fetcher(fetch or FetchConfig())
         self._private = private
         self.roots = Roots(roots, [*private, *secrets(self.run)])
         """Where the file tools work; never in loopd's own files (`private`) or the keys."""
@@ -248,7 +262,9 @@ class Builtins:
         share the threads."""
         if cwd is None:
             return self
-        return Builtins([cwd], self.timeout, self.run, self._threads, self._private)
+        return Builtins(
+            [cwd], self.timeout, self.run, self._threads, self._private, fetch=self.fetcher
+        )
 
     async def check_hidden(self) -> None:
         """Refuse while a hidden path inside the roots has a second name (`Roots.tampered`):
@@ -280,11 +296,24 @@ class Builtins:
                 return Preview(shown, planned.basis, planned.change())
             if entry.name == "run_command":
                 return Preview(tools.command_preview(request.arguments))
+            if entry.name == "fetch_url":
+                return Preview(self.fetcher.preview(request.arguments["url"]))
         except ToolFailure as e:
             return Preview(f"(it will fail: {e})")
         return None
 
+    def judge(self, entry: ToolEntry, request: ToolRequest) -> Judgment | None:
+        """`fetch_url`'s domain lists' say on a call (`Judges`); other tools have none."""
+        if entry.name == "fetch_url":
+            return self.fetcher.judge(request.arguments["url"])
+        return None
+
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
+        if entry.name == "fetch_url":
+            # Redirects to any host not denied, where no person would have been asked.
+            unasked = entry.policy_in(request.mode).action == "allow"
+            any_host = unasked or entry.name in request.granted
+            return ToolOutput(await self.fetcher.fetch(request.arguments["url"], any_host=any_host))
         tools = self.within(request.cwd)
         if entry.name in _FILE_TOOLS:
             await tools.check_hidden()
@@ -312,7 +341,9 @@ class Builtins:
         sandbox = "bubblewrap" if self.sandbox.enabled else "none (unconfined)"
         if self.sandbox.enabled:
             sandbox += f", at most {self.sandbox.max_processes} processes"
-        network = "yes" if self.sandbox.network or not self.sandbox.enabled else "no"
+        network = "yes" if self.sandbox.network is True or not self.sandbox.enabled else "no"
+        if self.sandbox.enabled and isinstance(self.sandbox.network, tuple):
+            network = f"through loopd's proxy to {', '.join(self.sandbox.network) or 'nothing'}"
         return (
             f"$ {arguments['command']}\nin {folder}\nsandbox {sandbox}, network {network}, "
             f"stopped after {timeout:g} s"

@@ -55,6 +55,8 @@ __all__ = [
     "Denied",
     "Executor",
     "Failed",
+    "Judges",
+    "Judgment",
     "OnAsking",
     "OnOutput",
     "PortAnswer",
@@ -217,6 +219,24 @@ class Preview:
     runs only while the file still matches it."""
     change: FileChange | None = None
     """A write's texts, before and after, where both are short text."""
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """A tool's own say on one call, by its arguments (`Judges`)."""
+
+    action: Literal["allow", "deny"]
+    reason: str = ""
+    """Why a call is denied: the model reads it."""
+
+
+@runtime_checkable
+class Judges(Protocol):
+    """An executor with a say on each call by its arguments, before its policy asks
+    (`fetch_url`'s domain lists): `deny` refuses the call and `allow` runs it, both without
+    asking; None leaves it to the policy. A policy of `deny` refuses it whatever this says."""
+
+    def judge(self, entry: ToolEntry, request: ToolRequest) -> Judgment | None: ...
 
 
 @runtime_checkable
@@ -453,11 +473,9 @@ class _PortActor:
         entry = job.registry.get(request.tool)
         if entry is None:
             return Verdict(None, Failed(f"the tool {request.tool} is no longer there"))
+        if (unasked := self._unasked(entry, request)) is not None:
+            return unasked
         policy = entry.policy_in(request.mode)
-        if policy.action == "deny":
-            return Verdict(entry, Denied(f"the policy for {entry.name} is deny"))
-        if request.mode == "read_only" and read_only_refuses(entry):
-            return Verdict(entry, Denied(read_only_refusal(entry.name)))
         if policy.action == "ask" and entry.name not in request.granted:
             asking = await self._asking(entry, request)
             approval = await self._approval(job, asking)
@@ -466,6 +484,19 @@ class _PortActor:
                 return Verdict(entry, refusal, approval, asking)
             return Verdict(entry, None, approval, asking)
         return Verdict(entry)
+
+    def _unasked(self, entry: ToolEntry, request: ToolRequest) -> Verdict | None:
+        """The verdict on a call that no person is asked for, if it has one: a policy of
+        `deny`, its executor's say (`Judges`), a `read_only` session's refusal."""
+        if entry.policy_in(request.mode).action == "deny":
+            return Verdict(entry, Denied(f"the policy for {entry.name} is deny"))
+        executor = self.executors.get(entry.source)
+        judged = executor.judge(entry, request) if isinstance(executor, Judges) else None
+        if judged is not None:
+            return Verdict(entry, Denied(judged.reason) if judged.action == "deny" else None)
+        if request.mode == "read_only" and read_only_refuses(entry):
+            return Verdict(entry, Denied(read_only_refusal(entry.name)))
+        return None
 
     async def _asking(self, entry: ToolEntry, request: ToolRequest) -> Asking:
         policy = entry.policy_in(request.mode)

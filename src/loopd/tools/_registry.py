@@ -26,8 +26,11 @@ BUILTIN = "builtin"
 
 
 _STRICTNESS: tuple[Action, ...] = ("allow", "ask", "deny")
-ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command"})
-"""Built-in tools that change the world: they ask unless their own policy says otherwise."""
+ASK_BY_DEFAULT = frozenset({"write_file", "edit_file", "run_command", "fetch_url"})
+"""Built-in tools that change the world or reach out of the machine: they ask unless their own
+policy says otherwise (`fetch_url` runs unasked for the domains `[tools.fetch] allow` names)."""
+UNTRUSTED = frozenset({"fetch_url"})
+"""Built-in tools whose results come from outside, whatever a table says: always untrusted."""
 EDIT_TOOLS = frozenset({"write_file", "edit_file"})
 """What a session in mode `accept_edits` runs without asking, where only the default asks."""
 
@@ -53,7 +56,8 @@ def policy_for(
     tools is `ask`, as in other agents: a server's tool runs unasked only where the config
     says so. Other tools' default is `allow`.
 
-    The tools in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
+    The results of the tools in `UNTRUSTED` are untrusted whatever a table says. The tools
+    in `ASK_BY_DEFAULT` ask unless their own table sets `action`: their source's
     table may make them deny, never allow; a table that sets only a class keeps them asking.
     In `mode` `accept_edits` that default is dropped for the `EDIT_TOOLS`: what a table or
     their data class asks for still holds."""
@@ -78,6 +82,8 @@ def policy_for(
     accepted = mode == "accept_edits" and name in EDIT_TOOLS
     if source == BUILTIN and name in ASK_BY_DEFAULT and not says_action and not accepted:
         policy = _at_least(policy, "ask")
+    if source == BUILTIN and name in UNTRUSTED:
+        policy = policy.model_copy(update={"untrusted": True})
     return _at_least(policy, config.class_actions.get(policy.data_class, "allow"))
 
 

@@ -8,8 +8,11 @@ and of tail: a bound on loopd's memory, not the cut the model sees (that is
 `[loop] tool_result_cap`, applied once to the whole result, head and tail kept). Its caller
 may hear the output as it comes too (`on_output`, through `_live`), apart from that result.
 
+With `[tools.run] network` a list of domains, the command reaches them through loopd's proxy
+(`_proxy`), which runs for as long as the command does.
+
 With `[tools.run] sandbox = "none"` the command runs as the user, unconfined: only the
-timeout and the process group stand.
+timeout and the process group stand (and the network is the machine's, list or not).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,8 +32,10 @@ import trio
 from loopd.config import RunConfig
 
 from ._bounds import PidsCgroups, limited, seccomp_program, seccomp_unavailable
+from ._hosts import Resolver, system_resolver
 from ._live import LiveOutput
 from ._port import OnOutput, ToolFailure
+from ._proxy import PROXY_ENV, network_rules, proxy
 from ._sandbox import Sandbox
 
 __all__ = ["KEEP_BYTES", "Sandbox", "process_bound", "run_command", "sandbox_missing"]
@@ -121,16 +127,19 @@ def _output(head: bytes, tail: bytes, total: int) -> str:
     return text + tail.decode(errors="replace")
 
 
-async def run_command(
+async def run_command(  # noqa: PLR0913 - one command's whole context
     sandbox: Sandbox,
     command: str,
     folder: Path,
     timeout: float,
     on_output: OnOutput | None = None,
+    *,
+    resolve: Resolver = system_resolver,
 ) -> tuple[int | None, str]:
     """Run it; its exit status (None: killed at its timeout) and its output, stdout and
     stderr together; `on_output` hears that output while it runs (`LiveOutput`). Cancelling
-    the caller kills it at once."""
+    the caller kills it at once. `resolve`: how the proxy finds a host's addresses, where
+    `sandbox.network` is a list."""
     shell = ["/bin/sh", "-c", command]
     live = on_output and LiveOutput(on_output)
     if not sandbox.enabled:
@@ -139,23 +148,31 @@ async def run_command(
         raise ToolFailure(why)
     program = os.memfd_create("loopd-seccomp")
     cgroups, group, bounded = _pids_cgroups(), None, False
+    env, fds = sandbox.env, [program]
     try:
-        os.write(program, seccomp_program())
-        os.lseek(program, 0, os.SEEK_SET)
-        roots = sandbox.roots
-        inner = limited(
-            _program("prlimit", roots), shell, sandbox.max_processes, sandbox.max_memory_mb
-        )
-        argv = sandbox.argv(_program("bwrap", roots), inner, folder, program)
-        if cgroups is not None:
-            try:
-                group = cgroups.make(sandbox.max_processes)
-            except OSError as e:
-                raise ToolFailure(f"no cgroup could be made to bound the command: {e}") from e
-            # Killed with loopd from its first instant: the shell that joins the cgroup runs
-            # before bubblewrap can ask for that itself.
-            argv = [*_with_pdeathsig(sandbox.roots), *cgroups.joined(group, argv)]
-        status, output = await _run(argv, folder, timeout, sandbox.env, (program,), live=live)
+        async with contextlib.AsyncExitStack() as stack:
+            os.write(program, seccomp_program())
+            os.lseek(program, 0, os.SEEK_SET)
+            roots = sandbox.roots
+            if isinstance(sandbox.network, tuple):
+                rules = network_rules(sandbox.network)
+                gate = await stack.enter_async_context(proxy(rules, resolve, sys.executable))
+                shell, env = gate.wrap(shell), {**env, **PROXY_ENV}
+                fds.append(gate.fd)
+            inner = limited(
+                _program("prlimit", roots), shell, sandbox.max_processes, sandbox.max_memory_mb
+            )
+            argv = sandbox.argv(_program("bwrap", roots), inner, folder, program)
+            if cgroups is not None:
+                try:
+                    group = cgroups.make(sandbox.max_processes)
+                except OSError as e:
+                    msg = f"no cgroup could be made to bound the command: {e}"
+                    raise ToolFailure(msg) from e
+                # Killed with loopd from its first instant: the shell that joins the cgroup
+                # runs before bubblewrap can ask for that itself.
+                argv = [*_with_pdeathsig(sandbox.roots), *cgroups.joined(group, argv)]
+            status, output = await _run(argv, folder, timeout, env, tuple(fds), live=live)
     finally:
         os.close(program)
         if group is not None and cgroups is not None:

@@ -14,8 +14,10 @@ inside it are.
 Privilege: a user namespace of its own (`--unshare-user`, `--disable-userns`), every
 capability dropped, no new privileges, and the seccomp filter of `_bounds`: a command that
 loopd started as root cannot remount `/`, mount, trace loopd or open a Unix socket. Its own
-PID, IPC, UTS and cgroup namespaces, and no network unless `[tools.run] network`. Its
-environment is built anew (`environment`): nothing of loopd's but a few harmless variables.
+PID, IPC, UTS and cgroup namespaces, and no network unless `[tools.run] network` is true; a
+list of domains there keeps the network namespace its own too, and `_proxy` is its one way
+out. Its environment is built anew (`environment`): nothing of loopd's but a few harmless
+variables.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def secrets(run: RunConfig) -> list[Path]:
 class Sandbox:
     roots: Sequence[Path]
     """Writable inside; everything else read-only."""
-    network: bool = False
+    network: bool | tuple[str, ...] = False
+    """True: the machine's network; False: none; domains: those alone, through `_proxy`."""
     enabled: bool = True
     """False: `sandbox = "none"`, the command runs unconfined."""
     hidden: Sequence[Path] = field(default_factory=lambda: secrets(RunConfig()))
@@ -77,7 +80,7 @@ class Sandbox:
     def of(cls, run: RunConfig, roots: Sequence[Path], private: Sequence[Path]) -> Sandbox:
         return cls(
             roots,
-            run.network,
+            run.network if isinstance(run.network, bool) else tuple(run.network),
             run.sandbox == "bubblewrap",
             [*private, *secrets(run)],
             environment(run.env),
@@ -107,7 +110,7 @@ class Sandbox:
         argv = [bwrap, *_in_order(self._mounts(folder)), "--remount-ro", "/dev"]
         argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if not self.network:
+        if self.network is not True:
             argv.append("--unshare-net")
         argv += ["--seccomp", str(seccomp_fd), "--new-session", "--die-with-parent"]
         return [*argv, "--chdir", str(folder), "--", *command]
