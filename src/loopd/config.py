@@ -20,7 +20,8 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import platformdirs
 import tomli_w
@@ -628,15 +629,51 @@ def load_config(explicit: Path | None = None) -> tuple[Config, Path | None]:
 def _problems(path: Path, text: str, errors: list[Any]) -> str:
     """One line per mistake, in the order of the file's lines (those without a line last)."""
     lines = _lines_of(text)
-    found = []
+    # A value that fits no member of a union fails each: one mistake, said once.
+    by_key: dict[tuple[str | int, ...], list[Any]] = {}
     for error in errors:
-        names = tuple(str(part) for part in error["loc"])
-        line = next(
-            (lines[names[:n]] for n in range(len(names), 0, -1) if names[:n] in lines), None
-        )
-        where = f"{path}:{line}" if line is not None else str(path)
-        found.append((line is None, line or 0, f"{where}: {_describe(error)}"))
+        loc = _untagged(error["loc"])
+        by_key.setdefault(loc, []).append({**error, "loc": loc})
+    found = []
+    for group in by_key.values():
+        if len(group) > 1 and all(e["type"] in _WANTED for e in group):
+            group = [{**group[0], "kinds": [e["type"] for e in group]}]  # noqa: PLW2901
+        found += [_located(path, lines, error) for error in group]
     return "\n".join(message for *_, message in sorted(found, key=lambda f: f[:2]))
+
+
+def _located(path: Path, lines: dict[tuple[str, ...], int], error: Any) -> tuple[bool, int, str]:
+    """A mistake's line (sorted last when it has none), and what to say of it."""
+    names = tuple(str(part) for part in error["loc"])
+    line = next((lines[names[:n]] for n in range(len(names), 0, -1) if names[:n] in lines), None)
+    where = f"{path}:{line}" if line is not None else str(path)
+    return (line is None, line or 0, f"{where}: {_describe(error)}")
+
+
+def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """`loc` without the names pydantic gives a union's members (`bool`, `list[str]`), which
+    are no key of the file."""
+    out: list[str | int] = []
+    model: type[BaseModel] | None = Config
+    parts = iter(loc)
+    for part in parts:
+        out.append(part)
+        field = model.model_fields.get(str(part)) if model is not None else None
+        annotation = field.annotation if field is not None else None
+        if get_origin(annotation) is dict:  # a table of named ones: the next part is a name
+            out += [name for name in [next(parts, None)] if name is not None]
+            annotation = get_args(annotation)[-1]
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (Union, UnionType) and len(members) > 1:
+            out += [p for p in [next(parts, None)] if isinstance(p, int)]  # a tag is skipped
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    return tuple(out)
 
 
 _PREFIX = re.compile(r"^(Value error|Assertion failed), ")
@@ -673,8 +710,10 @@ def _describe(error: Any) -> str:
     table = [str(part) for part in loc[:last]]
     if error["type"] in _WANTED:
         value = error["input"]
-        message = f"must be {_WANTED[error['type']]}, not {_toml_kind(value)}"
-        if isinstance(value, str) and _unquoted(error["type"], value):
+        kinds = error.get("kinds", [error["type"]])
+        wanted = " or ".join(_WANTED[kind] for kind in kinds)
+        message = f"must be {wanted}, not {_toml_kind(value)}"
+        if isinstance(value, str) and any(_unquoted(kind, value) for kind in kinds):
             message += f" (write it without quotes: {value})"
     else:
         message = _PREFIX.sub("", error["msg"])
