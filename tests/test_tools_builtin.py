@@ -56,6 +56,7 @@ def test_file_tools_exist_with_roots_or_without(tmp_path: Path) -> None:
         "write_file",
         "edit_file",
         "run_command",
+        "update_plan",
         "fetch_url",
         "current_time",
     ]

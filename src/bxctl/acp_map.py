@@ -16,15 +16,24 @@ from typing import Any
 
 from acp import schema
 
+from bxctl.oneshot import plan_lines
 from bxctl.text import title_of, turns_text
 from bxctl.user_commands import UserCommand
 from loopd.infer import Content, Reasoning
-from loopd.session.records import AssistantRecord, Decision, Record, ToolResultRecord, UserRecord
+from loopd.session.records import (
+    AssistantRecord,
+    Decision,
+    PlanRecord,
+    Record,
+    ToolResultRecord,
+    UserRecord,
+)
 from loopd.wire.events import (
     AgentUpdate,
     ApprovalNeeded,
     FileChange,
     MovedToServer,
+    PlanUpdate,
     ToolCallStarted,
     ToolResult,
     WaitingForServer,
@@ -46,6 +55,7 @@ __all__ = [
     "mcp_servers",
     "output_update",
     "permission_request",
+    "plan_update",
     "replayed",
     "rewound_text",
     "status_text",
@@ -65,6 +75,7 @@ Update = (
     | schema.ToolCallProgress
     | schema.AvailableCommandsUpdate
     | schema.UsageUpdate
+    | schema.AgentPlanUpdate
 )
 
 COMMANDS = [
@@ -110,6 +121,7 @@ _KINDS: dict[str, schema.ToolKind] = {
     "run_command": "execute",
     "current_time": "other",
     "delegate": "think",
+    "update_plan": "think",
 }
 _FAILED = ("The tool failed: ", "The call was denied: ", "Not run: ")
 """How a result the model reads starts when the call did not run to an answer."""
@@ -204,6 +216,13 @@ def update_of(event: object, session: str) -> Update | None:
         return schema.AgentMessageChunk(
             session_update="agent_message_chunk", content=_text(event.text)
         )
+    if isinstance(event, ToolCallStarted | PlanUpdate | ToolResult):
+        return _call_update(event)
+    return None
+
+
+def _call_update(event: ToolCallStarted | PlanUpdate | ToolResult) -> Update:
+    """A call as it starts, the plan an `update_plan` call set, a call's result."""
     if isinstance(event, ToolCallStarted):
         tool = event.tool or event.name
         return schema.ToolCallStart(
@@ -213,15 +232,25 @@ def update_of(event: object, session: str) -> Update | None:
             kind=kind_of(tool),
             status="in_progress",
         )
-    if isinstance(event, ToolResult):
-        return schema.ToolCallProgress(
-            session_update="tool_call_update",
-            tool_call_id=str(event.call),
-            status=_status(event.preview),
-            # A write that was made shows as the editor's own diff, the summary beside it.
-            content=_content(event.preview) + (_diff(event.change) if event.change else []),
-        )
-    return None
+    if isinstance(event, PlanUpdate):
+        return plan_update(event)
+    return schema.ToolCallProgress(
+        session_update="tool_call_update",
+        tool_call_id=str(event.call),
+        status=_status(event.preview),
+        # A write that was made shows as the editor's own diff, the summary beside it.
+        content=_content(event.preview) + (_diff(event.change) if event.change else []),
+    )
+
+
+def plan_update(plan: PlanUpdate) -> schema.AgentPlanUpdate:
+    """The model's plan as ACP's: the whole plan, which the editor puts in the place of the
+    last. loopd's steps have no priority, so each is `medium`; the explanation is not ACP's."""
+    entries = [
+        schema.PlanEntry(content=step.step, priority="medium", status=step.status)
+        for step in plan.steps
+    ]
+    return schema.AgentPlanUpdate(session_update="plan", entries=entries)
 
 
 def _agent_progress(agent: AgentUpdate) -> schema.ToolCallProgress:
@@ -329,6 +358,8 @@ def status_text(status: Status) -> str:
     if status.busy or status.queue:
         lines.append(f"A turn runs; {status.queue} wait behind it.")
     lines.extend(f"Waits for approval: {_asking(w.event)}." for w in status.pending)
+    if status.plan is not None:
+        lines += ["Plan:", *(f"  {line}" for line in plan_lines(status.plan))]
     return "\n".join(lines)
 
 
@@ -466,7 +497,7 @@ def usage_update(usage: Usage | None, size: int | None) -> schema.UsageUpdate | 
 
 def replayed(records: Sequence[Record]) -> Iterator[Update]:
     """A session's history as the updates that would have shown it live: what was said, the
-    reasoning, each call with its result."""
+    reasoning, each call with its result, each plan the model set."""
     asked: dict[str, tuple[str, Any]] = {}
     """The model's id of each call: the tool it named and its arguments."""
     for record in records:
@@ -485,6 +516,8 @@ def replayed(records: Sequence[Record]) -> Iterator[Update]:
                 )
             for call in record.tool_calls:
                 asked[call.id] = _named(call.name, call.arguments)
+        elif isinstance(record, PlanRecord):
+            yield plan_update(PlanUpdate.of(record))
         elif isinstance(record, ToolResultRecord):
             tool, arguments = asked.get(record.tool_call_id, (record.name, None))
             yield schema.ToolCallStart(

@@ -44,6 +44,7 @@ from loopd.wire.lines import Lines, TooLong
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from loopd.wire.events import PlanUpdate
     from loopd.wire.proto import Error, SessionInfo, Sessions, Status, Unreadable
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "hello",
     "latest",
     "not_running",
+    "plan_lines",
     "print_sessions",
     "read_message",
     "run",
@@ -229,11 +231,21 @@ def status(path: Path, where: str) -> int:
 
 
 ENGINE_NAMES = {"llama": "llama-server", "vllm": "vLLM", "openai": "OpenAI-compatible"}
+PLAN_MARKS = {"completed": "✔", "in_progress": "▸", "pending": "□"}
+"""Each status of a step of the model's plan, as its mark (Codex's ✔ and □, and one for the
+step under way)."""
+
+
+def plan_lines(plan: PlanUpdate) -> list[str]:
+    """The model's plan: its explanation, then each step with its mark."""
+    said = [plan.explanation] if plan.explanation else []
+    steps = [f"{PLAN_MARKS[s.status]} {s.step}" for s in plan.steps]
+    return said + (steps or ["(no steps: the plan was cleared)"])
 
 
 def status_lines(status: Status) -> list[str]:
     """What `bxctl status` prints: the session, the model, the slots, the last request's
-    figures and the calls that wait for approval."""
+    figures, the calls that wait for approval and the model's plan."""
     slot = "none" if status.slot is None else status.slot
     window = "" if status.context_size is None else f", a window of {status.context_size} tokens"
     engine = ENGINE_NAMES.get(status.engine or "", "engine not known yet")
@@ -266,6 +278,9 @@ def status_lines(status: Status) -> list[str]:
         f"({approve_command(a, status.session)})"
         for a in asking
     )
+    if status.plan is not None:
+        shown = plan_lines(status.plan)
+        lines += [f"{'plan' if n == 0 else '':<9}{line}" for n, line in enumerate(shown)]
     return lines
 
 

@@ -20,6 +20,7 @@ from rich.spinner import Spinner
 from rich.syntax import Syntax
 from rich.text import Text
 
+from bxctl.oneshot import PLAN_MARKS
 from loopd.infer import (
     Content,
     Progress,
@@ -38,6 +39,7 @@ from loopd.wire.events import (
     CacheLoss,
     Compacting,
     MovedToServer,
+    PlanUpdate,
     SessionContinued,
     ToolCallStarted,
     ToolOutputChunk,
@@ -64,6 +66,7 @@ __all__ = [
     "approval_panel",
     "context_lines",
     "instructions_line",
+    "plan_block",
     "session_failed",
     "usage_line",
 ]
@@ -210,6 +213,8 @@ class TurnView:
             self.running[event.call] = (self.running.get(event.call, "") + event.text)[
                 -RUNNING_KEEP:
             ]
+        elif isinstance(event, PlanUpdate):
+            self.tools.append(plan_block(event))
         elif isinstance(event, ToolResult):
             self.running.pop(event.call, None)
             what = flags(event.data_class, event.untrusted, event.truncated)
@@ -372,6 +377,25 @@ def agent_line(news: AgentUpdate) -> Text:
     if news.detail:
         line.append(f" · {news.detail}", style="red")
     return line
+
+
+_PLAN_STYLES = {"completed": "dim strike", "in_progress": "bold cyan", "pending": "dim"}
+
+
+def plan_block(plan: PlanUpdate) -> Text:
+    """The model's plan as it set it, as Codex shows one: its explanation, then each step with
+    its mark, the one under way in bold and those done struck through."""
+    lines: list[tuple[str, str]] = []
+    if plan.explanation:
+        lines.append((plan.explanation, "dim italic"))
+    lines += [(f"{PLAN_MARKS[s.status]} {s.step}", _PLAN_STYLES[s.status]) for s in plan.steps]
+    if not plan.steps:
+        lines.append(("(no steps: the plan was cleared)", "dim italic"))
+    block = Text.assemble(("• ", "dim"), ("Updated plan", "bold"))
+    for number, (line, style) in enumerate(lines):
+        block.append("\n  └ " if number == 0 else "\n    ", style="dim")
+        block.append(line, style=style)
+    return block
 
 
 def approval_panel(asking: ApprovalNeeded) -> Panel:

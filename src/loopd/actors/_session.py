@@ -25,7 +25,7 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
-from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord
+from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord, current_plan
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
@@ -300,6 +300,7 @@ class SessionActor:
             context=slot_tokens(usage.timings) if usage and usage.timings else None,
             past_reasoning=past_reasoning(session.records),
             pending=await self._pending(),
+            plan=current_plan(session.records),
         )
 
     def _context(self) -> SessionContext:

@@ -21,6 +21,7 @@ from loopd.session.records import (
     FailureKind,
     InstructionFile,
     Mode,
+    PlanRecord,
     Record,
     UndoRecord,
     UsageRecord,
@@ -146,6 +147,8 @@ class SessionStatus:
     past_reasoning: int | None
     pending: tuple[Published, ...]
     """Approvals the running turn waits for, as the events that asked for them."""
+    plan: PlanRecord | None = None
+    """The model's plan, as its last `update_plan` set it."""
 
 
 @dataclass(frozen=True)

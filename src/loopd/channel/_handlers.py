@@ -35,6 +35,7 @@ from loopd.actors import (
 )
 from loopd.supervise import ActorFailed
 from loopd.wire import proto
+from loopd.wire.events import PlanUpdate
 
 __all__ = ["Client", "DaemonInfo", "handle"]
 
@@ -229,6 +230,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             past_reasoning=s.past_reasoning,
             pending=_pending(s),
             slots=slots,
+            plan=None if s.plan is None else PlanUpdate.of(s.plan),
         )
     )
 

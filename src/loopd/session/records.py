@@ -41,6 +41,9 @@ __all__ = [
     "McpServersRecord",
     "Mode",
     "ModeRecord",
+    "PlanRecord",
+    "PlanStatus",
+    "PlanStep",
     "PromptRecord",
     "Record",
     "SessionHeader",
@@ -53,6 +56,7 @@ __all__ = [
     "UsageRecord",
     "UserRecord",
     "conversation_problems",
+    "current_plan",
     "dump",
     "granted_tools",
     "now",
@@ -66,7 +70,7 @@ tokens of an answer; 3 added `approval_request` and `approval` records; 4 added 
 records (a session that continues another); 5 added `file_change` and `undo` records, an
 approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
 `mcp_servers`, `mode` and `unread` records and the header's `mode` and `thinking`; 7 added
-`hook` records."""
+`plan` and `hook` records."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -403,6 +407,30 @@ class HookRecord(_Record):
     """A stop hook that exited 2: the user message that sends the model back to work."""
 
 
+PlanStatus = Literal["pending", "in_progress", "completed"]
+
+
+class PlanStep(BaseModel):
+    """One step of the model's plan."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    step: str
+    status: PlanStatus
+
+
+class PlanRecord(_Record):
+    """The model set its plan (an `update_plan` call): the whole plan, which holds from here
+    until the next. Produces no message: the call and its result carry it to the model."""
+
+    kind: Literal["plan"] = "plan"
+    call: int
+    tool_call_id: str
+    explanation: str | None = None
+    steps: tuple[PlanStep, ...]
+    """In order; at most one `in_progress`."""
+
+
 class TurnEndRecord(_Record):
     kind: Literal["turn_end"] = "turn_end"
     reason: TurnEndReason
@@ -425,6 +453,7 @@ Record = Annotated[
     | McpServersRecord
     | ModeRecord
     | UnreadRecord
+    | PlanRecord
     | HookRecord,
     Discriminator("kind"),
 ]
@@ -467,6 +496,11 @@ def granted_tools(records: Sequence[Record]) -> frozenset[str]:
     return frozenset(
         r.tool for r in records if isinstance(r, ApprovalRecord) and r.decision == "session"
     )
+
+
+def current_plan(records: Sequence[Record]) -> PlanRecord | None:
+    """The session's plan: the last one the model set (None: it set none)."""
+    return next((r for r in reversed(records) if isinstance(r, PlanRecord)), None)
 
 
 def stricter(a: Mode, b: Mode) -> Mode:

@@ -13,9 +13,11 @@ from loopd.supervise import RESTARTS, Restarts
 
 from ._builtin import (
     DELEGATE,
+    PLAN,
     WRITE_TOOLS,
     Builtins,
     builtin_entries,
+    checked_plan,
     delegate_entry,
 )
 from ._call import CallerTool, CallOrigin, ModelAnswer, answer_call
@@ -81,6 +83,7 @@ __all__ = [
     "MAX_ARGUMENT_BYTES",
     "MAX_DEPTH",
     "NEW_FILE",
+    "PLAN",
     "SKILLS",
     "WRITE_TOOLS",
     "Answered",
@@ -120,6 +123,7 @@ __all__ = [
     "answer_call",
     "builtin_entries",
     "call_key",
+    "checked_plan",
     "commit",
     "delegate_entry",
     "digest",

@@ -27,6 +27,7 @@ import regex
 import trio
 
 from loopd.config import FetchConfig, RunConfig, ToolsConfig
+from loopd.session.records import PlanStep
 
 from ._entry import ToolEntry
 from ._fetch import Fetcher
@@ -37,7 +38,15 @@ from ._run import Sandbox, run_command
 from ._sandbox import secrets
 from ._write import plan
 
-__all__ = ["DELEGATE", "Builtins", "Roots", "builtin_entries", "delegate_entry"]
+__all__ = [
+    "DELEGATE",
+    "PLAN",
+    "Builtins",
+    "Roots",
+    "builtin_entries",
+    "checked_plan",
+    "delegate_entry",
+]
 
 READ_LINES = 400
 READ_BYTES = 256 * 1024
@@ -153,6 +162,34 @@ _TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
             ["command"],
         ),
     ),
+    "update_plan": (
+        "Keep a plan of the task: its steps as a to-do list, each pending, in progress or done.",
+        (
+            "Set the plan of a task of several steps, which the user sees: the whole list of "
+            "steps in order, each with its status (pending, in_progress, completed), at most one "
+            "in_progress at a time; each call replaces the plan. An explanation says why it "
+            "changed, where that helps."
+        ),
+        _schema(
+            {
+                "explanation": {"type": "string"},
+                "plan": {
+                    "type": "array",
+                    "items": _schema(
+                        {
+                            "step": {"type": "string", "minLength": 1},
+                            "status": {
+                                "type": "string",
+                                "enum": ["pending", "in_progress", "completed"],
+                            },
+                        },
+                        ["step", "status"],
+                    ),
+                },
+            },
+            ["plan"],
+        ),
+    ),
     "fetch_url": (
         "Fetch a web page or text file by its URL (http or https), as Markdown or text.",
         (
@@ -180,6 +217,9 @@ _FILE_TOOLS = (
 WRITE_TOOLS = frozenset({"write_file", "edit_file"})
 """Run by the turn that calls them, which writes the change to the log first
 (`loopd.turn.changes`)."""
+PLAN = "update_plan"
+"""Run by the turn that calls it, which keeps the plan in the session's log
+(`loopd.turn.calls`)."""
 PREVIEW_CHARS = 20_000
 """Characters of a diff shown for approval at most."""
 RUN_MARGIN = 5.0
@@ -227,6 +267,21 @@ def delegate_entry(config: ToolsConfig, source: str) -> ToolEntry:
         source,
         policy_for(config, DELEGATE, source),
     )
+
+
+def checked_plan(arguments: dict[str, Any]) -> tuple[str | None, tuple[PlanStep, ...]]:
+    """An `update_plan` call's explanation and steps (its schema already checked); raises
+    `ToolFailure`, for the model to read, where more than one step is in progress."""
+    steps = tuple(PlanStep.model_validate(step) for step in arguments["plan"])
+    doing = [step.step for step in steps if step.status == "in_progress"]
+    if len(doing) > 1:
+        raise ToolFailure(
+            f"at most one step can be in_progress at a time, and {len(doing)} are "
+            f"({'; '.join(doing)}); the plan was not changed. Mark one in_progress, the others "
+            "pending or completed."
+        )
+    explanation = arguments.get("explanation")
+    return explanation or None, steps
 
 
 class Builtins:
@@ -321,6 +376,8 @@ class Builtins:
             return await tools.run_command(request.arguments, request.on_output)
         if entry.name in WRITE_TOOLS:  # the turn runs them, recording each change first
             raise ToolFailure(f"{entry.name} cannot run here: this turn keeps no file history")
+        if entry.name == PLAN:  # the turn runs it, keeping the plan in the log
+            raise ToolFailure(f"{PLAN} cannot run here: no session keeps this plan")
         function = tools._run[entry.name]  # noqa: SLF001 - another instance of this class
         # File I/O in a thread; abandoned on cancel, so a timeout always ends the call.
         text = await trio.to_thread.run_sync(

@@ -1,7 +1,8 @@
 """The tool calls of one turn: each answered in order, its approval (when its policy asks)
 and its result written to the log before the event that reports them. `delegate` calls are
 the exception: those of one answer start at once and run side by side with the others (each
-is a sub-agent on a slot of its own); results still go to the log in call order.
+is a sub-agent on a slot of its own); results still go to the log in call order. The turn
+runs `update_plan` itself: the session's plan is its last `plan` record.
 
 A call repeated with the same arguments in one turn is answered from the log once, and ends
 the turn the third time (`[loop] repeat_detection`). The `pre_tool_use` and `post_tool_use`
@@ -28,11 +29,13 @@ from loopd.session.baseline import untrusted_envelope
 from loopd.session.records import (
     ApprovalRecord,
     ApprovalRequestRecord,
+    PlanRecord,
     ToolResultRecord,
 )
 from loopd.session.store import ParentCall, Session, StoreError
 from loopd.tools import (
     DELEGATE,
+    PLAN,
     WRITE_TOOLS,
     Approval,
     Asking,
@@ -43,12 +46,14 @@ from loopd.tools import (
     ToolPort,
     answer_call,
     call_key,
+    checked_plan,
     requested_tool,
 )
 from loopd.turn.changes import Hands
 from loopd.wire.events import (
     ApprovalDecided,
     ApprovalNeeded,
+    PlanUpdate,
     ToolCallStarted,
     ToolOutputChunk,
     ToolResult,
@@ -56,6 +61,7 @@ from loopd.wire.events import (
 )
 
 __all__ = [
+    "PLAN_TEXT",
     "REPEAT_TEXT",
     "Delegate",
     "RepeatedCall",
@@ -69,6 +75,8 @@ REPEAT_TEXT = (
     "Not run: this call was already made with these arguments in this turn; its result is above."
 )
 PREVIEW = 120
+PLAN_TEXT = "Plan updated."
+"""What the model reads back from `update_plan`: the plan is in its own call already."""
 
 
 class RepeatedCall(Exception):
@@ -254,6 +262,7 @@ class ToolCalls:
         if self.delegate is not None:
             parent = ParentCall(self.session.id, number, call.id)
             own[DELEGATE] = partial(self._delegate, self.delegate, parent)
+        own[PLAN] = records.noted(partial(self._plan, number, call.id))
         if self.hands is not None:
             for tool in WRITE_TOOLS:  # the change goes to the log before the file
                 own[tool] = records.noted(
@@ -274,6 +283,22 @@ class ToolCalls:
         if records.unwritten:
             raise records.unwritten[0]
         return answer
+
+    async def _plan(
+        self, number: int, call_id: str, arguments: dict[str, Any], _approved: Asking | None
+    ) -> ToolOutput:
+        """The session's plan, kept in its log (where status, a restart and a fork find it)
+        before clients are told."""
+        explanation, steps = checked_plan(arguments)
+        record = PlanRecord(
+            call=number,
+            tool_call_id=call_id,
+            explanation=None if explanation is None else loggable(explanation),
+            steps=tuple(s.model_copy(update={"step": loggable(s.step)}) for s in steps),
+        )
+        await self.session.append(record)
+        self.on_event(PlanUpdate.of(record))
+        return ToolOutput(PLAN_TEXT)
 
     async def _delegate(
         self,

@@ -18,7 +18,7 @@ from loopd.infer import (
     ThinkingCapped,
     Waiting,
 )
-from loopd.session.records import DataClass, Decision
+from loopd.session.records import DataClass, Decision, PlanRecord, PlanStep
 
 __all__ = [
     "AgentState",
@@ -29,6 +29,7 @@ __all__ = [
     "Compacting",
     "FileChange",
     "MovedToServer",
+    "PlanUpdate",
     "SessionContinued",
     "ToolCallStarted",
     "ToolOutputChunk",
@@ -129,6 +130,24 @@ class ApprovalDecided(_Event):
     tool: str
     decision: Decision
     by: Literal["user", "timeout", "turn_end"]
+
+
+class PlanUpdate(_Event):
+    """The model set its plan (an `update_plan` call): the whole plan, which replaces the one
+    before. Sent before the call's `tool_result`."""
+
+    kind: Literal["plan"] = "plan"
+    call: int
+    """The call that set it."""
+    explanation: str | None = None
+    """Why the plan is what it is, or changed, where the model said."""
+    steps: tuple[PlanStep, ...]
+    """Each `{step, status}` in order; `status` is `pending`, `in_progress` (at most one) or
+    `completed`. Empty: the model cleared its plan."""
+
+    @classmethod
+    def of(cls, record: PlanRecord) -> PlanUpdate:
+        return cls(call=record.call, explanation=record.explanation, steps=record.steps)
 
 
 class CacheLoss(_Event):
@@ -252,6 +271,7 @@ TurnEvent = Annotated[
     | ApprovalNeeded
     | ApprovalDecided
     | ToolResult
+    | PlanUpdate
     | CacheLoss
     | Compacting
     | SessionContinued

@@ -16,7 +16,7 @@ from loopd.session.store import SessionInfo as StoredSession
 from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
 from loopd.wire import PROTOCOL
-from loopd.wire.events import TurnEvent
+from loopd.wire.events import PlanUpdate, TurnEvent
 
 __all__ = [
     "CLIENT_MESSAGE",
@@ -416,6 +416,9 @@ class Status(_Message):
     """Calls that wait for approval: each the `approval_needed` event that asked."""
     slots: list[SlotInfo] = []
     """Every slot of the pool."""
+    plan: PlanUpdate | None = None
+    """The model's plan, as its last `update_plan` set it (the `plan` event that told it),
+    kept in the session's log; None: it has set none."""
 
 
 class ToolShown(_Message):
