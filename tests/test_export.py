@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from loopd.session.records import HookRecord
+from loopd.session.records import HookRecord, PlanRecord, PlanStep
 from loopd.session.store import Store
-from loopd.session.transcript import hook_outcome, transcript
+from loopd.session.transcript import hook_outcome, plan_lines, transcript
 from support.daemon import Daemon
 from support.fake_llama import Reply
 from support.replay import ReplayServer
@@ -130,3 +130,25 @@ def test_a_hooks_run_reads_in_the_transcript_and_the_export() -> None:
     assert hook_outcome(HookRecord(event="stop", command=("x",), status=-9, seconds=0)) == (
         "killed by signal 9"
     )
+
+
+def test_the_plan_reads_in_the_transcript_with_its_marks() -> None:
+    plan = PlanRecord(
+        call=2,
+        tool_call_id="c2",
+        explanation="Three steps.",
+        steps=(
+            PlanStep(step="read", status="completed"),
+            PlanStep(step="write", status="in_progress"),
+            PlanStep(step="test", status="pending"),
+        ),
+    )
+    assert [str(line) for line in transcript([plan])] == [
+        "  plan (call 2):",
+        "    Three steps.",
+        "    ✔ read",
+        "    ▸ write",
+        "    □ test",
+    ]
+    cleared = PlanRecord(call=3, tool_call_id="c3", steps=())
+    assert plan_lines(cleared) == ["(no steps: the plan was cleared)"]

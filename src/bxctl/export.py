@@ -21,6 +21,7 @@ from loopd.session.records import (
     AssistantRecord,
     HookRecord,
     ModeRecord,
+    PlanRecord,
     PromptRecord,
     Record,
     SessionHeader,
@@ -31,7 +32,7 @@ from loopd.session.records import (
     UserRecord,
 )
 from loopd.session.store import SessionInfo, Store, StoreError
-from loopd.session.transcript import flags, hook_outcome, mode_words
+from loopd.session.transcript import flags, hook_outcome, mode_words, plan_lines
 
 __all__ = ["ExportFormat", "Exported", "exported", "json_document", "markdown"]
 
@@ -188,6 +189,9 @@ def _markdown(one: Exported, level: int) -> list[str]:  # noqa: C901, PLR0912 - 
         elif isinstance(record, UndoRecord):
             put = ", ".join(record.paths) or "nothing"
             lines += [f"_Undone: calls {', '.join(map(str, record.calls))} ({put})_", ""]
+        elif isinstance(record, PlanRecord):
+            lines += [f"Plan (call {record.call}):", ""]
+            lines += [f"- {line}" for line in plan_lines(record)] + [""]
         elif isinstance(record, HookRecord):
             for_call = f" for call {record.call} (`{record.tool}`)" if record.call else ""
             ran = f"_Hook {record.event}{for_call}: `{shlex.join(record.command)}`"

@@ -17,6 +17,7 @@ from loopd.session.records import (
     HookRecord,
     McpServersRecord,
     ModeRecord,
+    PlanRecord,
     Record,
     SummaryRecord,
     ToolResultRecord,
@@ -26,7 +27,7 @@ from loopd.session.records import (
     UserRecord,
 )
 
-__all__ = ["approval_line", "flags", "hook_outcome", "mode_words", "transcript"]
+__all__ = ["approval_line", "flags", "hook_outcome", "mode_words", "plan_lines", "transcript"]
 
 _DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 _BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
@@ -99,9 +100,23 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - on
             lines.append(Text(f"  (mode set: {mode_words(record)})", style="magenta"))
         elif isinstance(record, HookRecord):
             lines += _hook_lines(record)
+        elif isinstance(record, PlanRecord):
+            lines.append(Text(f"  plan (call {record.call}):", style="cyan"))
+            lines += [Text(f"    {line}", style="cyan") for line in plan_lines(record)]
         elif isinstance(record, TurnEndRecord) and record.reason != "answer":
             lines.append(Text(f"  (turn ended: {record.reason.replace('_', ' ')})", style="yellow"))
     return lines
+
+
+PLAN_MARKS = {"completed": "✔", "in_progress": "▸", "pending": "□"}
+"""Each status of a step of the model's plan, as its mark (as `bxctl status` shows them)."""
+
+
+def plan_lines(record: PlanRecord) -> list[str]:
+    """The model's plan: its explanation, then each step with its mark."""
+    said = [record.explanation] if record.explanation else []
+    steps = [f"{PLAN_MARKS[s.status]} {s.step}" for s in record.steps]
+    return said + (steps or ["(no steps: the plan was cleared)"])
 
 
 def hook_outcome(record: HookRecord) -> str:
