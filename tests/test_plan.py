@@ -224,10 +224,19 @@ async def test_bxctl_chat_shows_the_plan_each_time_it_is_set(
         await tmux.wait_for("/help for help")
         await tmux.keys("Summarise my notes.", "Enter")
         screen = await tmux.wait_for("All done.")
+        await tmux.keys("/status", "Enter")
+        status = await tmux.wait_for("plan:")  # /status shows the plan as it is now
         await tmux.keys("/quit", "Enter")
         await tmux.wait_for("BXCTL-EXIT-0")
     finally:
         await tmux.close()
+    now = status.splitlines()
+    at = now.index("plan:")
+    assert now[at + 1 : at + 4] == [
+        "  ✔ Read the notes",
+        "  ✔ Write the summary",
+        "  ✔ Check the links",
+    ]
     lines = [line.rstrip() for line in screen.splitlines()]
     first = lines.index("• Updated plan")
     assert lines[first : first + 5] == [

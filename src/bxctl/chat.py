@@ -27,6 +27,7 @@ from bxctl import rewind
 from bxctl.cli import turn_number
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.keys import can_read_keys, cbreak, read_key
+from bxctl.oneshot import plan_lines
 from bxctl.text import (
     context_line,
     fit,
@@ -419,6 +420,8 @@ def _status(answer: object) -> Text:
             text += f"\nwaiting for approval: call {asking.call}, {asking.tool}"
             if asking.session:
                 text += f" (sub-agent {asking.session})"
+    if answer.plan is not None:
+        text += "\nplan:" + "".join(f"\n  {line}" for line in plan_lines(answer.plan))
     return Text(text)
 
 
