@@ -5,6 +5,7 @@ lines on its stdin, for what no well-behaved client sends."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import trio
-from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+from acp import PROTOCOL_VERSION, image_block, spawn_agent_process, text_block
 from acp.schema import (
     AllowedOutcome,
     DeniedOutcome,
@@ -214,6 +215,37 @@ async def test_a_folder_outside_the_roots_is_refused_saying_why(
     answer = await with_editor(d, refused)
     assert answer.startswith(f"{INVALID_PARAMS}: ")
     assert f"{tmp_path} is not inside the folders loopd's tools may use ({notes})" in answer
+
+
+async def test_an_image_is_refused_as_invalid_params_and_nothing_is_written(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    """loopd's prompt capabilities say image: false; a client that sends one anyway gets an
+    error, and the session neither holds its placeholder nor takes it as its title."""
+    notes = notes_folder(tmp_path)
+    d = await daemon(FakeLlama([Reply(content="Seen.")]), tools=f'roots = ["{notes}"]')
+
+    async def with_image(conn: Any, _: Editor) -> Any:
+        session = await conn.new_session(cwd=str(notes))
+        picture = image_block(base64.b64encode(b"\x89PNG").decode(), "image/png")
+        try:
+            prompt = [text_block("what is in it?"), picture]
+            await conn.prompt(session_id=session.session_id, prompt=prompt)
+        except Exception as e:  # noqa: BLE001 - the package's RequestError
+            refused = f"{e.code}: {e}"  # type: ignore[attr-defined]
+        else:
+            refused = "accepted"
+        answer = await conn.prompt(session_id=session.session_id, prompt=[text_block("hi")])
+        listed = await conn.list_sessions(cwd=str(notes))
+        return session.session_id, refused, answer, listed
+
+    session, refused, answer, listed = await with_editor(d, with_image)
+    assert refused.startswith(f"{INVALID_PARAMS}: ")
+    assert "images are not supported" in refused
+    assert answer.stop_reason == "end_turn"
+    said = [r.content for r in records(d, session) if isinstance(r, UserRecord)]
+    assert said == ["hi"]
+    assert [s.title for s in listed.sessions] == ["hi"]
 
 
 async def test_cancel_ends_the_prompt_as_cancelled(daemon: StartDaemon, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from bxctl.acp_map import (
     BadCursor,
     Command,
     EditorServer,
+    NotOffered,
     NotStdio,
     Update,
     command_of,
@@ -457,7 +458,10 @@ class Agent:
         session = self._session(request.session_id)
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
-        text = text_of(request.prompt)
+        try:
+            text = text_of(request.prompt)
+        except NotOffered as e:
+            raise RpcError(INVALID_PARAMS, str(e)) from None
         if (command := command_of(text)) is not None:
             return await self._command(session, command)
         if text.startswith("/"):  # one of the user's own commands sends its file's text

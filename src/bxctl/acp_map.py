@@ -46,6 +46,7 @@ __all__ = [
     "BadCursor",
     "Command",
     "EditorServer",
+    "NotOffered",
     "NotStdio",
     "Update",
     "command_of",
@@ -542,9 +543,18 @@ def _named(name: str, arguments: str) -> tuple[str, Any]:
     return name, parsed
 
 
+class NotOffered(ValueError):
+    """A prompt's block of a kind loopd's prompt capabilities do not offer (an image, audio),
+    which ACP says a client must not send: refused, never turned into text."""
+
+
+_NOT_OFFERED = {"image": "images are", "audio": "audio is"}
+
+
 def text_of(blocks: Sequence[Any]) -> str:
     """A prompt's blocks as one user message: text as it is, a linked or embedded resource as
-    a mention of it (with its text, when the editor sent it)."""
+    a mention of it (with its text, when the editor sent it). Raises `NotOffered` for an image
+    or audio block."""
     parts = []
     for block in blocks:
         if isinstance(block, schema.TextContentBlock):
@@ -559,5 +569,10 @@ def text_of(blocks: Sequence[Any]) -> str:
             else:
                 parts.append(f"[{resource.uri}]\n```\n{text}\n```")
         else:
-            parts.append(f"[{block.type} content: loopd takes text only]")
+            kind = _NOT_OFFERED.get(block.type, f"{block.type} content is")
+            raise NotOffered(
+                f"{kind} not supported: loopd takes text, resource links and embedded "
+                f"text resources (its prompt capabilities say {block.type}: false); nothing "
+                "of this prompt was sent"
+            )
     return "\n\n".join(parts)
