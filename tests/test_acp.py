@@ -1107,7 +1107,7 @@ async def test_the_editors_mcp_server_serves_its_session_alone_and_stops_when_it
         assert await gone(pid)
         working = await session(7, [{**broken, "env": []}])
         assert await prompt(8, working) == "end_turn"
-        web = {"type": "http", "name": "web", "url": "http://localhost:1", "headers": []}
+        web = {"type": "acp", "name": "web", "serverId": "web-1"}
         refused = await acp.answer(9, "session/new", {"cwd": str(notes), "mcpServers": [web]})
     finally:
         await acp.close()
@@ -1128,7 +1128,7 @@ async def test_the_editors_mcp_server_serves_its_session_alone_and_stops_when_it
     assert [r.content for r in records(d, working) if isinstance(r, ToolResultRecord)] == []
     assert refused["error"]["code"] == INVALID_PARAMS
     assert (
-        "MCP server 'web' is over http: loopd runs MCP servers over stdio only"
+        "MCP server 'web' is over acp: loopd runs MCP servers over stdio, http and sse"
         in (refused["error"]["message"])
     )
 

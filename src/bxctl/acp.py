@@ -37,7 +37,7 @@ from bxctl.acp_map import (
     Command,
     EditorServer,
     NotOffered,
-    NotStdio,
+    UnsupportedServer,
     Update,
     command_of,
     commands_update,
@@ -236,7 +236,7 @@ class Agent:
                 prompt_capabilities=schema.PromptCapabilities(
                     image=False, audio=False, embedded_context=True
                 ),
-                mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+                mcp_capabilities=schema.McpCapabilities(http=True, sse=True),
                 session_capabilities=schema.SessionCapabilities(
                     list=schema.SessionListCapabilities(),
                     resume=schema.SessionResumeCapabilities(),
@@ -421,7 +421,7 @@ class Agent:
         yet (`_follow`)."""
         try:
             servers = mcp_servers(given)
-        except NotStdio as e:
+        except UnsupportedServer as e:
             raise RpcError(INVALID_PARAMS, str(e)) from None
         try:
             connection, loopd_id = await self._connect(which, cwd, servers, fork=fork)

@@ -47,7 +47,7 @@ __all__ = [
     "Command",
     "EditorServer",
     "NotOffered",
-    "NotStdio",
+    "UnsupportedServer",
     "Update",
     "command_of",
     "commands_update",
@@ -400,23 +400,30 @@ EditorServer = (
 )
 
 
-class NotStdio(ValueError):
-    """An MCP server the editor gave that is not over stdio, the one transport loopd runs."""
+class UnsupportedServer(ValueError):
+    """An MCP server the editor gave over a transport loopd does not run (acp)."""
 
 
 def mcp_servers(servers: Sequence[EditorServer] | None) -> list[McpServer]:
-    """The editor's MCP servers (`mcpServers`) as loopd's `mcp_servers`. Raises `NotStdio`
-    for one over http, sse or acp: the capabilities `initialize` answered say loopd has none
-    of those."""
+    """The editor's MCP servers (`mcpServers`) as loopd's `mcp_servers`: over stdio, http or
+    sse. Raises `UnsupportedServer` for one over acp: the capabilities `initialize` answered
+    say loopd has none of those."""
     given = []
     for server in servers or ():
-        if not isinstance(server, schema.McpServerStdio):
-            raise NotStdio(
-                f"MCP server {server.name!r} is over {server.type}: loopd runs MCP servers over "
-                "stdio only (its mcpCapabilities say http and sse are not supported)"
+        if isinstance(server, schema.McpServerStdio):
+            env = {variable.name: variable.value for variable in server.env}
+            command = [server.command, *server.args]
+            given.append(McpServer(name=server.name, command=command, env=env))
+        elif isinstance(server, schema.HttpMcpServer | schema.SseMcpServer):
+            headers = {header.name: header.value for header in server.headers}
+            given.append(
+                McpServer(name=server.name, url=server.url, transport=server.type, headers=headers)
             )
-        env = {variable.name: variable.value for variable in server.env}
-        given.append(McpServer(name=server.name, command=[server.command, *server.args], env=env))
+        else:
+            raise UnsupportedServer(
+                f"MCP server {server.name!r} is over {server.type}: loopd runs MCP servers over "
+                "stdio, http and sse (its mcpCapabilities say acp is not supported)"
+            )
     return given
 
 

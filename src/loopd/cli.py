@@ -18,7 +18,7 @@ from loopd import __version__
 from loopd.actors import AGENTS
 from loopd.canonical import canonical
 from loopd.channel import BadActivation, DaemonRunning, UnsafeSocket
-from loopd.config import Config, ConfigError, ToolsConfig, dump_toml, load_config
+from loopd.config import Config, ConfigError, McpServer, ToolsConfig, dump_toml, load_config
 from loopd.daemon import StartupError, Unusable, check_servers, launch_spec, serve
 from loopd.groups import innermost
 from loopd.session.baseline import messages
@@ -30,7 +30,9 @@ from loopd.tools import (
     delegate_entry,
     policy_for,
     process_bound,
+    reached_at,
     sandbox_missing,
+    token_missing,
 )
 
 # Exit statuses a script can test.
@@ -129,7 +131,7 @@ def _logging(args: argparse.Namespace) -> None:
         )
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, handlers=[handler], force=True)
-    for noisy in ("httpx", "httpcore", "mcp"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "mcp"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
@@ -219,24 +221,35 @@ def _programs(config: Config) -> tuple[list[str], bool]:
             lines.append(f"# server: the llama-server {binary} is not executable")
             ok = False
     for name, server in config.tools.mcp.items():
-        program = server.command[0]
-        # Started with loopd's environment and the server's `env` over it, PATH included.
-        path = server.env.get("PATH", os.environ.get("PATH", os.defpath))
-        found = shutil.which(program, path=path)
-        if found is not None:
-            lines.append(f"# MCP server {name}: {found}")
-            continue
-        ok = False
-        if "/" not in program:
-            why = f"{program} is not found on PATH"
-        elif Path(program).exists():
-            why = f"{program} is not an executable file"
-        else:
-            why = f"{program} does not exist"
-        if program.startswith("~"):
-            why += " (a ~ is not expanded in a command)"
-        lines.append(f"# MCP server {name}: cannot start: {why}")
+        line, usable = _mcp_server(name, server)
+        lines.append(f"# MCP server {name}: {line}")
+        ok = ok and usable
     return lines, ok
+
+
+def _mcp_server(name: str, server: McpServer) -> tuple[str, bool]:
+    """Where the MCP server `name` is (its program found, or its URL, never a header or the
+    token), or why it cannot start; and whether it can."""
+    if server.command is None:
+        missing = token_missing(name, server)
+        if missing is not None:
+            return f"cannot connect: {missing}", False
+        return reached_at(server), True
+    program = server.command[0]
+    # Started with loopd's environment and the server's `env` over it, PATH included.
+    path = server.env.get("PATH", os.environ.get("PATH", os.defpath))
+    found = shutil.which(program, path=path)
+    if found is not None:
+        return found, True
+    if "/" not in program:
+        why = f"{program} is not found on PATH"
+    elif Path(program).exists():
+        why = f"{program} is not an executable file"
+    else:
+        why = f"{program} does not exist"
+    if program.startswith("~"):
+        why += " (a ~ is not expanded in a command)"
+    return f"cannot start: {why}", False
 
 
 def _toml_key(key: str) -> str:

@@ -35,6 +35,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -343,14 +344,49 @@ class Policy(_Table):
     """Results come from outside (web pages, mail): the model sees them marked as data."""
 
 
+def _mcp_url(url: str) -> str:
+    if not re.match(r"https?://[^/?#]", url):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return url
+
+
 class McpServer(_Table):
-    command: list[str] = Field(min_length=1)
-    """The server's command line, run over stdio."""
+    """One MCP server: a program loopd runs (`command`) or one that runs elsewhere (`url`)."""
+
+    command: list[str] | None = Field(default=None, min_length=1)
+    """The server's command line, run over stdio. Set this or `url`, not both."""
     env: dict[str, str] = {}
-    """Environment variables for the server, added to loopd's own."""
+    """Environment variables for the server, added to loopd's own (with `command`)."""
+    url: Annotated[str, AfterValidator(_mcp_url)] | None = None
+    """The server's http:// or https:// URL, reached over streamable HTTP, or over SSE where
+    the server refuses that (`transport`). Set this or `command`, not both."""
+    transport: Literal["auto", "http", "sse"] = "auto"
+    """With `url`: `http` (streamable HTTP), `sse` (the older HTTP with server-sent events),
+    or `auto`: streamable HTTP, else SSE where the server answers 400, 404 or 405."""
+    headers: dict[Annotated[str, AfterValidator(_header_name)], str] = Field(default={}, repr=False)
+    """With `url`: headers sent with every request to the server."""
+    bearer_token_env: str | None = Field(default=None, min_length=1)
+    """With `url`: the environment variable that holds a token, sent as `Authorization: Bearer
+    ...`; the token is never written to a log or a record. loopd does not start where the
+    variable is not set."""
     policy: Policy = Policy()
     """The policy of every tool of this server (a per-tool policy wins). Without an `action`
     here or in `[tools.policies]`, its tools ask before they run."""
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> McpServer:
+        if self.command is not None and self.url is not None:
+            raise ValueError("set command or url, not both")
+        if self.command is None and self.url is None:
+            raise ValueError(
+                "set command (a program loopd runs over stdio) or url (a server over HTTP)"
+            )
+        # By value, not by the keys written: check-config's dump spells out every default.
+        if self.url is None and (self.headers or self.bearer_token_env or self.transport != "auto"):
+            raise ValueError("transport, headers and bearer_token_env are for a server with a url")
+        if self.command is None and self.env:
+            raise ValueError("env is for a server with a command (one at a url has its own)")
+        return self
 
 
 SECRETS = (
@@ -496,7 +532,7 @@ class ToolsConfig(_Table):
     """Seconds a call waits for a person's approval before it is denied. The wait counts
     toward `[loop] turn_timeout`."""
     mcp: dict[str, McpServer] = {}
-    """MCP servers over stdio, by name; their tools join the registry."""
+    """MCP servers, by name, over stdio or at a URL; their tools join the registry."""
     run: RunConfig = RunConfig()
     fetch: FetchConfig = FetchConfig()
 

@@ -50,6 +50,7 @@ from loopd.infer import (
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
 from loopd.session.store import Store
 from loopd.supervise import RESTARTS
+from loopd.tools import missing_tokens
 
 __all__ = ["StartupError", "Unusable", "check_servers", "launch_spec", "serve", "server_access"]
 
@@ -277,6 +278,8 @@ async def serve(config: Config, socket_path: Path, config_file: Path | None = No
             )
         socket_path = activated.path
     private = private_paths(config, socket_path, config_file)
+    if missing := missing_tokens(config.tools):
+        raise StartupError("; ".join(missing))
     stop = _Stop()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

@@ -316,14 +316,16 @@ class UndoRecord(_Record):
 
 
 class GivenServer(BaseModel):
-    """An MCP server a client gave the session, as its log keeps it: never its environment,
-    which may hold tokens."""
+    """An MCP server a client gave the session, as its log keeps it: never its environment or
+    headers, which may hold tokens."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     name: str
-    command: tuple[str, ...]
-    """Its command line."""
+    command: tuple[str, ...] = ()
+    """Its command line; empty for a server at a URL."""
+    url: str | None = None
+    """The URL of a server that runs elsewhere (never its headers)."""
     refused: str | None = None
     """Why it was not started (its name is taken); None: it was."""
 

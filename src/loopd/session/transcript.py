@@ -140,7 +140,8 @@ def _hook_lines(record: HookRecord) -> list[Text]:
 
 def _given_line(server: GivenServer) -> Text:
     """An MCP server the session was given, and whether it was started."""
-    line = f"  MCP server {server.name} for this session: {shlex.join(server.command)}"
+    where = server.url or shlex.join(server.command)
+    line = f"  MCP server {server.name} for this session: {where}"
     if server.refused is not None:
         return Text(f"{line} (not started: {server.refused})", style="yellow")
     return Text(line, style="dim")

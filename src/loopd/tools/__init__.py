@@ -35,6 +35,7 @@ from ._dispatch import (
 from ._entry import ToolEntry
 from ._given import given_tools
 from ._mcp import McpSource, start_sources
+from ._mcp_connect import missing_tokens, reached_at, token_missing
 from ._port import (
     Answered,
     Approval,
@@ -132,16 +133,19 @@ __all__ = [
     "folder_of",
     "for_the_model",
     "given_tools",
+    "missing_tokens",
     "open_tool_port",
     "plan",
     "policy_for",
     "process_bound",
+    "reached_at",
     "read_only_refusal",
     "replace_in",
     "requested_tool",
     "run_tool_port",
     "sandbox_missing",
     "secrets",
+    "token_missing",
     "write_atomically",
 ]
 

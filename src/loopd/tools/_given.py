@@ -1,4 +1,4 @@
-"""MCP servers a client gives one session (an editor's `mcpServers`).
+"""MCP servers a client gives one session (an editor's `mcpServers`), over stdio or at a URL.
 
 Each runs as a `[tools] mcp` server does, an `McpSource` under the same supervision, but for
 that session alone: its tools go to a registry laid over loopd's, which only that session's
@@ -67,12 +67,14 @@ async def given_tools(  # noqa: PLR0913 - what one session's tools are made of
     given: list[GivenServer] = []
     for server in servers:
         refused = _refusal(server.name, config, port.registry, [s.name for s in sources])
-        given.append(GivenServer(name=server.name, command=tuple(server.command), refused=refused))
+        command = tuple(server.command or ())
+        given.append(
+            GivenServer(name=server.name, command=command, url=server.url, refused=refused)
+        )
         if refused is not None:
             log.warning("MCP server %s given by a client is not started: %s", server.name, refused)
             continue
-        spec = McpServer(command=server.command, env=server.env, policy=GIVEN_POLICY)
-        sources.append(McpSource(server.name, spec, registry, config, restarts))
+        sources.append(McpSource(server.name, _spec(server), registry, config, restarts))
     try:
         async with trio.open_nursery() as nursery:
             await start_sources(nursery, sources)
@@ -83,6 +85,14 @@ async def given_tools(  # noqa: PLR0913 - what one session's tools are made of
         # The sources' supervisors raise nothing of their own: the block's error (a session
         # that failed) goes on as it came, not in the nursery's group.
         raise innermost(group) from None
+
+
+def _spec(server: proto.McpServer) -> McpServer:
+    if server.url is not None:
+        return McpServer(
+            url=server.url, transport=server.transport, headers=server.headers, policy=GIVEN_POLICY
+        )
+    return McpServer(command=server.command, env=server.env, policy=GIVEN_POLICY)
 
 
 def _refusal(name: str, config: ToolsConfig, shared: Registry, earlier: list[str]) -> str | None:

@@ -1,5 +1,5 @@
-"""MCP servers over stdio as tool sources, with the official `mcp` SDK (it runs on trio
-through anyio).
+"""MCP servers as tool sources, over stdio or at a URL (`_mcp_connect`), with the official
+`mcp` SDK (it runs on trio through anyio).
 
 Each server is a small state machine owned by one task, its supervisor in `open_tool_port`'s
 nursery beside the port actor:
@@ -10,9 +10,11 @@ nursery beside the port actor:
     any ──(loopd stops, or the supervisor failed past its bound)──▶ stopped(why)
 
 Its tools join the registry as `<server>.<tool>` while it is up. The SDK notices a dead
-server only when a call fails (its connection closed: `CONNECTION_CLOSED`), so that call
-answers `Failed`, the tools are marked unavailable, and the next call starts the server again;
-starts that keep failing back off, up to a minute apart. Callers only read the state and wait
+server only when a call fails (its connection closed: `CONNECTION_CLOSED`, or a request to a
+server at a URL that refuses the connection), so that call answers `Failed`, the tools are
+marked unavailable, and the next call starts the server again (connects again, for one at a
+URL); starts that keep failing back off, up to a minute apart, the calls meanwhile answering
+that the server is unavailable. Callers only read the state and wait
 for it to change; only the supervisor changes it. Nothing a server does can take the daemon
 down, nor can a bug in its supervisor: it is started again (`supervised`), and past its bound
 the source stops alone, its tools answering why.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,7 +31,6 @@ from typing import Any
 import mcp.types
 import trio
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from loopd.backoff import RESTART
@@ -38,6 +38,7 @@ from loopd.config import McpServer, ToolsConfig
 from loopd.supervise import RESTARTS, GaveUp, Restarts, short, supervised
 
 from ._entry import ToolEntry
+from ._mcp_connect import connect
 from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import Registry, policy_for
 
@@ -93,6 +94,7 @@ class McpSource:
         # An MCP server's tools are not worth loopd: past its bound, the source stops alone.
         self.restarts = replace(restarts, gave_up=None)
         self.state: State = Starting()
+        self.words = _URL_WORDS if server.url is not None else _STDIO_WORDS
         self._watchers = trio.lowlevel.ParkingLot()
         """Callers waiting for the state to change."""
         self._wanted = trio.Event()
@@ -131,19 +133,16 @@ class McpSource:
 
     async def _run_once(self, failures: int) -> int:
         """One life of the server, up to its end; the start failures in a row after it."""
-        params = StdioServerParameters(
-            command=self.server.command[0],
-            args=self.server.command[1:],
-            env={**os.environ, **self.server.env},
-        )
         up: Up | None = None
         try:
             with trio.CancelScope(deadline=trio.current_time() + START_TIMEOUT) as starting:
-                async with Client(params) as client:
+                async with connect(self.name, self.server) as client:
                     listed = await client.list_tools()
                     starting.deadline = math.inf
                     self.registry.set_source(self.name, self._entries(listed.tools))
-                    log.info("MCP server %s started: %d tools", self.name, len(listed.tools))
+                    log.info(
+                        "MCP server %s %s: %d tools", self.name, self.words.up, len(listed.tools)
+                    )
                     up = Up(client)
                     self._become(up)
                     await up.closed.wait()
@@ -152,18 +151,19 @@ class McpSource:
         except Exception as e:  # noqa: BLE001 - whatever a server does, report it and go on
             if up is None:
                 return self._failed(failures, short(e))
-            log.warning("MCP server %s stopped: %s", self.name, short(e))
+            log.warning("MCP server %s %s: %s", self.name, self.words.gone, short(e))
         finally:
             self.registry.set_available(self.name, available=False)
-        self._become(Down("it stopped; it is started again on the next call"))
+        self._become(Down(f"it {self.words.gone}; {self.words.again}"))
         return 0
 
     def _failed(self, failures: int, why: str) -> int:
         failures += 1
         delay = RESTART.delay(failures)
         log.warning(
-            "MCP server %s did not start: %s (next try in %.0f s at the earliest)",
+            "MCP server %s %s: %s (next try in %.0f s at the earliest)",
             self.name,
+            self.words.failed,
             why,
             delay,
         )
@@ -199,11 +199,11 @@ class McpSource:
             if isinstance(state, Down):
                 wait = state.not_before - trio.current_time()
                 if asked and state.failures:
-                    raise ToolFailure(f"MCP server {self.name} did not start: {state.why}")
+                    raise ToolFailure(f"MCP server {self.name} {self.words.failed}: {state.why}")
                 if wait > 0:
                     raise ToolFailure(
-                        f"MCP server {self.name} is not running ({state.why}); "
-                        f"the next start is in {wait:.0f} s"
+                        f"MCP server {self.name} {self.words.down} ({state.why}); "
+                        f"the next {self.words.attempt} is in {wait:.0f} s"
                     )
                 self._wanted.set()
                 asked = True
@@ -221,11 +221,42 @@ class McpSource:
                 self.registry.set_available(self.name, available=False)
                 up.closed.set()  # the supervisor sees the server gone, and says so
                 raise ToolFailure(
-                    f"MCP server {self.name} stopped ({e}); it is started again on the next call"
+                    f"MCP server {self.name} {self.words.gone} ({e}); {self.words.again}"
                 ) from None
             raise ToolFailure(f"{entry.name}: {e}") from None
         text = "\n".join(_text_of(block) for block in result.content)
         return ToolOutput(text, is_error=result.is_error)
+
+
+@dataclass(frozen=True)
+class _Words:
+    """How a server's life is told: one loopd runs starts and stops, one at a URL is
+    connected to and goes away."""
+
+    up: str
+    failed: str
+    gone: str
+    again: str
+    down: str
+    attempt: str
+
+
+_STDIO_WORDS = _Words(
+    "started",
+    "did not start",
+    "stopped",
+    "it is started again on the next call",
+    "is not running",
+    "start",
+)
+_URL_WORDS = _Words(
+    "connected",
+    "is unavailable",
+    "went away",
+    "it is connected again on the next call",
+    "is unavailable",
+    "try",
+)
 
 
 async def start_sources(nursery: trio.Nursery, sources: Sequence[McpSource]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, TypeAdapter, model_validator
 
 from loopd.session.records import Decision, FailureKind, InstructionFile, Mode, UsageRecord
 from loopd.session.store import SessionInfo as StoredSession
@@ -83,17 +83,31 @@ class _Message(BaseModel):
 
 
 class McpServer(_Message):
-    """An MCP server over stdio that a client gives the session it goes into (an editor's
-    own): loopd runs it for that session, whose model alone is offered its tools, named
-    `<name>.<tool>`, until the session stops (docs/editors.md)."""
+    """An MCP server that a client gives the session it goes into (an editor's own), a
+    program over stdio (`command`) or a server at a `url`: loopd runs it or connects to it
+    for that session, whose model alone is offered its tools, named `<name>.<tool>`, until
+    the session stops (docs/editors.md)."""
 
     name: str = Field(min_length=1, max_length=200)
     """Refused (not started) when `[tools] mcp`, loopd's own tools or an earlier server of
     the same list have it already."""
-    command: list[str] = Field(min_length=1)
-    """Its command line; it runs as the user, unsandboxed."""
+    command: list[str] | None = Field(default=None, min_length=1)
+    """Its command line; it runs as the user, unsandboxed. This or `url`."""
     env: dict[str, str] = {}
-    """Variables added to loopd's environment for it; never written to the log."""
+    """With `command`: variables added to loopd's environment for it; never written to the
+    log."""
+    url: str | None = Field(default=None, pattern=r"^https?://", max_length=4096)
+    """The http:// or https:// URL of a server that runs elsewhere. This or `command`."""
+    transport: Literal["http", "sse"] = "http"
+    """With `url`: `http`, streamable HTTP; `sse`, the older HTTP with server-sent events."""
+    headers: dict[str, str] = Field(default={}, repr=False)
+    """With `url`: headers sent with every request to it; never written to the log."""
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server has a command or a url, not both or neither")
+        return self
 
 
 McpServers = Annotated[list[McpServer], Field(max_length=64)]
