@@ -603,7 +603,14 @@ async def test_set_mode_is_answered_with_the_mode_and_a_bad_one_changes_nothing(
     session = (await client.until("welcome"))[-1]["session"]
     await client.send({"type": "set_mode"})
     asked = (await client.until("mode"))[-1]
-    assert asked == {"type": "mode", "session": session, "mode": "ask", "thinking": False}
+    assert asked == {
+        "type": "mode",
+        "session": session,
+        "mode": "ask",
+        "thinking": False,
+        "model": None,
+        "models": [],
+    }
     await client.send({"type": "set_mode", "mode": "yolo"})
     assert (await client.until("error"))[-1]["code"] == "bad_message"
     await client.send({"type": "set_mode", "mode": "accept_edits"})
@@ -614,6 +621,8 @@ async def test_set_mode_is_answered_with_the_mode_and_a_bad_one_changes_nothing(
         "session": session,
         "mode": "accept_edits",
         "thinking": True,
+        "model": None,
+        "models": [],
     }
     logged = [r for r in Store(d.home / "sessions").read(session)[1] if r.kind == "mode"]
     assert len(logged) == 2  # asking, and the bad one, wrote nothing

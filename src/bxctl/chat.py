@@ -91,6 +91,8 @@ arguments: y runs it, n does not, a runs it and every later call of that tool in
               the sub-agent SESSION, when the prompt names one)
   /think off  let the model answer without reasoning first (/think on: with; /think alone:
               which it is); kept in the session's log, as /mode is
+  /model [NAME]   the model this session runs on, of loopd's [models.NAME] (/model alone:
+              which it is, and which loopd serves); kept in the session's log
   /help       this text, and your own commands (.loopd/commands/NAME.md in this folder or
               one above it, commands/NAME.md in loopd's config folder): /NAME args sends
               the file's text, $ARGUMENTS replaced by args
@@ -289,6 +291,25 @@ async def _think(words: list[str], connection: Connection, console: Console) -> 
         console.print(answer.message, style="red")
 
 
+async def _model(words: list[str], connection: Connection, console: Console) -> None:
+    """`/model [NAME]`: the model the session's turns run on (`set_mode`), kept in its log;
+    `/model` alone: which it is, and which loopd serves."""
+    if len(words) > 1:
+        console.print("/model alone, or /model NAME", style="red")
+        return
+    message: dict[str, object] = {"type": "set_mode"}
+    if words:
+        message["model"] = words[0]
+    answer = await connection.request(message, "mode")
+    if isinstance(answer, ModeSet):
+        if answer.model is None:
+            console.print("loopd serves one model ([models.NAME] tables serve several)")
+        else:
+            console.print(f"model: {answer.model} (of {', '.join(answer.models)})", style="green")
+    elif isinstance(answer, Error):
+        console.print(answer.message, style="red")
+
+
 async def _new(_: list[str], connection: Connection, console: Console) -> None:
     """`/new`: a fresh session, in the folder bxctl runs in where loopd allows it."""
     try:
@@ -412,6 +433,8 @@ def _status(answer: object) -> Text:
         f"session {answer.session} ({turns_text(answer.turns)}), {answer.server}, "
         f"model {answer.model}, slot {answer.slot}"
     )
+    if answer.session_model:
+        text += f"\nruns on model {answer.session_model}"
     if answer.context is not None:
         said = context_line(answer.context, answer.past_reasoning, answer.context_size)
         text += f"\ncontext: {said}"
@@ -443,6 +466,7 @@ _LOCAL = {
     "/new": _new,
     "/mode": _mode,
     "/think": _think,
+    "/model": _model,
     "/fork": _fork,
     "/rewind": _rewind,
     "/sessions": _list_sessions,

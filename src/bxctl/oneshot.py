@@ -253,6 +253,7 @@ def status_lines(status: Status) -> list[str]:
         f"session  {status.session} ({turns_text(status.turns)})",
         f"server   {status.server}  ({engine})",
         f"model    {status.model or '?'}{window}  slot {slot}",
+        *([f"runs on  {status.session_model}"] if status.session_model else []),
         f"turn     {'running' if status.busy else 'idle'}, {status.queue} waiting",
     ]
     servers = {view.server for view in status.slots}

@@ -57,6 +57,7 @@ __all__ = [
     "LoopConfig",
     "ManagedServer",
     "McpServer",
+    "ModelConfig",
     "Policy",
     "RetryConfig",
     "RunConfig",
@@ -211,6 +212,51 @@ class ServerConfig(_Table):
     the tiny bundled model answers best; set `temperature` here for a model of your own."""
 
 
+class ModelConfig(_Table):
+    """One model loopd serves beside others (`[models.NAME]`), each on its own server(s): an
+    external one (`url`) or a llama-server loopd starts itself (`model`). A session runs on
+    one of them at a time, chosen per session (docs/operations.md, "Several models"); the
+    rest of `[server]` (engine, timeouts, sampling) holds for every model."""
+
+    url: Urls | None = None
+    """Servers of this model that loopd does not manage, as `[server] url`."""
+    model: TomlPath | None = None
+    """The GGUF model of a llama-server loopd starts for this model."""
+    binary: TomlPath | None = None
+    """Its llama-server binary; default as `[server.managed] binary`."""
+    n_ctx: PositiveInt = 8192
+    """Context size of each of its slots, in tokens."""
+    slots: PositiveInt | None = None
+    """Slots of this model's server(s) loopd lends; default `[server] slots`."""
+    threads: PositiveInt | None = None
+    """CPU threads for its llama-server; unset: its own default."""
+    chat_template_file: TomlPath | None = None
+    """A Jinja chat template to use instead of the model's own."""
+    extra_args: list[str] = []
+    """More llama-server arguments, appended as given."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelConfig:
+        if (self.url is None) == (self.model is None):
+            which = "both" if self.url is not None else "neither"
+            raise ValueError(
+                f"set url (servers of this model loopd does not manage) or model (a GGUF file "
+                f"for a llama-server loopd starts), not {which}"
+            )
+        return self
+
+    def managed(self) -> ManagedServer:
+        """Its llama-server, as `[server.managed]` would say it."""
+        return ManagedServer(
+            binary=self.binary,
+            model=self.model,
+            n_ctx=self.n_ctx,
+            threads=self.threads,
+            chat_template_file=self.chat_template_file,
+            extra_args=self.extra_args,
+        )
+
+
 class SlotsConfig(_Table):
     save: Literal["turn", "stop", "never"] = "turn"
     """When the slot's KV cache is saved to a file named by the session, so it can come back:
@@ -249,6 +295,9 @@ class SessionConfig(_Table):
     (`/compact` in bxctl)."""
     summary_tokens: PositiveInt = 1024
     """Tokens a compaction's summary may take; it opens the new session's context."""
+    model: str | None = None
+    """The `[models.NAME]` a new session runs on; unset: the first of them. A client changes
+    it per session (`set_mode`)."""
 
 
 class LoopConfig(_Table):
@@ -595,6 +644,33 @@ class Config(_Table):
     store: StoreConfig = Field(default_factory=StoreConfig)
     tools: ToolsConfig = ToolsConfig()
     hooks: HooksConfig = HooksConfig()
+    models: dict[str, ModelConfig] = {}
+    """Several models, each on its own server(s), chosen per session; none: the one model of
+    `[server]`."""
+
+    @model_validator(mode="after")
+    def _models_known(self) -> Config:
+        for name in self.models:  # in slot files' names
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(
+                    f"[models.{json.dumps(name)}]: a model's name is letters, digits, _ and - only"
+                )
+        if self.models and self.server.url is not None:
+            raise ValueError(
+                "[server] url and [models] both name servers: put each url in its model's "
+                "[models.NAME] table"
+            )
+        if self.session.model is not None and self.session.model not in self.models:
+            known = ", ".join(self.models) or "none is configured"
+            raise ValueError(
+                f"[session] model: {self.session.model!r} is not a [models.NAME] table ({known})"
+            )
+        return self
+
+    @property
+    def default_model(self) -> str | None:
+        """The model new sessions run on; None: `[server]`'s one unnamed model."""
+        return self.session.model or next(iter(self.models), None)
 
 
 STATE_ENTRIES = ("file-history", "slot-files", "slots", "llama-server.log", "loopd.log")
@@ -740,6 +816,8 @@ def _describe(error: Any) -> str:
             return f"{key}: unknown key at the top of the file ({better})"
         better = f" (did you mean {hint[0]!r}?)" if hint else ""
         return f"[{_dotted(table)}] {key}: unknown key{better}"
+    if not any(isinstance(part, str) for part in loc):  # of the whole file (`Config`'s own)
+        return _PREFIX.sub("", error["msg"])
     # The key is the last name; list indexes after it are shown as [0].
     last = max(i for i, part in enumerate(loc) if isinstance(part, str))
     key = str(loc[last]) + "".join(f"[{i}]" for i in loc[last + 1 :])
@@ -883,6 +961,8 @@ def reference() -> str:
     for name, field in Config.model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             _reference_table(field.annotation, [name], out)
+        elif get_origin(field.annotation) is dict:  # tables of named ones: `[models.NAME]`
+            _reference_table(get_args(field.annotation)[-1], [name, "NAME"], out)
     return "\n".join(out) + "\n"
 
 

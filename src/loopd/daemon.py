@@ -328,8 +328,14 @@ async def _serve(  # noqa: PLR0913, PLR0917 - `where`: said once start-up has su
     restarted_send, restarted = trio.open_memory_channel[None](math.inf)
     slot_directory: Path | None = None
     access = server_access(config)
+    served: dict[str, str] = {}
+    restarts_of: list[tuple[trio.MemoryReceiveChannel[None], Client]] = []
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        if config.server.urls:
+        if config.models:
+            clients, info, slot_directory = await _start_models(
+                config, access, nursery, stack, served, restarts_of
+            )
+        elif config.server.urls:
             clients = [_client(config, url, access) for url in config.server.urls]
             for client in clients:
                 await stack.enter_async_context(client)
@@ -352,24 +358,84 @@ async def _serve(  # noqa: PLR0913, PLR0917 - `where`: said once start-up has su
             info = DaemonInfo(embedded.base_url, spec.model.name, spec.n_ctx, "llama")
             slot_directory = spec.slot_save_path
             clients = [embedded]
+            restarts_of.append((restarted, embedded))
         with trio.CancelScope() as stop.serving:
             restarts = replace(RESTARTS, gave_up=stop.unusable_now)
             async with (
                 open_core(
-                    config, store, clients, slot_directory, private, restarts=restarts
+                    config,
+                    store,
+                    clients,
+                    slot_directory,
+                    private,
+                    restarts=restarts,
+                    served=served,
                 ) as core,
                 trio.open_nursery() as watch,
             ):
-                if config.server.urls:
-                    for client in clients:
-                        watching = partial(_watch_health, alone=len(clients) == 1)
-                        watch.start_soon(watching, client, core.pool, info, config.server.engine)
-                else:
-                    watch.start_soon(_forget_after_restarts, restarted, core.pool, clients[0])
+                managed = {id(client) for _, client in restarts_of}
+                external = [client for client in clients if id(client) not in managed]
+                for client in external:
+                    # Alone: no other server of its model to go on on.
+                    model = served.get(client.base_url)
+                    alone = sum(served.get(c.base_url) == model for c in clients) == 1
+                    watching = partial(_watch_health, alone=alone)
+                    watch.start_soon(watching, client, core.pool, info, config.server.engine)
+                for restarted_of, client in restarts_of:
+                    watch.start_soon(_forget_after_restarts, restarted_of, core.pool, client)
                 stop.channel = ChannelServer(core, info, config.channel)
                 log.info("listening on %s", where)
                 await stop.channel.serve(listener)
         nursery.cancel_scope.cancel()
+
+
+async def _start_models(  # noqa: PLR0913, PLR0917 - what starting them fills in
+    config: Config,
+    access: Access,
+    nursery: trio.Nursery,
+    stack: AsyncExitStack,
+    served: dict[str, str],
+    restarts_of: list[tuple[trio.MemoryReceiveChannel[None], Client]],
+) -> tuple[list[Client], DaemonInfo, Path | None]:
+    """The servers of every `[models.NAME]`, the default model's first (its first server
+    renders templates for sub-agents and summaries): each external one probed as `[server]
+    url`'s are, each managed llama-server started and kept running. `served` is filled with
+    each server's model, `restarts_of` with each managed server's restarts."""
+    state = config.store.directory.parent
+    default = config.default_model
+    order = sorted(config.models.items(), key=lambda item: item[0] != default)
+    clients: list[Client] = []
+    directory: Path | None = None
+    described: list[str] = []
+    for name, model in order:
+        if model.url is not None:
+            for url in model.url:
+                client = await stack.enter_async_context(_client(config, url, access))
+                await _probe(client, config.server.engine)
+                clients.append(client)
+                served[client.base_url] = name
+            described.append(f"{name}: {', '.join(model.url)}")
+            continue
+        slots = model.slots or config.server.slots
+        spec = launch_spec(model.managed(), slots, state)
+        client = _client(config, f"http://{spec.host}:{spec.port}", access)
+        await stack.enter_async_context(client)
+        restarted_send, restarted = trio.open_memory_channel[None](math.inf)
+        log_path = state / f"llama-server.{name}.log"
+        await nursery.start(_keep_running, spec, log_path, restarted_send, client)
+        clients.append(client)
+        served[client.base_url] = name
+        restarts_of.append((restarted, client))
+        directory = spec.slot_save_path
+        described.append(f"{name}: {spec.model.name}")
+        log.info("model %s: llama-server with %s", name, spec.model.name)
+    first = clients[0]
+    info = DaemonInfo(first.base_url, "; ".join(described), engine=config.server.engine)
+    if (facts := first.engine.facts) is not None:
+        info.context_size, info.engine = facts.context, facts.engine
+    elif config.models[order[0][0]].url is None:
+        info.context_size, info.engine = config.models[order[0][0]].n_ctx, "llama"
+    return clients, info, directory
 
 
 def server_access(config: Config) -> Access:

@@ -17,7 +17,7 @@ caches the slots hold are saved to the sessions' slot files.
 """
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -58,8 +58,10 @@ from ._errors import (
     SessionFailed,
     SessionUnavailable,
     TooManySessions,
+    UnknownModel,
 )
 from ._instructions import InstructionReader
+from ._models import Models
 from ._pool import SAVE_AT_STOP, Lease, PoolHandle, SlotView, pool_actor
 from ._registry import SessionRegistry
 from ._session import SessionActor, SessionHooks
@@ -87,6 +89,7 @@ __all__ = [
     "FolderNotAllowed",
     "HistoryPage",
     "Lease",
+    "Models",
     "NoSuchSession",
     "PoolHandle",
     "Published",
@@ -105,6 +108,7 @@ __all__ = [
     "TooManySessions",
     "TurnDone",
     "TurnFailed",
+    "UnknownModel",
     "open_core",
     "pool_actor",
     "slot_files",
@@ -131,20 +135,38 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
     private: Sequence[Path] = (),
     *,
     restarts: Restarts = RESTARTS,
+    served: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Core]:
     """The actors of a loopd on the servers of `clients` (the first one renders templates).
+    `served`: each server's model (`[models.NAME]`), by its URL, where loopd serves several;
+    the first client is then of the default model.
     `slot_directory`: where llama-server keeps slot files, when loopd can see it; `private`:
     loopd's own files, out of the tools' reach (`config.private_paths`); `restarts`: how often
     the pool, the port and each MCP source may fail and start again, and who stops loopd when
     the pool or the port fails more often."""
     baseline: Callable[[], Baseline] = partial(make_baseline, config.session.system_prompt)
+    served = served or {}
     files = slot_files(config, slot_directory)
-    slots = [s for client in clients for s in await _slots_of(client, config.server.slots)]
+    files.models = served
+    slots = [
+        s for client in clients for s in await _slots_of(client, _most(config, served, client))
+    ]
     log.info("%d slots in the pool", len(slots))
     client = clients[0]
+    exact = config.session.history == "exact"
+    models = Models(
+        names=tuple(config.models),
+        default=config.default_model,
+        servers=served,
+        exact={
+            name: ExactHistory(next(c for c in clients if served.get(c.base_url) == name))
+            for name in config.models
+            if exact and name in served.values()
+        },
+    )
     async with (
         open_tool_port(config.tools, private, restarts) as port,
-        _pool(slots, files, restarts) as pool,
+        _pool(slots, files, restarts, models) as pool,
     ):
         runtime = Runtime(  # each turn runs it on the slot it is lent
             loop=config.loop,
@@ -153,7 +175,7 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
             registry=port.registry,
             find_limit=config.tools.find_limit,
             sampling=dict(config.server.sampling),
-            exact=ExactHistory(client) if config.session.history == "exact" else None,
+            exact=ExactHistory(client) if exact else None,
             hands=hands(config, private),
             hooks=Hooks(config.hooks),
         )
@@ -185,6 +207,7 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
                 queue_limit=config.channel.queue_limit,
                 agents=agents,
                 hooks=hooks,
+                models=models,
             )
 
         async with trio.open_nursery() as sessions:
@@ -222,7 +245,7 @@ async def open_core(  # noqa: PLR0913 - what a whole loopd is made of
 
 @asynccontextmanager
 async def _pool(
-    slots: Sequence[Slot], files: SlotFiles, restarts: Restarts
+    slots: Sequence[Slot], files: SlotFiles, restarts: Restarts, models: Models
 ) -> AsyncIterator[PoolHandle]:
     """The slot pool, which stops only once the block is over. Stopping loopd cancels both at
     once; a pool that stopped first would have closed its inbox while the turns of the block
@@ -232,7 +255,14 @@ async def _pool(
 
     async def run(*, task_status: trio.TaskStatus[PoolHandle]) -> None:
         with stop:
-            await pool_actor(slots, files, restarts, task_status=task_status)
+            await pool_actor(
+                slots,
+                files,
+                restarts,
+                models=models.servers,
+                default=models.default,
+                task_status=task_status,
+            )
 
     async with trio.open_nursery() as nursery:
         pool: PoolHandle = await nursery.start(run)
@@ -240,6 +270,12 @@ async def _pool(
             yield pool
         finally:
             stop.cancel()
+
+
+def _most(config: Config, served: Mapping[str, str], client: Client) -> int:
+    """Slots loopd lends of `client`'s server: its model's `slots`, else `[server] slots`."""
+    model = config.models.get(served.get(client.base_url, ""))
+    return (model.slots if model else None) or config.server.slots
 
 
 async def _slots_of(client: Client, most: int) -> list[Slot]:

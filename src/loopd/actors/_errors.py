@@ -25,6 +25,7 @@ __all__ = [
     "SessionFailed",
     "SessionUnavailable",
     "TooManySessions",
+    "UnknownModel",
 ]
 
 
@@ -59,6 +60,10 @@ class FolderNotAllowed(SessionError):
 
 class CannotUndo(SessionError):
     """Nothing to undo, or a file changed since the calls wrote it: nothing was put back."""
+
+
+class UnknownModel(SessionError):
+    """A model loopd does not serve was asked for: the session's stays as it was."""
 
 
 class CannotFork(SessionError):

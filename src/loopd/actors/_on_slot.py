@@ -24,6 +24,7 @@ from loopd.wire.events import MovedToServer, TurnEvent, WaitReason
 from ._agents import Agents
 from ._compaction import Compaction
 from ._errors import SessionFailed
+from ._models import Models
 from ._pool import Lease, PoolHandle
 from ._session_inbox import TurnDone, TurnFailed
 from ._slots import SlotFiles
@@ -54,6 +55,8 @@ class SlotTurns:
     agents: Agents | None
     renamed: Callable[[str, str], None]
     """Told the old and the new session's id when one continues another."""
+    models: Models = field(default_factory=Models)
+    """The models loopd serves: the session's turns take slots of its own."""
     _restored: tuple[Session, int, int] | None = field(default=None, init=False)
     """The session a restore was for, its records' count then, and the tokens restored: the
     next request tells how many were reused."""
@@ -85,7 +88,8 @@ class SlotTurns:
     async def save(self) -> None:
         """The session's cache in its slot file, if a slot still holds it."""
         try:
-            async with self.pool.lease(self.session.id, hot_only=True) as lease:
+            model = self.models.of(self.session)
+            async with self.pool.lease(self.session.id, hot_only=True, model=model) as lease:
                 if lease is not None:
                     await self.files.save(lease.slot, self.session.id)
         except ActorFailed as e:  # a cache not saved is only recomputed
@@ -101,14 +105,17 @@ class SlotTurns:
         # Which server saved its slot file: a read of the note, worth it only with several.
         prefer = self.files.server_of(self.session.id) if self.pool.servers > 1 else None
         source = await cache_source(self.compaction.store, self.session)
+        model = self.models.of(self.session)
         async with self.pool.lease(
-            self.session.id, prefer=prefer, wait=False, source=source
+            self.session.id, prefer=prefer, wait=False, source=source, model=model
         ) as lease:
             if lease is not None:
                 yield lease
                 return
         on_event(Queued())
-        async with self.pool.lease(self.session.id, prefer=prefer, source=source) as lease:
+        async with self.pool.lease(
+            self.session.id, prefer=prefer, source=source, model=model
+        ) as lease:
             assert lease is not None  # noqa: S101 - a waiting lease always comes
             yield lease
 
@@ -148,7 +155,7 @@ class SlotTurns:
     ) -> TurnOutcome:
         def here() -> Runtime:
             """The turn's runtime on the slot `lease` lends now (a move changes it)."""
-            exact = self.runtime.exact
+            exact = self.models.exact.get(lease.model or "", self.runtime.exact)
             return replace(
                 self.runtime,
                 inference=lease.slot,

@@ -21,6 +21,10 @@ with the server's own error. A turn whose server cannot take its request moves i
 an idle slot of another server that answers (`PoolHandle.move`), and the pool then counts the
 server it left as not answering until `health` says it answers.
 
+With several models (`[models.NAME]`), each server is of one model, and a session is lent
+only slots of the model it runs on (`lease`'s `model`; a request of no model takes the
+default's). A session that ran on two models may have a slot holding its cache on each.
+
 A bug in the pool (an error in `_Pool.take`) restarts it on the same inbox (`supervised`): the
 request it held and those waiting for a slot are answered `ActorFailed`; the new pool keeps
 which slots are lent (a running turn's slot is not lent twice, and its release still frees
@@ -34,7 +38,7 @@ import itertools
 import logging
 import math
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -72,6 +76,8 @@ class Lease:
     """Tokens it then holds, as far as the holder knows (for `status`)."""
     grant: int = 0
     """Which lending of the slot this is: a release frees only the lending it names."""
+    model: str | None = None
+    """The model of its server (`[models.NAME]`); None: loopd serves one unnamed model."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,15 @@ class SlotView:
     session: str | None
     tokens: int | None
     busy: bool
+    model: str | None = None
 
 
 @dataclass
 class _State:
     slot: Slot
     index: int
+    model: str | None = None
+    """The model of its server."""
     owner: str | None = None
     tokens: int | None = None
     grant: int | None = None
@@ -112,6 +121,8 @@ class _Acquire:
     """A server not to lend from, nor from any that does not answer (a move)."""
     source: str | None = None
     """A fork's parent, while the fork holds no cache of its own: its slot serves the fork."""
+    model: str | None = None
+    """The model whose slots it may have; None: the default model."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ class PoolHandle:
         """How many servers the slots are of: with one, there is no server to prefer."""
 
     @asynccontextmanager
-    async def lease(
+    async def lease(  # noqa: PLR0913 - what a lease may ask, each by name
         self,
         owner: str | None,
         *,
@@ -163,15 +174,17 @@ class PoolHandle:
         wait: bool = True,
         prefer: str | None = None,
         source: str | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[Lease | None]:
         """A slot for `owner` (None: for a request of no session) while the block runs, on
         server `prefer` where one is idle there; None when `hot_only` and no slot holds its
         cache, or when not `wait` and none is idle. `source`: the session whose cache
         `owner`'s next request extends (a fork's parent), where no slot holds `owner`'s own:
-        the idle slot that holds it is taken over (its cache saved to its file first)."""
+        the idle slot that holds it is taken over (its cache saved to its file first).
+        `model`: a slot of that model's servers only (None: of the default model)."""
 
         def acquire(reply: Reply[Lease | None]) -> _Acquire:
-            return _Acquire(owner, hot_only, wait, prefer, reply, source=source)
+            return _Acquire(owner, hot_only, wait, prefer, reply, source=source, model=model)
 
         lease = await ask(self._inbox, acquire, orphan=self._unused)
         try:
@@ -192,7 +205,13 @@ class PoolHandle:
 
         def acquire(reply: Reply[Lease | None]) -> _Acquire:
             return _Acquire(
-                lease.owner, hot_only=False, wait=False, prefer=None, reply=reply, avoid=server
+                lease.owner,
+                hot_only=False,
+                wait=False,
+                prefer=None,
+                reply=reply,
+                avoid=server,
+                model=lease.model,
             )
 
         new = await ask(self._inbox, acquire, orphan=self._unused)
@@ -279,20 +298,24 @@ def _restarted_since(client: Client, session: Session) -> str | None:
     )
 
 
-async def pool_actor(
+async def pool_actor(  # noqa: PLR0913 - what the pool starts with, each by name
     slots: Sequence[Slot],
     files: SlotFiles,
     restarts: Restarts = RESTARTS,
     *,
+    models: Mapping[str, str] | None = None,
+    default: str | None = None,
     task_status: trio.TaskStatus[PoolHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Lend `slots` until cancelled, restarted on a bug within `restarts`; then save the
-    cache of every session a slot holds."""
+    cache of every session a slot holds. `models`: each server's model, by its URL, where
+    loopd serves several; `default`: the model of a request that names none."""
     # Unbounded on purpose: releases, saves and health news are sent with `send_nowait` from
     # `finally` blocks and cancelled tasks, and must never block or be lost; each lease sends
     # at most two, and acquires wait for their answer.
     send, receive = trio.open_memory_channel[_Message](math.inf)
-    pool = _Pool([_State(s, i) for i, s in enumerate(slots)])
+    of = models or {}
+    pool = _Pool([_State(s, i, of.get(s.client.base_url)) for i, s in enumerate(slots)], default)
     task_status.started(PoolHandle(send, len({s.client.base_url for s in slots})))
 
     async def life() -> None:
@@ -315,8 +338,10 @@ async def pool_actor(
 
 
 class _Pool:
-    def __init__(self, states: list[_State]) -> None:
+    def __init__(self, states: list[_State], default: str | None = None) -> None:
         self.states = states
+        self.default = default
+        """The model of a request that names none."""
         self.down: set[str] = set()
         """Servers that do not answer."""
         self.waiting: deque[_Acquire] = deque()
@@ -355,7 +380,9 @@ class _Pool:
                 self._forget(message.server)
         else:
             views = tuple(
-                SlotView(s.slot.client.base_url, s.slot.number, s.owner, s.tokens, s.leased)
+                SlotView(
+                    s.slot.client.base_url, s.slot.number, s.owner, s.tokens, s.leased, s.model
+                )
                 for s in self.states
             )
             reply_value(message.reply, views)
@@ -365,7 +392,9 @@ class _Pool:
     def restarted(self, failed: _Message, error: ActorFailed) -> _Pool:
         """The pool a restart after a failure in `failed` starts with; what was asked of
         this one and not answered is answered `error`."""
-        new = _Pool([_State(s.slot, s.index, grant=s.grant) for s in self.states])
+        new = _Pool(
+            [_State(s.slot, s.index, s.model, grant=s.grant) for s in self.states], self.default
+        )
         new.down, new.evicting, new.grants = set(self.down), set(self.evicting), self.grants
         # News the failure caught still counts: their senders have gone and never repeat it.
         if isinstance(failed, _Release):
@@ -398,17 +427,19 @@ class _Pool:
         """Grant `request` if a slot can be had now; True when it is answered."""
         if request.owner is not None and request.owner in self.evicting:
             return False  # its cache is on its way to the file it would be restored from
-        mine = self._holding(request.owner, request.avoid)
+        model = request.model or self.default
+        mine = self._holding(request.owner, request.avoid, model)
         if mine is None and request.hot_only:
             reply_value(request.reply, None)
             return True
         if mine is None and request.source is not None:
             if request.source in self.evicting:
                 return False  # its cache is on its way to the file the fork would restore
-            if (theirs := self._holding(request.source, request.avoid)) and not theirs.leased:
+            theirs = self._holding(request.source, request.avoid, model)
+            if theirs and not theirs.leased:
                 mine = theirs  # the fork takes it over, holding its parent's cache
         prefer = request.prefer or self.ran_on.get(request.owner or "")
-        state = mine or self._least_recently_used(prefer, request.avoid)
+        state = mine or self._least_recently_used(prefer, request.avoid, model)
         if state is None or state.leased:
             return False
         hot = state is mine
@@ -421,6 +452,7 @@ class _Pool:
             owner=request.owner,
             tokens=state.tokens if hot else None,
             grant=next(self.grants),
+            model=state.model,
         )
         self._keep_server(request.owner, state)
         if self._give(request, state, lease) and (not hot or taken_over):
@@ -438,23 +470,29 @@ class _Pool:
         if len(self.ran_on) > RAN_ON_KEPT:
             self.ran_on.popitem(last=False)
 
-    def _holding(self, owner: str | None, avoid: str | None) -> _State | None:
-        """The slot that holds `owner`'s cache, on a server other than `avoid`."""
+    def _holding(self, owner: str | None, avoid: str | None, model: str | None) -> _State | None:
+        """The slot of `model` that holds `owner`'s cache, on a server other than `avoid`."""
         return next(
             (
                 s
                 for s in self.states
-                if s.owner and s.owner == owner and s.slot.client.base_url != avoid
+                if s.owner
+                and s.owner == owner
+                and s.model == model
+                and s.slot.client.base_url != avoid
             ),
             None,
         )
 
-    def _least_recently_used(self, prefer: str | None, avoid: str | None) -> _State | None:
-        """An idle slot of a server that answers (of any, while none does, unless one is to
-        be avoided): on `prefer` first, a free one first, then the one given back longest
-        ago."""
-        idle = [s for s in self.states if not s.leased and s.slot.client.base_url != avoid]
-        if avoid or any(s.slot.client.base_url not in self.down for s in self.states):
+    def _least_recently_used(
+        self, prefer: str | None, avoid: str | None, model: str | None
+    ) -> _State | None:
+        """An idle slot of `model` on a server that answers (of any, while none does, unless
+        one is to be avoided): on `prefer` first, a free one first, then the one given back
+        longest ago."""
+        states = [s for s in self.states if s.model == model]
+        idle = [s for s in states if not s.leased and s.slot.client.base_url != avoid]
+        if avoid or any(s.slot.client.base_url not in self.down for s in states):
             idle = [s for s in idle if s.slot.client.base_url not in self.down]
         return min(
             idle,

@@ -25,7 +25,7 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
-from loopd.session.records import Baseline, Mode, ModeRecord, UndoRecord, current_plan
+from loopd.session.records import Baseline, ModeRecord, UndoRecord, current_plan
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
@@ -46,6 +46,7 @@ from ._errors import (
     SessionFailed,
     SessionUnavailable,
 )
+from ._models import Models
 from ._on_slot import Message, SlotTurns
 from ._pool import PoolHandle
 from ._session_inbox import (
@@ -122,13 +123,15 @@ class SessionActor:
         queue_limit: int,
         agents: Agents | None = None,
         hooks: SessionHooks | None = None,
+        models: Models | None = None,
     ) -> None:
         self.agents, self.runtime, self.port, self.queue_limit = agents, runtime, port, queue_limit
         self.files = files
         self.hooks = hooks or SessionHooks()
         compaction = Compaction(store, baseline, pool, files, compactor)
+        self.models = models or Models()
         self.turns = SlotTurns(
-            session, runtime, pool, files, compaction, agents, self.hooks.renamed
+            session, runtime, pool, files, compaction, agents, self.hooks.renamed, self.models
         )
         self._queue: deque[Message] = deque()
         self._wake = trio.Event()
@@ -192,7 +195,7 @@ class SessionActor:
             fork_point(self.session.header, self.session.records, message.at)
             reply_value(message.reply, await undo_after(self.session, self._hands(), message.at))
         elif isinstance(message, SetMode):
-            reply_value(message.reply, await self._set_mode(message.mode, message.thinking))
+            reply_value(message.reply, await self._set_mode(message))
         elif isinstance(message, Unsubscribe):
             self._fanout.unsubscribe(message.subscription)
             reply_value(message.reply, None)
@@ -275,19 +278,36 @@ class SessionActor:
             )
         return hands
 
-    async def _set_mode(self, mode: Mode | None, thinking: bool | None) -> ModeState:
+    async def _set_mode(self, message: SetMode) -> ModeState:
         """Write the session's new mode to its log, if it changes; a running turn's next tool
-        call is decided by it, its next turn thinks by it."""
-        session = self.session
+        call is decided by it, its next turn thinks by it and runs on its model (`UnknownModel`
+        where loopd serves none of that name)."""
+        session, mode, thinking = self.session, message.mode, message.thinking
+        if message.model not in {None, session.model} and self._running is not None:
+            # The turn's next request would render with the new model's template and go to
+            # the old model's slot.
+            raise Busy("a turn runs: change the model once it has ended")
         record = ModeRecord(
             mode=session.own_mode if mode is None else mode,
             thinking=session.thinking if thinking is None else thinking,
+            model=session.model if message.model is None else self.models.checked(message.model),
         )
-        if (record.mode, record.thinking) != (session.own_mode, session.thinking):
+        if (record.mode, record.thinking, record.model) != (
+            session.own_mode,
+            session.thinking,
+            session.model,
+        ):
             await session.append(record)
-            log.info("session %s: mode %s, thinking %s", session.id, record.mode, record.thinking)
+            log.info(
+                "session %s: mode %s, thinking %s, model %s",
+                session.id,
+                record.mode,
+                record.thinking,
+                record.model,
+            )
         think = self.runtime.loop.thinking if session.thinking is None else session.thinking
-        return ModeState(session.id, session.mode, think)
+        models = self.models
+        return ModeState(session.id, session.mode, think, models.of(session), models.names)
 
     async def _status(self) -> SessionStatus:
         session, usage = self.session, self.session.last_usage()
@@ -301,6 +321,7 @@ class SessionActor:
             past_reasoning=past_reasoning(session.records),
             pending=await self._pending(),
             plan=current_plan(session.records),
+            model=self.models.of(session),
         )
 
     def _context(self) -> SessionContext:

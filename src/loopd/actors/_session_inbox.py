@@ -149,6 +149,8 @@ class SessionStatus:
     """Approvals the running turn waits for, as the events that asked for them."""
     plan: PlanRecord | None = None
     """The model's plan, as its last `update_plan` set it."""
+    model: str | None = None
+    """The model its turns run on (`[models.NAME]`); None: loopd serves one unnamed model."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,10 @@ class ModeState:
     session: str
     mode: Mode
     thinking: bool
+    model: str | None = None
+    """The model its turns run on; None: loopd serves one unnamed model."""
+    models: tuple[str, ...] = ()
+    """The models it may run on."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +286,8 @@ class SetMode:
     thinking: bool | None
     """None: as it is."""
     reply: Reply[ModeState]
+    model: str | None = None
+    """None: as it is."""
 
 
 SessionMessage = (
@@ -367,10 +375,12 @@ class SessionHandle:
         file changed since; nothing is put back then."""
         return await self._ask(lambda r: RewindFiles(at, r))
 
-    async def set_mode(self, mode: Mode | None = None, thinking: bool | None = None) -> ModeState:
+    async def set_mode(
+        self, mode: Mode | None = None, thinking: bool | None = None, model: str | None = None
+    ) -> ModeState:
         """Set the session's mode and whether its turns think (None: as it is), written to its
         log; what they are now."""
-        return await self._ask(lambda r: SetMode(mode, thinking, r))
+        return await self._ask(lambda r: SetMode(mode, thinking, r, model))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);

@@ -10,6 +10,9 @@ loopd never tries one blindly. Which slot holds which session is the slot pool's
 (`loopd.actors`): it says when a cache must be saved (its slot goes to another session) and
 when one must be restored (a session takes a slot that does not hold its cache).
 
+With several models (`[models.NAME]`) a session may hold a cache on a server of each, so its
+files are named by the model too (`<id>.<model>.bin`).
+
 A file is trusted only as far as llama-server checks it: one of another model does not load
 (the slot is left empty); one that is stale or another session's loads, and llama-server
 reuses only the tokens it shares with the next prompt. Either way the next request's
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +54,13 @@ class SlotFiles:
     sessions' tasks, and right so: it only grows, and each read and add is whole between two
     awaits (trio runs one task at a time), so a task sees a server either in it or not; owning
     it in an actor would make every save ask first, for nothing."""
+    models: Mapping[str, str] = field(default_factory=dict)
+    """Each server's model, by its URL, where loopd serves several: in the files' names."""
+
+    def _name(self, slot: Slot, session_id: str) -> str:
+        """The file of `session_id`'s cache on `slot`'s server: one per model it ran on."""
+        model = self.models.get(slot.client.base_url)
+        return session_id if model is None else f"{session_id}.{model}"
 
     def enabled(self, slot: Slot) -> bool:
         return (
@@ -71,14 +82,15 @@ class SlotFiles:
         """Save `slot`, which holds the cache of session `session_id`."""
         if not self.enabled(slot):
             return None
+        name = self._name(slot, session_id)
         try:
-            saved = await slot.slot_file("save", f"{session_id}.bin")
+            saved = await slot.slot_file("save", f"{name}.bin")
         except InferError as e:
             self._failed(slot, "save", e)
             return None
-        self._note(session_id, saved, slot.client.base_url)
+        self._note(name, saved, slot.client.base_url)
         log.info("saved the slot of session %s: %d tokens", session_id, saved.tokens)
-        self._evict(keep=session_id)
+        self._evict(keep=name)
         return saved
 
     async def restore(
@@ -87,12 +99,12 @@ class SlotFiles:
         """Load into `slot` the cache saved for `session`, if one was, else (for a fork) that
         of `source`, whose cache its next request extends; None when nothing was loaded."""
         of = session.id
-        if source is not None and not self._saved(of):
+        if source is not None and not self._saved(self._name(slot, of)):
             of = source
-        if not self.enabled(slot) or not self._saved(of):
+        if not self.enabled(slot) or not self._saved(self._name(slot, of)):
             return None
         try:
-            restored = await slot.slot_file("restore", f"{of}.bin")
+            restored = await slot.slot_file("restore", f"{self._name(slot, of)}.bin")
         except InferError as e:
             self._failed(slot, "restore", e)
             return None
@@ -125,7 +137,7 @@ class SlotFiles:
             return 'loopd keeps no slot files ([slots] save = "never")'
         if server in self.unsupported:
             return f"llama-server at {server} keeps no slot files (no --slot-save-path)"
-        if not self._saved(session_id):
+        if not self._saved(self._name(slot, session_id)):
             return f"the slot file of session {session_id} is gone (or was never saved)"
         return f"the slot file of session {session_id} could not be restored (loopd's log says why)"
 

@@ -32,6 +32,7 @@ from loopd.actors import (
     TooManySessions,
     TurnDone,
     TurnFailed,
+    UnknownModel,
 )
 from loopd.supervise import ActorFailed
 from loopd.wire import proto
@@ -208,11 +209,17 @@ async def _subscribe(client: Client, _: proto.Subscribe) -> None:
 
 async def _status(client: Client, _: proto.StatusRequest) -> None:
     s = await (await client.attached()).status()
+    views = await client.core.pool.views()
     slots = [
         proto.SlotInfo(
-            server=v.server, slot=v.number, session=v.session, tokens=v.tokens, busy=v.busy
+            server=v.server,
+            slot=v.number,
+            session=v.session,
+            tokens=v.tokens,
+            busy=v.busy,
+            model=v.model,
         )
-        for v in await client.core.pool.views()
+        for v in views
     ]
     client.say(
         proto.Status(
@@ -220,7 +227,10 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             server=client.info.server_url,
             model=client.info.model,
             engine=client.info.engine,
-            slot=next((v.slot for v in slots if v.session == s.session), None),
+            slot=next(
+                (v.number for v in views if v.session == s.session and v.model == s.model), None
+            ),
+            session_model=s.model,
             busy=s.running is not None,
             queue=len(s.queued),
             turns=s.turns,
@@ -324,8 +334,16 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
 
 
 async def _set_mode(client: Client, message: proto.SetMode) -> None:
-    state = await (await client.attached()).set_mode(message.mode, message.thinking)
-    client.say(proto.ModeSet(session=state.session, mode=state.mode, thinking=state.thinking))
+    state = await (await client.attached()).set_mode(message.mode, message.thinking, message.model)
+    client.say(
+        proto.ModeSet(
+            session=state.session,
+            mode=state.mode,
+            thinking=state.thinking,
+            model=state.model,
+            models=list(state.models),
+        )
+    )
 
 
 async def _undo(client: Client, message: proto.Undo) -> None:
@@ -342,6 +360,7 @@ CODES: dict[type[SessionError], proto.ErrorCode] = {
     FolderNotAllowed: "folder_refused",
     CannotUndo: "undo_refused",
     CannotFork: "fork_refused",
+    UnknownModel: "unknown_model",
 }
 """What each session error is on the wire."""
 

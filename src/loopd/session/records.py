@@ -375,6 +375,10 @@ class ModeRecord(_Record):
     thinking: bool | None = None
     """Whether its turns think (a `send` may still say otherwise for one turn); None:
     `[loop] thinking`."""
+    model: str | None = None
+    """The `[models.NAME]` its turns run on; None: the default model. Where it changes, the
+    next request renders the whole conversation with the new model's template, and what that
+    request computes is the change's cost, not a cache loss (docs/cache.md)."""
 
 
 HookEvent = Literal["pre_tool_use", "post_tool_use", "user_prompt_submit", "stop"]

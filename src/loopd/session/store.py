@@ -232,17 +232,27 @@ class Session:
         )
         self._granted = set(header.grants) | granted_tools(records)
         self._mode, self._thinking = header.mode, header.thinking
-        for record in records:
-            self._note(record)
+        self._model: str | None = None
+        self._model_since = 0
+        """Records up to the last change of model: usage before it is another model's."""
+        for at, record in enumerate(records, start=1):
+            self._note(record, at)
         self.trail = PromptTrail(records)
         """The token-exact prompt up to the last answer, kept as records are added."""
         self.follows: Session | None = None
         """A running sub-agent's: the session that delegated to it, whose mode holds for it
         too while it runs (`mode`)."""
 
-    def _note(self, record: Record) -> None:
+    def _note(self, record: Record, at: int) -> None:
         if isinstance(record, ModeRecord):
             self._mode, self._thinking = record.mode, record.thinking
+            if record.model != self._model:
+                self._model, self._model_since = record.model, at
+
+    @property
+    def model(self) -> str | None:
+        """The `[models.NAME]` its turns run on, as its log says; None: the default."""
+        return self._model
 
     @property
     def mode(self) -> Mode:
@@ -295,8 +305,10 @@ class Session:
         return self._last_call
 
     def last_usage(self) -> UsageRecord | None:
-        for record in reversed(self._records):
-            if isinstance(record, UsageRecord):
+        """The last request's, on the model the session runs on now: what a slot of that
+        model holds of it (none, right after a change of model)."""
+        for at in range(len(self._records) - 1, self._model_since - 1, -1):
+            if isinstance(record := self._records[at], UsageRecord):
                 return record
         return None
 
@@ -351,7 +363,7 @@ class Session:
     def _keep(self, record: Record) -> None:
         self._records.append(record)
         self._granted |= granted_tools([record])
-        self._note(record)
+        self._note(record, len(self._records))
         self.trail.add(record)
 
     def _write_now(self, line: bytes, *, durable: bool) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from loopd.infer import Prompt
-from loopd.session.records import AssistantRecord, PromptRecord, Record
+from loopd.session.records import AssistantRecord, ModeRecord, PromptRecord, Record
 
 if TYPE_CHECKING:
     from loopd.infer import PromptPiece
@@ -33,6 +33,8 @@ class PromptTrail:
         self._answer: AssistantRecord | None = None
         self._at = -1
         self._count = 0
+        self._model: str | None = None
+        """The model the prompt is for: another model renders the conversation anew."""
         for record in records:
             self.add(record)
 
@@ -49,6 +51,8 @@ class PromptTrail:
                 self._answer = None
             if self._pieces is not None:
                 self._pieces.append(record.text)
+        elif isinstance(record, ModeRecord) and record.model != self._model:
+            self._model, self._pieces = record.model, None  # another template, other tokens
         elif isinstance(record, AssistantRecord) and self._pieces is not None:
             if record.tokens is None or self._answer is not None:
                 self._pieces = None  # history went as messages: render it anew

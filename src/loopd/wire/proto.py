@@ -277,6 +277,10 @@ class SetMode(_Message):
     thinking: bool | None = None
     """Whether its turns think (a `send`'s `thinking` still decides for its own turn);
     absent: as it is."""
+    model: str | None = None
+    """The model its turns run on, one of the answer's `models` (`[models.NAME]`); absent: as
+    it is. Refused with `unknown_model` where loopd serves none of that name, and with `busy`
+    while a turn runs."""
 
 
 ClientMessage = Annotated[
@@ -397,6 +401,8 @@ class SlotInfo(_Message):
     """The session whose cache it holds; None: free."""
     tokens: int | None
     """Tokens it holds, as far as loopd knows."""
+    model: str | None = None
+    """The `[models.NAME]` its server serves; None: loopd serves one unnamed model."""
     busy: bool
     """A turn (or a summary) runs on it."""
 
@@ -407,6 +413,8 @@ class Status(_Message):
     server: str
     """The server loopd talks to (several: comma-separated)."""
     model: str | None
+    session_model: str | None = None
+    """The `[models.NAME]` this session runs on; None: loopd serves one unnamed model."""
     engine: str | None = None
     """What serves the model: `llama` (llama-server), `vllm`, `openai` (any
     OpenAI-compatible server); None: not known yet (the server has not answered)."""
@@ -563,6 +571,11 @@ class ModeSet(_Message):
     parent's)."""
     thinking: bool
     """Whether its turns think (where no `set_mode` said: `[loop] thinking`)."""
+    model: str | None = None
+    """The model its turns run on (where no `set_mode` said: `[session] model`, else the
+    first `[models.NAME]`); None: loopd serves one unnamed model."""
+    models: list[str] = []
+    """The models `set_mode` may choose between; empty: loopd serves one."""
 
 
 class Sessions(_Message):
@@ -603,6 +616,7 @@ ErrorCode = Literal[
     "unknown_call",
     "protocol",
     "too_many_clients",
+    "unknown_model",
 ]
 """Every error's `code`, as protocol.md's table lists them."""
 
