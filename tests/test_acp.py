@@ -1040,6 +1040,28 @@ async def test_no_start_refuses_when_no_loopd_runs(unstarted: Unstarted, tmp_pat
     assert not (d.home / "loopd.log").exists()
 
 
+async def test_no_start_stays_up_and_serves_once_a_loopd_answers(
+    unstarted: Unstarted, tmp_path: Path
+) -> None:
+    """What `bxctl acp --help` says of --no-start: no exit, an error while no loopd runs."""
+    d = await unstarted(FakeLlama([]))
+    project = tmp_path / "project"
+    project.mkdir()
+    acp = await raw_acp(d, "--no-start")
+    try:
+        new = {"cwd": str(project), "mcpServers": []}
+        refused = await acp.request(1, "session/new", new)
+        await d.start()
+        try:
+            made = await acp.request(2, "session/new", new)
+        finally:
+            await d.end()
+    finally:
+        await acp.close()
+    assert refused["error"]["code"] == LOOPD_UNREACHABLE
+    assert made["result"]["sessionId"]
+
+
 async def test_with_no_roots_a_folder_too_wide_or_holding_loopds_files_is_refused(
     daemon: StartDaemon, tmp_path: Path
 ) -> None:

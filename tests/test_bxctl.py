@@ -21,6 +21,7 @@ from rich.console import Console
 
 from bxctl import rewind
 from bxctl.chat import _mode, _think
+from bxctl.cli import main
 from bxctl.connection import Connection
 from bxctl.oneshot import read_message, status_lines
 from bxctl.text import recent_tree, session_line
@@ -1029,6 +1030,19 @@ async def test_fork_and_rewind_in_the_live_chat_go_on_in_the_fork(
     assert said == ["message-one", "message-three"]
     said = [r.content for r in store.read(rewound)[1] if isinstance(r, UserRecord)]
     assert said == ["message-one"]
+
+
+def test_no_start_help_says_what_chat_and_acp_do_with_no_loopd(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`chat` exits, `acp` stays up answering -32010 (as test_acp's no-start tests show)."""
+    for command, says in (
+        ("chat", "but say so and exit with status 5"),
+        ("acp", "but stay up and answer each request that needs loopd with the error -32010"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert says in " ".join(capsys.readouterr().out.split())
 
 
 def test_rewind_takes_turns_from_1() -> None:

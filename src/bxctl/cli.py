@@ -1,11 +1,12 @@
-"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `approve`, `undo`,
-`sessions`, `log`, and `acp` (for editors).
+"""The `bxctl` command: `chat` (live, or one turn for scripts), `status`, `context`,
+`approve`, `undo`, `fork`, `rewind`, `sessions`, `log`, `export`, `stop`, and `acp` (for
+editors).
 
 Exit statuses of `bxctl chat -m`: 0 answered; 1 the turn failed (llama-server, an error, a
 cancel); 2 bad usage; 3 a limit stopped the turn; 4 the session is full; 5 loopd is not
-running or went away (with --no-start), or the loopd started for it did not come up; 6 a call
-waits for approval (without --yes; answer it with `bxctl approve`); 128 + N stopped by signal N
-(SIGTERM, SIGHUP), its turn cancelled.
+running (with --no-start), went away during the turn, or the loopd started for it did not come
+up; 6 a call waits for approval (without --yes; answer it with `bxctl approve`); 128 + N
+stopped by signal N (SIGTERM, SIGHUP), its turn cancelled.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="loopd's socket (default: the one loopd's config names)",
     )
-    p.add_argument("--config", type=Path, metavar="FILE", help="loopd's config file")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="loopd's config file (default: $LOOPD_CONFIG, else config.toml in loopd's config "
+        "folder, $XDG_CONFIG_HOME/loopd or ~/.config/loopd, if there is one)",
+    )
     commands = p.add_subparsers(dest="command", metavar="COMMAND")
     chat = commands.add_parser(
         "chat",
@@ -63,30 +70,32 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--session",
         metavar="ID",
-        help="go on with this session (an id from `bxctl sessions`, or `latest`); its cache "
-        "comes back from its slot file, so it costs only its new tokens",
+        help="go on with this session (an id from `bxctl sessions`, or `latest`); on "
+        "llama-server its cache comes back from its slot file, so it costs only its new tokens",
     )
     chat.add_argument(
         "--json",
         action="store_true",
-        help="with -m: print the turn's messages as JSON lines instead of the answer",
+        help="with -m (or text on stdin): print the turn's messages as JSON lines instead of "
+        "the answer",
     )
     chat.add_argument(
         "--yes",
         action="store_true",
-        help="with -m: approve each call that asks, once (otherwise bxctl exits with status 6 "
-        "and the call waits for `bxctl approve`)",
+        help="with -m (or text on stdin): approve each call that asks, once (otherwise bxctl "
+        "exits with status 6 and the call waits for `bxctl approve`)",
     )
     chat.add_argument(
         "--show-reasoning",
         action="store_true",
-        help="keep the model's reasoning on screen once it answers",
+        help="in the live chat: keep the model's reasoning on screen once it answers",
     )
-    _no_start(chat)
+    _no_start(chat, "say so and exit with status 5")
     status = commands.add_parser(
         "status",
         help="what loopd is doing",
-        description="Show a session, the model, the slots and the last request's figures.",
+        description="Show a session, the model, the slots, the last request's figures, how "
+        "full the context is, the calls that wait for approval and the model's plan.",
     )
     status.add_argument(
         "--in", dest="where", metavar="SESSION", default="latest", help="default: the latest"
@@ -171,8 +180,11 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "sessions",
         help="list the sessions",
-        description="List the sessions, from loopd (or the store if it is not running), "
-        "with the session each continues after a compaction.",
+        description="List the sessions, from loopd (or the store if it is not running), the "
+        "most recent first, each in a line that fits the terminal: its id, turns, last "
+        "activity and title (its first message); each fork and sub-agent's session under "
+        "the session it forks or works for, and the session each continues after a "
+        "compaction.",
     )
     log = commands.add_parser(
         "log",
@@ -216,17 +228,22 @@ def parser() -> argparse.ArgumentParser:
         "session, of the running loopd or of one this starts (stdout carries JSON-RPC alone; "
         "loopd's output goes to its log). See docs/editors.md.",
     )
-    _no_start(acp)
+    _no_start(
+        acp,
+        "stay up and answer each request that needs loopd with the error -32010 (loopd is "
+        "not running), until one answers",
+    )
     return p
 
 
-def _no_start(command: argparse.ArgumentParser) -> None:
+def _no_start(command: argparse.ArgumentParser, instead: str) -> None:
+    """`--no-start`, which does `instead` where no loopd answers."""
     command.add_argument(
         "--no-start",
         action="store_true",
-        help="when no loopd answers on the socket, say so and exit instead of starting "
-        "`loopd serve` in the background (its output goes to loopd.log in its state folder, "
-        "~/.local/state/loopd by default)",
+        help="when no loopd answers on the socket, do not start `loopd serve` in the "
+        "background (which writes its output to loopd.log in its state folder, "
+        f"~/.local/state/loopd by default), but {instead}",
     )
 
 
