@@ -157,3 +157,47 @@ def test_bxctl_help_loads_neither_trio_nor_pydantic_nor_rich() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of `graph` with more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            part = []
+            while (top := stack.pop()) != module:
+                part.append(top)
+            if part:
+                found.append(sorted([module, *part]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    """Every import counts, those for types alone and those inside functions too: a circle is a
+    knot in the design whether or not Python meets it at run time."""
+    graph = {
+        module: {_known(n, MODULES) for n in _imports(module, path)} - {module}
+        for module, path in MODULES.items()
+    }
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]

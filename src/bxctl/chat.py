@@ -24,8 +24,8 @@ from rich.live import Live
 from rich.text import Text
 
 from bxctl import rewind
-from bxctl.cli import turn_number
 from bxctl.connection import Connection, SessionRefused, Unreachable
+from bxctl.exits import turn_number
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.oneshot import plan_lines
 from bxctl.text import (

@@ -15,16 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from bxctl.exits import EXIT_OK, turn_number
 from loopd import __version__
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_LIMIT = 3
-EXIT_FULL = 4
-EXIT_UNREACHABLE = 5
-EXIT_APPROVAL = 6
-FAILURE_EXIT = {"turn_limit": EXIT_LIMIT, "session_full": EXIT_FULL}
 
 __all__ = ["main", "parser"]
 
@@ -262,11 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     from bxctl.commands import run  # noqa: PLC0415
 
     return run(args)
-
-
-def turn_number(word: str) -> int | None:
-    """A turn's number as a person writes it (they count from 1); None for anything else."""
-    return int(word) if word.isdigit() and int(word) >= 1 else None
 
 
 def _turn(text: str) -> int:

@@ -13,7 +13,8 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from bxctl.cli import (
+from bxctl.connection import Connection, SessionRefused
+from bxctl.exits import (
     EXIT_APPROVAL,
     EXIT_FAILED,
     EXIT_OK,
@@ -21,7 +22,6 @@ from bxctl.cli import (
     EXIT_USAGE,
     FAILURE_EXIT,
 )
-from bxctl.connection import Connection, SessionRefused
 from bxctl.export import ExportFormat, exported, json_document, markdown
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
 from bxctl.start import Starter, StopFailed

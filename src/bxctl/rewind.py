@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bxctl.cli import turn_number
+from bxctl.exits import turn_number
 from loopd.wire.proto import DaemonMessage, History
 
 __all__ = ["HELP", "USAGE", "Ask", "parse", "said"]

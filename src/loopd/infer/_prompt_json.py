@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
 from loopd.canonical import canonical
 
-if TYPE_CHECKING:
-    from ._types import PromptPiece
+__all__ = ["Prompt", "PromptJson", "PromptPiece", "one_prompt"]
 
-__all__ = ["Prompt", "PromptJson", "one_prompt"]
+PromptPiece = int | str
+"""A token id, or text that llama-server tokenizes (special tokens included)."""
 
 
-class Prompt(Sequence["PromptPiece"]):
+class Prompt(Sequence[PromptPiece]):
     """The first `length` pieces of `base`, then `tail`. `base` is only ever appended to, so
     two prompts on the same base share their first pieces without a look at them."""
 

@@ -17,7 +17,7 @@ from loopd.canonical import canonical
 
 from ._format import ChatFormat
 from ._grammar import call_grammar
-from ._prompt_json import PromptJson
+from ._prompt_json import PromptJson, PromptPiece
 
 __all__ = [
     "BUDGET_MESSAGE",
@@ -114,9 +114,6 @@ class ChatRequest:
             payload["reasoning_budget_message"] = BUDGET_MESSAGE
         return canonical(payload)
 
-
-PromptPiece = int | str
-"""A token id, or text that llama-server tokenizes (special tokens included)."""
 
 # The fields of the last `/completion` chunk loopd reads: the server would otherwise send the
 # whole prompt back as text at the end of every request.

@@ -15,18 +15,32 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import outcome
 import trio
 
+from loopd.backoff import Backoff
 from loopd.infer import AnyRequest, ChatEvent, Completion, EventSink
 from loopd.session.records import PromptRecord
 
-if TYPE_CHECKING:
-    from loopd.turn.loop import Inference
+__all__ = ["SAID", "Guessed", "Inference", "Request", "Shapes", "send"]
 
-__all__ = ["SAID", "Guessed", "Request", "Shapes", "send"]
+
+class Inference(Protocol):
+    """What a turn needs of the model: a completion per try, the backoff between tries, and
+    whether its server has answered once since loopd started (`Client.reached`)."""
+
+    @property
+    def retry(self) -> Backoff: ...
+
+    @property
+    def reached(self) -> bool: ...
+
+    async def chat(
+        self, request: AnyRequest, on_event: EventSink, *, sent: Callable[[], None] | None = None
+    ) -> Completion: ...
+
 
 SAID = "Sz7Said"
 """Stands for the user's words in a kept rendering."""

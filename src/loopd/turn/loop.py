@@ -18,19 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import trio
 
-from loopd.backoff import Backoff
 from loopd.config import LoopConfig
 from loopd.groups import only_cancelled
 from loopd.hooks import NO_HOOKS, Hooks
 from loopd.infer import (
-    AnyRequest,
     ChatEvent,
     Completion,
-    EventSink,
     Generation,
     InferError,
     Loss,
@@ -55,7 +52,7 @@ from loopd.tools import Registry, ToolPort
 from loopd.turn.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.turn.changes import Hands
 from loopd.turn.exact import ExactHistory, next_request
-from loopd.turn.guess import send
+from loopd.turn.guess import Inference, send
 from loopd.turn.waiting import Elsewhere, ServerWait, wait_reason
 from loopd.wire.events import CacheLoss, TurnEvent
 
@@ -82,20 +79,6 @@ class InferFailed(TurnError):
     def __init__(self, error: InferError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-class Inference(Protocol):
-    """What a turn needs of the model: a completion per try, the backoff, its server's `reached`."""
-
-    @property
-    def retry(self) -> Backoff: ...
-
-    @property
-    def reached(self) -> bool: ...
-
-    async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: Callable[[], None] | None = None
-    ) -> Completion: ...
 
 
 @dataclass(frozen=True)
