@@ -30,7 +30,6 @@ from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.oneshot import plan_lines
 from bxctl.text import (
     context_line,
-    fit,
     fork_line,
     recent_tree,
     session_lines,
@@ -398,7 +397,7 @@ async def _list_sessions(_: list[str], connection: Connection, console: Console)
         console.print(f"{number:3d}. {line}", markup=False)
     _Numbered.shown = [listed.id for listed, _line in lines]
     for bad in answer.unreadable:
-        line = fit(unreadable_line(bad.id, bad.reason), width)
+        line = unreadable_line(bad.id, bad.reason)  # whole: why matters more than width
         console.print(f"     {line}", markup=False, style="red")
 
 

@@ -30,7 +30,6 @@ from bxctl.exits import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from bxctl.text import (
     approve_command,
     context_line,
-    fit,
     session_lines,
     turns_text,
     unreadable_line,
@@ -318,7 +317,7 @@ def print_sessions(
     for _, line in session_lines(listed, current, width):
         print(line)
     for bad in unreadable:
-        print(fit(unreadable_line(bad.id, bad.reason), width))
+        print(unreadable_line(bad.id, bad.reason))  # whole: why matters more than width
     if not listed and not unreadable:
         print(f"no sessions in {store}")
 
