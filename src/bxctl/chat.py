@@ -272,6 +272,20 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
     return True
 
 
+async def _set_mode(
+    key: str, value: object, connection: Connection, console: Console
+) -> ModeSet | None:
+    """Set one of the session's settings (`set_mode`: `key` to `value`; None sets nothing, and
+    asks what they are); what they are now, or None where loopd refused (it said why)."""
+    message: dict[str, object] = {"type": "set_mode"}
+    if value is not None:
+        message[key] = value
+    answer = await connection.request(message, "mode")
+    if isinstance(answer, Error):
+        console.print(answer.message, style="red")
+    return answer if isinstance(answer, ModeSet) else None
+
+
 async def _think(words: list[str], connection: Connection, console: Console) -> None:
     """`/think on|off`: whether the session's turns think, set as its mode is (`set_mode`):
     kept in its log, so it holds when the session is opened again, as an editor's thought
@@ -279,15 +293,11 @@ async def _think(words: list[str], connection: Connection, console: Console) -> 
     if len(words) > 1 or (words and words[0] not in ("on", "off")):
         console.print("/think on, /think off, or /think alone (whether turns think)", style="red")
         return
-    message: dict[str, object] = {"type": "set_mode"}
-    if words:
-        message["thinking"] = words[0] == "on"
-    answer = await connection.request(message, "mode")
-    if isinstance(answer, ModeSet):
+    if answer := await _set_mode(
+        "thinking", words[0] == "on" if words else None, connection, console
+    ):
         thinking = "on" if answer.thinking else "off"
         console.print(f"thinking: {thinking} (mode {answer.mode})", style="green")
-    elif isinstance(answer, Error):
-        console.print(answer.message, style="red")
 
 
 async def _model(words: list[str], connection: Connection, console: Console) -> None:
@@ -296,17 +306,11 @@ async def _model(words: list[str], connection: Connection, console: Console) -> 
     if len(words) > 1:
         console.print("/model alone, or /model NAME", style="red")
         return
-    message: dict[str, object] = {"type": "set_mode"}
-    if words:
-        message["model"] = words[0]
-    answer = await connection.request(message, "mode")
-    if isinstance(answer, ModeSet):
-        if answer.model is None:
-            console.print("loopd serves one model ([models.NAME] tables serve several)")
-        else:
-            console.print(f"model: {answer.model} (of {', '.join(answer.models)})", style="green")
-    elif isinstance(answer, Error):
-        console.print(answer.message, style="red")
+    answer = await _set_mode("model", words[0] if words else None, connection, console)
+    if answer is not None and answer.model is None:
+        console.print("loopd serves one model ([models.NAME] tables serve several)")
+    elif answer is not None:
+        console.print(f"model: {answer.model} (of {', '.join(answer.models)})", style="green")
 
 
 async def _new(_: list[str], connection: Connection, console: Console) -> None:
@@ -329,15 +333,9 @@ async def _mode(words: list[str], connection: Connection, console: Console) -> N
     if len(words) > 1 or (words and words[0] not in modes):
         console.print(f"/mode alone, or /mode {'|'.join(modes)}", style="red")
         return
-    message: dict[str, object] = {"type": "set_mode"}
-    if words:
-        message["mode"] = words[0]
-    answer = await connection.request(message, "mode")
-    if isinstance(answer, ModeSet):
+    if answer := await _set_mode("mode", words[0] if words else None, connection, console):
         thinking = "on" if answer.thinking else "off"
         console.print(f"mode: {answer.mode} (thinking {thinking})", style="green")
-    elif isinstance(answer, Error):
-        console.print(answer.message, style="red")
 
 
 async def _fork(words: list[str], connection: Connection, console: Console) -> None:
