@@ -953,9 +953,10 @@ def reference() -> str:
         (
             "`loopd check-config [--config FILE]` prints the effective config, or the mistakes "
             "and exit status 2. Then what it found of the servers and programs loopd would "
-            "use: exit status 1 where a `[server] url` cannot be used, the embedded "
-            "llama-server's binary or model is missing, or an MCP server's program is not "
-            "found (not on `PATH`, or not executable)."
+            "use, each `[models.NAME]`'s under its name: exit status 1 where a `[server] url` "
+            "or a model's `url` cannot be used, an embedded llama-server's binary or model is "
+            "missing, or an MCP server's program is not found (not on `PATH`, or not "
+            "executable)."
         ),
     ]
     for name, field in Config.model_fields.items():

@@ -205,23 +205,45 @@ async def _probe(
 async def check_servers(config: Config) -> tuple[list[str], bool]:
     """What `check-config` says of the servers: each external one reached (its engine, model
     and context window, or why it cannot be used), or the embedded llama-server's binary and
-    model found; and whether loopd could serve with them."""
-    if not config.server.urls:
+    model found, of `[server]` or of each `[models.NAME]`; and whether loopd could serve with
+    them (every model's)."""
+    if config.models:
+        lines, ok = [], True
+        for name, model in config.models.items():
+            slots = model.slots or config.server.slots
+            said, usable = await _check(config, model.url or [], model.managed(), slots, name)
+            lines += said
+            ok = ok and usable
+        return lines, ok
+    return await _check(config, config.server.urls, config.server.managed, config.server.slots)
+
+
+async def _check(
+    config: Config,
+    urls: list[str],
+    managed: ManagedServer,
+    slots: int,
+    name: str | None = None,
+) -> tuple[list[str], bool]:
+    """`check_servers` for one model (`name`, of `[models.NAME]`; None: `[server]`'s): its
+    servers at `urls`, else its embedded llama-server."""
+    of = f" (model {name})" if name is not None else ""
+    if not urls:
         try:
-            spec = launch_spec(config.server.managed, config.server.slots, Path())
+            spec = launch_spec(managed, slots, Path())
         except StartupError as e:
-            return [f"# server: the embedded llama-server cannot start: {e}"], False
+            return [f"# server{of}: the embedded llama-server cannot start: {e}"], False
         embedded = (
-            f"# server: the embedded llama-server {spec.binary}, model {spec.model}, "
+            f"# server{of}: the embedded llama-server {spec.binary}, model {spec.model}, "
             f"{spec.n_ctx} tokens a slot"
         )
         return [embedded], True
     try:
         access = server_access(config)
     except StartupError as e:
-        return [f"# server: {e}"], False
+        return [f"# server{of}: {e}"], False
     lines, ok = [], True
-    for url in config.server.urls:
+    for url in urls:
         timeouts = Timeouts(connect=HEALTH_TIMEOUT, read=HEALTH_TIMEOUT)
         async with Client(url, timeouts=timeouts, access=access) as client:
             try:
@@ -229,13 +251,14 @@ async def check_servers(config: Config) -> tuple[list[str], bool]:
                     client.be(config.server.engine or await client.identify())
                     facts = await client.describe()
             except (InferError, trio.TooSlowError) as e:
-                lines.append(f"# server {url}: cannot be used: {str(e) or 'no answer in time'}")
+                said = str(e) or "no answer in time"
+                lines.append(f"# server {url}{of}: cannot be used: {said}")
                 ok = False
                 continue
         window = f"a window of {facts.context} tokens" if facts.context else "window not said"
         found = "named by [server] engine" if config.server.engine else "found"
         lines.append(
-            f"# server {url}: {TITLES[facts.engine]} ({found}), model "
+            f"# server {url}{of}: {TITLES[facts.engine]} ({found}), model "
             f"{facts.model or 'not named'}, {window}"
         )
     return lines, ok

@@ -1,0 +1,82 @@
+"""Several models (`[models.NAME]`) as the clients see them: an editor's `model` config option,
+a change of mode, thinking or model heard by every client of the session, the session's title
+told to the editor, a compaction that keeps the model, `status` of the session's own model,
+`/model` in `bxctl chat`, and `loopd check-config` reaching each model's servers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import trio
+
+from conftest import NO_SLOT_FILES
+from support.daemon import Daemon
+from support.fake_llama import FakeLlama
+from support.replay import ReplayServer
+
+
+async def serving(nursery: trio.Nursery, fake: FakeLlama) -> ReplayServer:
+    """A scripted server of one model, answering until the test ends."""
+    server = ReplayServer([fake] * 10)
+    await nursery.start(server.run)
+    return server
+
+
+def two_models(home: Path, small: str, big: str, *, start: str = "") -> Daemon:
+    """loopd's config with models `small` (the default) and `big` at those URLs (scripted
+    servers), not started; `start`: more lines of its [session] table."""
+    d = Daemon(home, small, session=start, slots=NO_SLOT_FILES)
+    d.config.write_text(
+        d.config.read_text().replace(f'url = "{small}"\n', "")
+        + f'[models.small]\nurl = "{small}"\n[models.big]\nurl = "{big}"\n'
+    )
+    return d
+
+
+# -- loopd check-config ----------------------------------------------------------------------
+
+
+async def check_config(d: Daemon) -> tuple[int, str]:
+    done = await trio.run_process(
+        [sys.executable, "-m", "loopd", "check-config", "--config", str(d.config)],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    return done.returncode, done.stdout.decode()
+
+
+async def test_check_config_reaches_each_models_server_and_lists_them(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    small = await serving(nursery, FakeLlama([]))
+    big = await serving(nursery, FakeLlama([]))
+    status, out = await check_config(two_models(tmp_path, small.url, big.url))
+    assert status == 0, out
+    said = [line for line in out.splitlines() if line.startswith("# server")]
+    found = "llama-server (found), model SmolLM2-135M-Instruct.Q4_1.gguf, a window of 8192 tokens"
+    assert said == [
+        f"# server {small.url} (model small): {found}",
+        f"# server {big.url} (model big): {found}",
+    ]
+
+
+async def test_check_config_fails_naming_a_model_whose_server_or_file_cannot_be_used(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    small = await serving(nursery, FakeLlama([]))
+    refused = "http://127.0.0.1:9"  # discard: nothing listens
+    d = two_models(tmp_path, small.url, refused)
+    gone = tmp_path / "gone.gguf"
+    d.config.write_text(d.config.read_text() + f'[models.local]\nmodel = "{gone}"\n')
+    status, out = await check_config(d)
+    assert status == 1
+    said = [line for line in out.splitlines() if line.startswith("# server")]
+    assert said[0].startswith(f"# server {small.url} (model small): llama-server (found)")
+    assert said[1] == (
+        f"# server {refused} (model big): cannot be used: cannot connect to the server at "
+        f"{refused}: all attempts to connect to 127.0.0.1:9 failed"
+    )
+    cannot = "the embedded llama-server cannot start"
+    assert said[2:] == [f"# server (model local): {cannot}: the model {gone} does not exist"]
