@@ -11,8 +11,11 @@ from pathlib import Path
 import trio
 
 from conftest import NO_SLOT_FILES
-from support.daemon import Daemon
-from support.fake_llama import FakeLlama
+from loopd.session.compact import INSTRUCTIONS
+from loopd.session.records import ModeRecord, SummaryRecord
+from loopd.session.store import Store
+from support.daemon import Daemon, LineClient
+from support.fake_llama import FakeLlama, Reply
 from support.replay import ReplayServer
 
 
@@ -80,3 +83,51 @@ async def test_check_config_fails_naming_a_model_whose_server_or_file_cannot_be_
     )
     cannot = "the embedded llama-server cannot start"
     assert said[2:] == [f"# server (model local): {cannot}: the model {gone} does not exist"]
+
+
+# -- compaction ------------------------------------------------------------------------------
+
+
+async def started(d: Daemon) -> LineClient:
+    """`d` started, and a client of it in a new session."""
+    await d.start()
+    client = await d.connect()
+    await client.send({"type": "hello", "session": "new"})
+    await client.until("welcome")
+    return client
+
+
+async def test_a_compacted_session_goes_on_on_its_model_which_writes_the_summary(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    small = FakeLlama([Reply(content="Red.")])
+    summary = "We named a colour and a fruit."
+    big = FakeLlama([Reply(content="Apple."), Reply(content=summary), Reply(content="Oak.")])
+    small_server, big_server = await serving(nursery, small), await serving(nursery, big)
+    d = two_models(tmp_path, small_server.url, big_server.url)
+    try:
+        client = await started(d)
+        assert (await client.turn("t1", "Name a colour."))[-1]["type"] == "turn_done"
+        await client.send({"type": "set_mode", "model": "big"})
+        await client.until("mode")
+        assert (await client.turn("t2", "Name a fruit."))[-1]["type"] == "turn_done"
+        await client.send({"type": "compact", "id": "c1"})
+        lines = await client.until("turn_done")
+        (continued,) = [
+            line["event"]
+            for line in lines
+            if line["type"] == "event" and line["event"]["kind"] == "session_continued"
+        ]
+        assert (await client.turn("t3", "Name a tree."))[-1]["type"] == "turn_done"
+        await client.send({"type": "status"})
+        status = (await client.until("status"))[-1]
+    finally:
+        await d.end()
+    assert continued["summary"] == summary
+    assert len(small.bodies) == 1  # the colour alone
+    assert big.bodies[1]["messages"][0]["content"] == INSTRUCTIONS
+    assert big.bodies[2]["messages"][-1]["content"] == "Name a tree."
+    assert (status["session"], status["session_model"]) == (continued["session"], "big")
+    new = Store(d.home / "sessions").read(continued["session"])[1]
+    assert [r.model for r in new if isinstance(r, ModeRecord)] == ["big"]
+    assert isinstance(new[0], SummaryRecord)

@@ -3,27 +3,29 @@ when a turn finds the context full and `[session] on_full = "continue"` (the mes
 answered in the session that continues it).
 
 The summary runs on a slot of no session where one is idle, so the old session's slot keeps
-its cache; on the session's own slot otherwise, once that cache is saved. The new session is
-made whole or not at all (shielded): its header, the summary record, and the old session
-closed.
+its cache; on the session's own slot otherwise, once that cache is saved. Either is of the
+model the old session runs on (`[models.NAME]`): that model writes the summary, and the new
+session runs on it too (a `mode` record after its summary). The new session is made whole or
+not at all (shielded): its header, the summary record, its model, and the old session closed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from loopd.infer import InferError
 from loopd.session.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.session.instructions import carried
-from loopd.session.records import Baseline, UsageRecord
+from loopd.session.records import Baseline, ModeRecord, UsageRecord
 from loopd.session.store import Session, Store
 from loopd.turn import SessionFull, TurnOutcome
 from loopd.wire.events import Compacting, SessionContinued, TurnEvent
 
+from ._models import Models
 from ._pool import Lease, PoolHandle
 from ._slots import SlotFiles
 
@@ -43,13 +45,15 @@ class Compaction:
     pool: PoolHandle
     files: SlotFiles
     compactor: Compactor
+    models: Models = field(default_factory=Models)
 
     async def continued(
         self, old: Session, lease: Lease, on_event: OnEvent, on_continued: OnContinued
     ) -> TurnOutcome:
         """Summarise `old` and go on in a new session that continues it; `lease`: the slot
         that holds `old`'s cache."""
-        async with self.pool.lease(None, wait=False) as side:
+        model = self.models.of(old)
+        async with self.pool.lease(None, wait=False, model=model) as side:
             if side is not None:
                 await self.pool.prepare(side, self.files, None)
             else:
@@ -77,6 +81,8 @@ class Compaction:
             on_continued(new)
             old.close()
             await new.append(summary.record(old.id, slot.number))
+            if model is not None:  # after the summary, which opens the session's records
+                await new.append(ModeRecord(mode=new.own_mode, thinking=new.thinking, model=model))
             if side is not None:  # the old session's cache, for a return to it
                 await self.files.save(lease.slot, old.id)
         log.info("session %s continues %s from a summary", new.id, old.id)

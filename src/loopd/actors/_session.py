@@ -128,8 +128,8 @@ class SessionActor:
         self.agents, self.runtime, self.port, self.queue_limit = agents, runtime, port, queue_limit
         self.files = files
         self.hooks = hooks or SessionHooks()
-        compaction = Compaction(store, baseline, pool, files, compactor)
         self.models = models or Models()
+        compaction = Compaction(store, baseline, pool, files, compactor, self.models)
         self.turns = SlotTurns(
             session, runtime, pool, files, compaction, agents, self.hooks.renamed, self.models
         )
