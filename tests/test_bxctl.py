@@ -853,6 +853,7 @@ async def test_two_chats_hold_two_conversations_and_a_script_is_in_neither(
         await left.close()
         await right.close()
     store = Store(d.home / "sessions")
+    await logs_left(store, 3)  # the left chat's new one, quit with nothing said, goes
     said = {
         s.id: [r.content for r in store.read(s.id)[1] if isinstance(r, UserRecord)]
         for s in await store.sessions()
@@ -860,11 +861,37 @@ async def test_two_chats_hold_two_conversations_and_a_script_is_in_neither(
     assert said[first] == ["message-alpha"]
     assert said[other] == ["message-beta", "message-delta"]
     assert sorted(said.values()) == [
-        [],  # the left chat's new one
         ["message-alpha"],
         ["message-beta", "message-delta"],
         ["message-gamma"],
     ]
+
+
+async def logs_left(store: Store, count: int) -> None:
+    """Once the store holds `count` logs: loopd removes a session that holds nothing once
+    its clients have left, which it learns when their connections close."""
+    with trio.fail_after(30):
+        while len(list(store.directory.glob("*.jsonl"))) > count:  # noqa: ASYNC110 - loopd removes them
+            await trio.sleep(0.05)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_a_chat_quit_before_its_first_message_leaves_no_session(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await daemon(FakeLlama([]))
+    tmux = Tmux(f"quit-{id(d):x}")
+    await tmux.chat(d, tmp_path / "state")
+    try:
+        session = re.findall(r"session (\S+)", await tmux.wait_for("/help for help"))[0]
+        await tmux.keys("/quit", "Enter")
+        await tmux.wait_for("BXCTL-EXIT-0")
+    finally:
+        await tmux.close()
+    store = Store(d.home / "sessions")
+    await logs_left(store, 0)
+    assert not store.path_of(session).exists()
+    assert await bxctl(d, "sessions") == (0, f"no sessions in {store.directory}\n", "")
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -255,7 +255,8 @@ async def test_a_fork_is_refused_where_it_cannot_be_made(daemon: StartDaemon) ->
     assert "still running" in await refused(client, fork, "fork_refused")
     assert (await client.until("turn_done"))[-1]["id"] == "t2"
     assert [r.kind for r in records(d, parent)].count("user") == 2
-    assert len(list(store.directory.glob("*.jsonl"))) == 3  # no fork was written
+    made = {p.stem for p in store.directory.glob("*.jsonl")}
+    assert made <= {parent, child, empty}  # no fork was written (empty goes, as nobody is in it)
 
 
 async def test_a_fork_not_served_from_cache_records_the_loss_and_why(

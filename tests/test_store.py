@@ -27,6 +27,7 @@ from loopd.session.baseline import make_baseline
 from loopd.session.records import (
     FORMAT,
     AssistantRecord,
+    ModeRecord,
     PromptRecord,
     Record,
     ToolResultRecord,
@@ -37,6 +38,9 @@ from loopd.session.records import (
 )
 from loopd.session.store import (
     CorruptLog,
+    Fork,
+    Listing,
+    ParentCall,
     Session,
     SessionLocked,
     Store,
@@ -345,6 +349,56 @@ async def test_a_session_that_continues_another_names_it_in_header_and_list(
     assert (header.continues, store.read(first.id)[0].continues) == (first.id, None)
     listed = await store.sessions()
     assert [(s.id, s.continues) for s in listed] == [(first.id, None), (second.id, first.id)]
+
+
+async def test_a_session_of_its_header_alone_is_removed_and_no_longer_listed(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as empty:
+        pass
+    assert await store.discard_if_empty(empty.id)
+    assert not empty.path.exists()
+    assert await store.listing() == Listing([], [])
+    assert not await store.discard_if_empty(empty.id)  # gone already: nothing to do
+
+
+async def test_a_session_with_any_record_is_never_removed(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        await session.append(ModeRecord(mode="read_only"))
+    assert not await store.discard_if_empty(session.id)
+    assert [s.id for s in await store.sessions()] == [session.id]
+
+
+async def test_an_empty_session_that_another_names_or_that_continues_one_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Neither the session a continuation, a fork or a sub-agent's names, nor one of those."""
+    store = Store(tmp_path)
+    named = []
+    for relation in ("continues", "parent", "fork"):
+        with await store.create(BASELINE) as first:
+            pass
+        named.append(first.id)
+        if relation == "continues":
+            made = await store.create(BASELINE, continues=first.id)
+        elif relation == "parent":
+            made = await store.create(BASELINE, parent=ParentCall(first.id, 1, "c1"))
+        else:
+            made = await store.create(BASELINE, fork=Fork(first.id, 1, []))
+        made.close()
+        named.append(made.id)
+    for session_id in named:
+        assert not await store.discard_if_empty(session_id)
+    assert [s.id for s in await store.sessions()] == named
+
+
+async def test_an_empty_session_held_open_is_not_removed(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with await store.create(BASELINE) as session:
+        assert not await store.discard_if_empty(session.id)
+        assert session.path.exists()
 
 
 def test_session_ids_sort_by_creation_time() -> None:

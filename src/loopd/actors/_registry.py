@@ -142,9 +142,12 @@ class SessionRegistry:
             raise FolderNotAllowed(str(e)) from None
         key = which
         if which == LATEST:
-            while (creating := self._pending.get(LATEST)) is not None:
-                await creating.wait()  # the first session, made for another client's `latest`
             which = self.store.latest() or NEW
+            # The first session, made for another client's `latest`; or the latest, stopping
+            # (and removed if it holds nothing: `_discard_if_empty`): asked for again after.
+            while (waiting := self._pending.get(LATEST, self._pending.get(which))) is not None:
+                await waiting.wait()
+                which = self.store.latest() or NEW
             key = LATEST if which == NEW else which
         while which != NEW:
             if (live := self._by_id.get(which)) is not None and live.handle is not None:
@@ -283,8 +286,20 @@ class SessionRegistry:
         except SessionFailed as e:
             log.error("%s; it is closed, every other session goes on", e)  # noqa: TRY400 - no bug
             self._forget_failed(live)
+        else:  # stopped, its log closed: before anyone waiting for it may open it again
+            await self._discard_if_empty(live)
         finally:
             live.done.set()
+
+    async def _discard_if_empty(self, live: _Live) -> None:
+        """Remove a session its clients left holding nothing (a chat quit before its first
+        message, an editor's session never prompted): it would only fill the lists."""
+        for session in live.ids:
+            try:
+                if await self.store.discard_if_empty(session):
+                    log.info("session %s: removed, it holds nothing", session)
+            except StoreError as e:
+                log.warning("session %s holds nothing, and stays: %s", session, e)
 
     def _forget_failed(self, live: _Live) -> None:
         for session in live.ids:

@@ -494,6 +494,14 @@ class Store:
         """`listing`, read in this thread."""
         return self._listing()
 
+    async def discard_if_empty(self, session_id: str) -> bool:
+        """Remove session `session_id` if it holds nothing: its log is its header alone, it is
+        a session of its own (no fork, no continuation, no sub-agent's) and no other session
+        names it (as the one it continues, forks or works for). True if it was removed,
+        durably (its folder fsynced). A log with any record, one that does not read, or one
+        another process holds is never removed."""
+        return await trio.to_thread.run_sync(self._discard_if_empty, session_id)
+
     def read(self, session_id: str) -> tuple[SessionHeader, list[Record], int]:
         """Read a log without taking it: for looking, while a daemon may be writing it. Gives
         the header, the records and the length of a torn last line (left as it is)."""
@@ -600,6 +608,49 @@ class Store:
             os.close(fd)
             raise
 
+    def _discard_if_empty(self, session_id: str) -> bool:
+        path = self.path_of(session_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            _lock(fd, path)  # held to the unlink: no process takes it meanwhile
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            header, records, torn = parse_log(path, data, session_id)
+            own = not (header.continues or header.parent or header.forked_from)
+            if records or torn or not own or self._named(session_id):
+                return False
+            path.unlink()
+            _fsync_directory(self.directory)
+        except (SessionLocked, CorruptLog):
+            return False
+        except OSError as e:
+            raise StoreError(f"{path}: cannot remove the empty session: {e}") from e
+        finally:
+            os.close(fd)
+        return True
+
+    def _named(self, session_id: str) -> bool:
+        """Whether another session's header names `session_id` (it continues, forks or works
+        for it). A log whose header does not read is passed over: it would stop every removal
+        for good, and what names a session is made from its records, which an empty one has
+        none of (a fork starts at a turn, a compaction from a conversation, a sub-agent in a
+        turn), so this only makes sure."""
+        for other in self._ids():
+            try:
+                with self.path_of(other).open("rb") as f:
+                    header = RECORD.validate_json(f.readline())
+            except (OSError, ValidationError):
+                continue
+            if isinstance(header, SessionHeader) and session_id in (
+                header.continues,
+                header.parent,
+                header.forked_from,
+            ):
+                return True
+        return False
+
     def _listing(self) -> Listing:
         infos, unreadable = [], []
         for session_id in self._ids():
@@ -607,6 +658,8 @@ class Store:
             try:
                 infos.append(_info(session_id, path, path.read_bytes()))
                 continue
+            except FileNotFoundError:
+                continue  # removed since the folder was read: it held nothing
             except CorruptLog as e:
                 why = f"line {e.line}: {e.reason}"
             except OSError as e:
