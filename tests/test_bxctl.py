@@ -28,6 +28,7 @@ from bxctl.text import recent_tree, session_line
 from bxctl.view import TurnView
 from conftest import StartDaemon, Unstarted
 from loopd.infer import Content, Progress, Reasoning, Repeating, ThinkingCapped, Waiting
+from loopd.locations import config_file
 from loopd.session.records import (
     CacheLossRecord,
     FailureKind,
@@ -1070,6 +1071,32 @@ def test_no_start_help_says_what_chat_and_acp_do_with_no_loopd(
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert says in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_config_file_in_effect_is_the_named_one_else_the_xdg_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What hints name: `--config`, else `$LOOPD_CONFIG`, else `$XDG_CONFIG_HOME/loopd`'s."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("LOOPD_CONFIG", raising=False)
+    assert config_file() == tmp_path / "xdg" / "loopd" / "config.toml"
+    monkeypatch.setenv("LOOPD_CONFIG", str(tmp_path / "env.toml"))
+    assert config_file() == tmp_path / "env.toml"
+    assert config_file(tmp_path / "named.toml") == tmp_path / "named.toml"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (`.ci/run` installs it)")
+async def test_the_greeting_names_the_config_file_in_effect(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    d = await daemon(FakeLlama([]))  # its model is the bundled one's: the greeting says so
+    tmux = Tmux(f"config-{id(d):x}")
+    await tmux.chat(d, tmp_path / "state")  # bxctl --config FILE chat
+    try:
+        words = await tmux.wait_for_words("(docs/operations.md)")
+    finally:
+        await tmux.close()
+    assert f"[server]urlin{d.config}(docs" in "".join(words.split())  # a path wraps anywhere
 
 
 def test_rewind_takes_turns_from_1() -> None:

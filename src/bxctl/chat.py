@@ -41,14 +41,15 @@ from bxctl.user_commands import UserCommand, expand, find_commands
 from bxctl.view import (
     APPROVAL_KEYS,
     DEMO_MODELS,
-    DEMO_NOTE,
     TurnView,
     approval_panel,
     context_lines,
+    demo_note,
     instructions_line,
 )
 from loopd.backoff import RECONNECT
 from loopd.config import user_commands
+from loopd.locations import config_file
 from loopd.session.records import RECORD, Mode
 from loopd.session.transcript import transcript
 from loopd.wire.events import ApprovalNeeded
@@ -121,10 +122,15 @@ def _prompt_session() -> PromptSession[str]:
 
 
 async def interactive(
-    path: Path, console: Console, show_reasoning: bool, session: str = "new"
+    path: Path,
+    console: Console,
+    show_reasoning: bool,
+    session: str = "new",
+    config: Path | None = None,
 ) -> bool:
     """The chat until the user leaves (True), or gives up on a daemon that went away (False),
-    in session `session` (an id, `latest`, or `new`)."""
+    in session `session` (an id, `latest`, or `new`); `config`: the config file in effect, as
+    hints name it (by default the one loopd reads when none is named)."""
     connection = await Connection.open(path)
     note = None
     if session == "new":
@@ -139,7 +145,7 @@ async def interactive(
     if connection.instructions:
         console.print(instructions_line(connection.instructions))
     await _recent(connection, console)
-    await _joined(connection, console)
+    await _joined(connection, console, config or config_file())
     prompt = _prompt_session()
     turns = itertools.count(1)
     settings = Settings(show_reasoning)
@@ -213,14 +219,15 @@ async def _recent(connection: Connection, console: Console) -> None:
             console.print(line)
 
 
-async def _joined(connection: Connection, console: Console) -> None:
-    """What to know on joining: a demonstration model is one, and calls of another client's
-    turn that wait for approval, with how to answer them."""
+async def _joined(connection: Connection, console: Console, config: Path) -> None:
+    """What to know on joining: a demonstration model is one (and where to name another:
+    `config`), and calls of another client's turn that wait for approval, with how to answer
+    them."""
     status = await connection.request({"type": "status"}, "status")
     if not isinstance(status, Status):
         return
     if status.model in DEMO_MODELS:
-        console.print(DEMO_NOTE, style="yellow", markup=False)
+        console.print(demo_note(config), style="yellow", markup=False)
     for line in status.pending:
         if isinstance(asking := line.event, ApprovalNeeded):
             console.print(approval_panel(asking))

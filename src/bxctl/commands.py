@@ -29,6 +29,7 @@ from bxctl.text import approve_command, fork_line
 from bxctl.view import context_lines
 from loopd.config import ConfigError, load_config
 from loopd.infer import Queued, Retrying
+from loopd.locations import config_file
 from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
@@ -109,7 +110,8 @@ def _chat(args: argparse.Namespace, path: Path, starter: Starter | None) -> int:
 
     # No markup: loopd's messages and the help name config tables (`[tools] roots`).
     console = Console(markup=False)
-    if trio.run(interactive, path, console, args.show_reasoning, args.session or "new"):
+    config = config_file(args.config)  # the one in effect, as hints name it
+    if trio.run(interactive, path, console, args.show_reasoning, args.session or "new", config):
         return EXIT_OK
     print("bxctl: loopd is not running", file=sys.stderr)
     return EXIT_UNREACHABLE

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
@@ -59,12 +60,12 @@ from loopd.wire.proto import (
 __all__ = [
     "APPROVAL_KEYS",
     "DEMO_MODELS",
-    "DEMO_NOTE",
     "HINTS",
     "TurnView",
     "agent_line",
     "approval_panel",
     "context_lines",
+    "demo_note",
     "instructions_line",
     "plan_block",
     "session_failed",
@@ -73,11 +74,18 @@ __all__ = [
 
 DEMO_MODELS = frozenset({"SmolLM2-135M-Instruct.Q4_1.gguf"})
 """The model `just setup` bundles: too small to call tools, which the greeting says."""
-DEMO_NOTE = (
-    "This is the bundled demonstration model (SmolLM2-135M): it answers simple questions and "
-    "calls no tools. For a real one, set [server.managed] model or [server] url in "
-    "~/.config/loopd/config.toml (docs/operations.md)."
-)
+
+
+def demo_note(config: Path) -> str:
+    """What the greeting says of the bundled model, and where to name a real one: `config`,
+    the config file in effect (`~` for the home folder)."""
+    shown = f"~/{config.relative_to(Path.home())}" if config.is_relative_to(Path.home()) else config
+    return (
+        "This is the bundled demonstration model (SmolLM2-135M): it answers simple questions "
+        "and calls no tools. For a real one, set [server.managed] model or [server] url in "
+        f"{shown} (docs/operations.md)."
+    )
+
 
 APPROVAL_KEYS = {"y": "once", "n": "deny", "a": "session"}
 """The keys that answer an approval, and the decision each sends."""

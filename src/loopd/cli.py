@@ -57,8 +57,9 @@ def parser() -> argparse.ArgumentParser:
             "--config",
             type=Path,
             metavar="FILE",
-            help="the config file (default: $LOOPD_CONFIG, else ~/.config/loopd/config.toml if "
-            "it exists, else the built-in defaults)",
+            help="the config file (default: $LOOPD_CONFIG, else config.toml in loopd's config "
+            "folder, $XDG_CONFIG_HOME/loopd or ~/.config/loopd, if it exists, else the built-in "
+            "defaults)",
         )
         return sub
 

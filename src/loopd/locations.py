@@ -17,7 +17,15 @@ from typing import Any
 
 import platformdirs
 
-__all__ = ["APP", "Places", "config_path", "configured", "default_socket", "default_store"]
+__all__ = [
+    "APP",
+    "Places",
+    "config_file",
+    "config_path",
+    "configured",
+    "default_socket",
+    "default_store",
+]
 
 APP = "loopd"
 
@@ -30,6 +38,14 @@ def config_path(explicit: Path | None = None) -> tuple[Path | None, bool]:
         return Path(named), True
     default = platformdirs.user_config_path(APP) / "config.toml"
     return (default, False) if default.is_file() else (None, False)
+
+
+def config_file(explicit: Path | None = None) -> Path:
+    """The config file in effect: the one `config_path` reads, else the user's own in loopd's
+    config folder (`$XDG_CONFIG_HOME/loopd`), where one would be read once written. For a
+    hint that names it."""
+    path, _ = config_path(explicit)
+    return path or platformdirs.user_config_path(APP) / "config.toml"
 
 
 def default_socket() -> Path:
