@@ -1,14 +1,23 @@
-"""The property loopd exists for: every request extends the previous one, byte for byte.
+"""The property loopd exists for: every request extends the previous one, token for token.
 
 hypothesis writes conversations (user messages; answers with and without reasoning and tool
 calls, repeated calls included; every port answer; approvals given once, for the session,
 denied or never given; oversized results; a full context; server errors; cancellations;
 restarts, where the session is closed and reopened from its log between turns) and plays them
-against the scripted llama-server over real HTTP. After each, for every pair of consecutive
-requests, the later one's messages start with the earlier one's, compared as serialised bytes;
-the slot never loses its cache; the reopened log gives the same messages; the log is a valid
-conversation, every approval asked for is decided, and a tool approved for the session is
-never asked about again. A failing case prints how to replay it.
+against a scripted llama-server over real HTTP, with history both ways:
+
+- token-exact (`[session] history = "exact"`, the default; `support.fake_exact`): the server
+  renders with a ChatML stand-in template, tokenizes one token per character and computes its
+  cache figures from its slot's token ids. Every request's prompt extends the previous prompt
+  and the answer the log keeps, token for token (`support.fake_exact.check`), and none goes as
+  messages;
+- as messages (`history = "template"`; `support.fake_llama`): for every pair of consecutive
+  requests, the later one's messages start with the earlier one's, compared as serialised
+  bytes.
+
+Either way the slot never loses its cache; the reopened log gives the same messages; the log is
+a valid conversation, every approval asked for is decided, and a tool approved for the session
+is never asked about again. A failing case prints how to replay it.
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -40,7 +50,10 @@ from loopd.session.records import (
 from loopd.session.store import Store
 from loopd.tools import PortHandle
 from loopd.turn import Runtime, TurnError, run_turn
+from loopd.turn.exact import ExactHistory
 from loopd.wire.events import ApprovalNeeded, TurnEvent
+from support import fake_exact
+from support.fake_exact import ExactLlama
 from support.fake_llama import FakeLlama, Reply
 from support.ports import start_port
 from support.replay import ReplayServer
@@ -111,9 +124,13 @@ APPROVALS = [
 ]
 
 
-async def play(conversation: list[Step], directory: Path) -> None:
-    fake = FakeLlama([])
-    server = ReplayServer([fake] * 200)
+History = Literal["exact", "template"]
+
+
+async def play(conversation: list[Step], directory: Path, history: History) -> None:
+    fake: ExactLlama | FakeLlama = ExactLlama([]) if history == "exact" else FakeLlama([])
+    side = fake.side() if isinstance(fake, ExactLlama) else {}
+    server = ReplayServer([fake] * 200, side=side)
     loop = LoopConfig(tool_iterations=3, tool_result_cap=200, turn_timeout=30)
     store = Store(directory)
     async with trio.open_nursery() as nursery:
@@ -123,7 +140,10 @@ async def play(conversation: list[Step], directory: Path) -> None:
         )
         async with Client(server.url, retry=RetryPolicy(attempts=1)) as client:
             session = await store.create(make_baseline("Be brief."))
-            rt = Runtime(loop=loop, inference=client, registry=port.registry, port=port)
+            exact = ExactHistory(client) if history == "exact" else None
+            rt = Runtime(
+                loop=loop, inference=client, registry=port.registry, port=port, exact=exact
+            )
             for step in conversation:
                 if step.restart:
                     before = canonical(messages(session.baseline, session.records))
@@ -132,13 +152,17 @@ async def play(conversation: list[Step], directory: Path) -> None:
                     assert canonical(messages(session.baseline, session.records)) == before
                 fake.replies = list(step.replies)
                 await one_turn(session, rt, port, step)
-            records = list(session.records)
+            records, baseline = list(session.records), session.baseline
             session.close()
         nursery.cancel_scope.cancel()
 
-    bodies = [r["body"]["messages"] for r in server.requests]
-    for earlier, later in itertools.pairwise(bodies):
-        assert canonical(later[: len(earlier)]) == canonical(earlier)
+    if isinstance(fake, ExactLlama):
+        assert fake.chat == 0  # not one request went as messages
+        fake_exact.check(fake.sent, baseline, records)
+    else:
+        bodies = [r["body"]["messages"] for r in server.requests]
+        for earlier, later in itertools.pairwise(bodies):
+            assert canonical(later[: len(earlier)]) == canonical(earlier)
     assert "cache_loss" not in [r.kind for r in records]
     assert conversation_problems(records) == []
     assert open_approvals(records) == []
@@ -182,6 +206,7 @@ async def one_turn(session: Any, rt: Runtime, port: PortHandle, step: Step) -> N
 )
 @given(conversation=st.lists(steps, min_size=1, max_size=5))
 @example(conversation=APPROVALS)
-def test_every_request_extends_the_previous_one(conversation: list[Step]) -> None:
+@pytest.mark.parametrize("history", ["exact", "template"])
+def test_every_request_extends_the_previous_one(conversation: list[Step], history: History) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(play, conversation, Path(tmp))
+        trio.run(play, conversation, Path(tmp), history)

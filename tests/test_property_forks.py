@@ -7,13 +7,16 @@ a fork of any session at any of its turns, a rewind of any session to any of its
 of the session itself; with its files, the later turns' writes are put back first), and
 restarts of the whole core (every session reopened from its log). They are played through the
 actors (registry, session actors, slot pool of two slots) against the scripted llama-server
-over real HTTP, with real files in a folder under `[tools] roots`. Real: the actors, the store's
-logs, the files, HTTP; scripted: the model's answers.
+over real HTTP, with real files in a folder under `[tools] roots`, with history token-exact
+(the default; `support.fake_exact`) and as messages (`support.fake_llama`). Real: the actors,
+the store's logs, the files, HTTP; scripted: the model's answers.
 
 Afterwards, every session's requests, its ancestors' up to where it was forked included, each
-extend the one before; every log replays (`loopd replay`) and holds the messages sent in it; a
-rewind with files put back exactly what a model of the changes says, or was refused, changing
-nothing, where a file changed since (by another session's turn).
+extend the one before: token for token, the prompt and the answer before it and the template's
+text for what came since (`support.fake_exact.check`), or message for message; every log
+replays (`loopd replay`) and holds the messages sent in it (as messages); a rewind with files
+put back exactly what a model of the changes says, or was refused, changing nothing, where a
+file changed since (by another session's turn).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import itertools
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pytest
 import trio
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
@@ -36,6 +40,8 @@ from loopd.infer import Client
 from loopd.session.baseline import messages
 from loopd.session.records import UserRecord, conversation_problems
 from loopd.session.store import Store
+from support import fake_exact
+from support.fake_exact import ExactLlama, Sent
 from support.fake_llama import FakeLlama, Reply
 from support.replay import Exchange, ReplayServer
 from test_hands import write
@@ -111,22 +117,51 @@ class Model:
 
 
 MARK = " (write "
+History = Literal["exact", "template"]
+
+
+def reply(role: str, content: str, call_id: str) -> Reply:
+    """A write of the file a user message names, else (after its result) a plain answer."""
+    if role == "user" and MARK in content:
+        name = content.split(MARK)[1].rstrip(")")
+        return write(name, content + "\n", call_id)
+    return Reply(content="ok")
 
 
 def answer(request: dict[str, Any]) -> Exchange:
-    """A write of the file a message names, then (after its result) a plain answer."""
     last = request["messages"][-1]
-    reply = Reply(content="ok")
-    if last["role"] == "user" and MARK in last["content"]:
-        name = last["content"].split(MARK)[1].rstrip(")")
-        reply = write(name, last["content"] + "\n", f"c{len(request['messages'])}")
-    return FakeLlama([reply])(request)
+    return FakeLlama([reply(last["role"], last["content"], f"c{len(request['messages'])}")])(
+        request
+    )
 
 
-def config(directory: Path) -> Config:
+def last_message(prompt: str) -> tuple[str, str]:
+    """The role and content of a token-exact prompt's last message, before the generation
+    prompt."""
+    role, _, content = prompt.split("<|im_start|>")[-2].partition("\n")
+    return role, content.removesuffix("<|im_end|>\n")
+
+
+def answers(fake: ExactLlama) -> Any:
+    def respond(request: dict[str, Any]) -> Exchange:
+        role, content = last_message(
+            fake_exact.detokenize(fake_exact.prompt_ids(request["prompt"]))
+        )
+        fake.replies = [reply(role, content, "c1")]
+        return fake(request)
+
+    return respond
+
+
+def last_user(prompt: str) -> str:
+    """The content of a token-exact prompt's last user message."""
+    return prompt.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+
+
+def config(directory: Path, history: History) -> Config:
     return Config.model_validate(
         {
-            "session": {"history": "template"},
+            "session": {"history": history},
             "slots": {"save": "never"},  # the scripted server keeps no slot files
             "store": {"directory": str(directory / "sessions")},
             "tools": {
@@ -218,8 +253,10 @@ class Play:
         return True
 
 
-async def play(plan: list[Step], directory: Path) -> Play:
-    server = ReplayServer([answer] * 100, slots=2)
+async def play(plan: list[Step], directory: Path, history: History) -> Play:
+    fake = ExactLlama([], slots=2)
+    respond = answers(fake) if history == "exact" else answer
+    server = ReplayServer([respond] * 100, slots=2, side=fake.side() if history == "exact" else {})
     store = Store(directory / "sessions")
     game = Play(directory)
     game.notes.mkdir()
@@ -228,7 +265,7 @@ async def play(plan: list[Step], directory: Path) -> Play:
         async with Client(server.url) as client:
             rest = list(plan)
             while True:
-                async with open_core(config(directory), store, [client]) as core:
+                async with open_core(config(directory, history), store, [client]) as core:
                     if not game.sessions:
                         _, first = await core.sessions.attach("new", str(game.notes))
                         game.sessions.append(Model(first, []))
@@ -237,11 +274,27 @@ async def play(plan: list[Step], directory: Path) -> Play:
                 if not rest:
                     break
         nursery.cancel_scope.cancel()
-    _check(server.requests, store, game, directory)
+    if history == "exact":
+        assert fake.chat == 0  # not one request went as messages
+        _check_exact(fake.sent, store, game)
+    _check(server.requests if history == "template" else [], store, game, directory)
     return game
 
 
+def _check_exact(sent: list[Sent], store: Store, game: Play) -> None:
+    by_message: dict[str, list[Sent]] = {}  # a turn's requests, by the message it answers
+    for request in sent:
+        by_message.setdefault(last_user(request.text), []).append(request)
+    for s in game.sessions:
+        # Its own requests after its ancestors' up to the fork, against its log.
+        chain = [request for text in s.said for request in by_message[text]]
+        header, records, _ = store.read(s.id)
+        fake_exact.check(chain, header.baseline, records)
+
+
 def _check(requests: list[dict[str, Any]], store: Store, game: Play, directory: Path) -> None:
+    """The logs; and where history went as messages (`requests`), each of a session's extends
+    the one before."""
     by_message: dict[str, list[list[Any]]] = {}  # a turn's requests, by the message it answers
     for request in requests:
         sent = request["body"]["messages"]
@@ -251,7 +304,7 @@ def _check(requests: list[dict[str, Any]], store: Store, game: Play, directory: 
     toml.write_text(f'[store]\ndirectory = "{directory / "sessions"}"\n')
     for s in game.sessions:
         # Its own requests after its ancestors' up to the fork: each extends the one before.
-        chain = [sent for text in s.said for sent in by_message[text]]
+        chain = [sent for text in s.said for sent in by_message[text]] if requests else []
         for earlier, later in itertools.pairwise(chain):
             assert canonical(later[: len(earlier)]) == canonical(earlier)
         header, records, torn = store.read(s.id)
@@ -259,7 +312,7 @@ def _check(requests: list[dict[str, Any]], store: Store, game: Play, directory: 
         assert [r.content for r in records if isinstance(r, UserRecord)] == s.said
         assert conversation_problems(list(records)) == []
         assert torn == 0
-        if chain:  # the log replays to what was sent, and the answer after it
+        if chain:  # the log replays to what was sent as messages, and the answer after it
             replayed = messages(header.baseline, records)
             assert canonical(replayed[: len(chain[-1])]) == canonical(chain[-1])
         assert main(["replay", s.id, "--config", str(toml)]) == 0
@@ -293,9 +346,10 @@ def _check(requests: list[dict[str, Any]], store: Store, game: Play, directory: 
         list.__add__, st.lists(turns, max_size=3), st.lists(steps, min_size=1, max_size=10)
     )
 )
+@pytest.mark.parametrize("history", ["exact", "template"])
 def test_forks_and_rewinds_keep_every_sessions_requests_extending_its_own(
-    plan: list[Step],
+    plan: list[Step], history: History
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        game = trio.run(play, plan, Path(tmp))
+        game = trio.run(play, plan, Path(tmp), history)
     event(f"sessions: {min(len(game.sessions), 4)}{'+' * (len(game.sessions) > 4)}")

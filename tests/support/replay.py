@@ -80,6 +80,10 @@ class ReplayServer:
     """Responses the client stopped reading before their end (it closed the connection)."""
     slots: int = 1
     """Slots `GET /slots` tells of."""
+    side: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    """Endpoints answered with the JSON a function makes of the request's body, not kept in
+    `requests` (a scripted server's `/apply-template`, `/tokenize`, ...); before
+    `SIDE_ENDPOINTS`."""
     _changed: trio.Event = field(default_factory=trio.Event)
 
     def _notify(self) -> None:
@@ -123,9 +127,10 @@ class ReplayServer:
         if request is None:
             return False
         target = request.target.decode()
-        if target in SIDE_ENDPOINTS:  # what loopd asks besides completions, answered as is
-            side = SIDE_ENDPOINTS[target]
-            if target == "/slots":
+        # What loopd asks besides completions, answered as is.
+        if target in self.side or target in SIDE_ENDPOINTS:
+            side = self.side[target](body) if target in self.side else SIDE_ENDPOINTS[target]
+            if target == "/slots" and target not in self.side:
                 side = [{"id": n, "n_ctx": 8192} for n in range(self.slots)]
             payload = json.dumps(side).encode()
             await _send(
