@@ -58,7 +58,7 @@ from test_tools_mcp import SERVER
 StartDaemon = Callable[..., Awaitable[Daemon]]
 
 
-ASIDE = ("available_commands_update", "usage_update")
+ASIDE = ("available_commands_update", "usage_update", "session_info_update")
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Editor:
 
     def kinds(self) -> list[str]:
         """The kinds of update that show the session, a run of chunks as one (not those that
-        tell its commands and its usage)."""
+        tell its commands, its usage and its title)."""
         kinds = [u.session_update for u in self.shown()]
         return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1] or "chunk" not in k]
 

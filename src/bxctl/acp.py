@@ -59,12 +59,12 @@ from bxctl.acp_map import (
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Peer, RpcError
 from bxctl.start import Starter
-from bxctl.text import turn_lines
+from bxctl.text import title_of, turn_lines
 from bxctl.user_commands import UserCommand, expand, find_commands
 from loopd import __version__
 from loopd.config import user_commands
 from loopd.session.records import RECORD
-from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult
+from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult, TurnEvent
 from loopd.wire.proto import (
     HISTORY_PAGE,
     DaemonMessage,
@@ -72,6 +72,7 @@ from loopd.wire.proto import (
     Event,
     History,
     McpServer,
+    ModeChanged,
     ModeSet,
     SessionFailed,
     Sessions,
@@ -137,8 +138,10 @@ class _Session:
     """One request of that kind at a time."""
     servers: list[McpServer] = field(default_factory=list)
     """The editor's MCP servers for it: given again when loopd comes back."""
-    mode: ModeSet | None = None
-    """Its mode and thinking, as loopd last said (its config options)."""
+    mode: ModeSet | ModeChanged | None = None
+    """Its mode, thinking and model, as loopd last said (its config options)."""
+    titled: bool = False
+    """The editor was told its title (`session_info_update`)."""
     output: dict[int, str] = field(default_factory=dict)
     """The output so far of each command that runs, by call: an update replaces a call's
     content, so each carries all of it (loopd sends a bounded amount live)."""
@@ -189,9 +192,9 @@ class Agent:
             max_line=MAX_LINE,
             then={
                 "session/new": self._offer_commands,
-                "session/load": self._offer_commands,
-                "session/resume": self._offer_commands,
-                "session/fork": self._offer_commands,
+                "session/load": self._reopened,
+                "session/resume": self._reopened,
+                "session/fork": self._reopened,
             },
         )
 
@@ -217,6 +220,32 @@ class Agent:
         opened = self.sessions.get(str(session))
         own = await self._own_commands(opened) if opened is not None else {}
         await self.notify(str(session), commands_update(list(own.values())))
+
+    async def _reopened(self, request: object, result: object) -> None:
+        """A session the editor opens again (loaded, resumed, forked): its commands, and its
+        title where it has one."""
+        await self._offer_commands(request, result)
+        session = getattr(result, "session_id", None) or getattr(request, "session_id", "")
+        if (opened := self.sessions.get(str(session))) is not None:
+            await self._tell_title(opened)
+
+    async def _tell_title(self, session: _Session) -> None:
+        """The session's title (`session_info_update`), once it has one: its first user
+        message, as `session/list` titles it (a compaction's, the session it continues)."""
+        if session.titled:
+            return
+        connection = await Connection.open(self.socket)
+        async with connection.stream:
+            answer = await connection.request({"type": "sessions"}, "sessions")
+        if not isinstance(answer, Sessions):
+            return
+        by_id = {s.id: s for s in answer.sessions}
+        listed = by_id.get(session.connection.session)
+        if listed is None or (title := title_of(listed, by_id)) is None:
+            return
+        session.titled = True
+        update = schema.SessionInfoUpdate(session_update="session_info_update", title=title)
+        await self.notify(session.id, update)
 
     async def _own_commands(self, session: _Session) -> dict[str, UserCommand]:
         """The user's commands, and the project's where the session has a folder of its own
@@ -325,6 +354,8 @@ class Agent:
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
         answer = await self._ask(session, message, "mode")
+        if isinstance(answer, Error) and answer.code == "unknown_model":
+            raise RpcError(INVALID_PARAMS, answer.message)
         if not isinstance(answer, ModeSet):
             raise RpcError(INTERNAL_ERROR, f"loopd did not set the mode: {answer}")
         session.mode = answer
@@ -479,6 +510,9 @@ class Agent:
             await turn.done.wait()
         finally:
             del session.turns[turn_id]
+        if turn.counted and not session.titled and not session.connection.closed:
+            with contextlib.suppress(Unreachable):  # a title is worth no error of its own
+                await self._tell_title(session)
         return _response(turn.end)
 
     async def _command(self, session: _Session, command: Command) -> schema.PromptResponse:
@@ -624,24 +658,32 @@ class Agent:
             asked.done.set()
             return
         turn = session.turns.get(getattr(message, "id", None) or "")
-        if isinstance(message, Event):
-            event = message.event
-            if isinstance(event, ApprovalNeeded):
-                assert self._nursery is not None  # noqa: S101 - serve set it
-                self._nursery.start_soon(self._approval, session, event)
-            elif isinstance(event, ToolOutputChunk):
-                await self.notify(session.id, output_update(event.call, session.printed(event)))
-            else:
-                if isinstance(event, ToolResult):
-                    session.output.pop(event.call, None)  # its result takes its place
-                if (update := update_of(event, session.connection.session)) is not None:
-                    await self.notify(session.id, update)
+        if isinstance(message, ModeChanged):  # another client changed it: the editor shows it
+            session.mode = message
+            update = schema.ConfigOptionUpdate(
+                session_update="config_option_update", config_options=session.options()
+            )
+            await self.notify(session.id, update)
+        elif isinstance(message, Event):
+            await self._relay_event(session, message.event)
         elif isinstance(message, TurnDone | TurnFailed | Error) and turn is not None:
             if isinstance(message, TurnDone) and turn.counted:
                 await self._tell_usage(session, message)
             turn.end = message
             turn.done.set()
             session.output.clear()  # a call cut off with its turn gets no result
+
+    async def _relay_event(self, session: _Session, event: TurnEvent) -> None:
+        if isinstance(event, ApprovalNeeded):
+            assert self._nursery is not None  # noqa: S101 - serve set it
+            self._nursery.start_soon(self._approval, session, event)
+        elif isinstance(event, ToolOutputChunk):
+            await self.notify(session.id, output_update(event.call, session.printed(event)))
+        else:
+            if isinstance(event, ToolResult):
+                session.output.pop(event.call, None)  # its result takes its place
+            if (update := update_of(event, session.connection.session)) is not None:
+                await self.notify(session.id, update)
 
     async def _tell_usage(self, session: _Session, done: TurnDone) -> None:
         """Where the session stands after the turn (`usage_update`), when loopd says."""

@@ -1,5 +1,6 @@
 """A session's config options as ACP offers them (`configOptions`, `session/set_config_option`):
-loopd's mode (category `mode`) and whether its turns think (category `thought_level`).
+loopd's mode (category `mode`), whether its turns think (category `thought_level`), and, where
+loopd serves several models (`[models.NAME]`), the one the session runs on (category `model`).
 
 Both are select options, which every client shows; a boolean one would need the client to say
 it can. loopd keeps and enforces them (a `mode` record in the session's log, decided by its tool
@@ -14,12 +15,21 @@ from typing import Any, get_args
 from acp import schema
 
 from loopd.session.records import Mode
-from loopd.wire.proto import ModeSet
+from loopd.wire.proto import ModeChanged, ModeSet
 
-__all__ = ["MODE", "THOUGHT_LEVEL", "BadOption", "ConfigOption", "config_options", "set_mode_of"]
+__all__ = [
+    "MODE",
+    "MODEL",
+    "THOUGHT_LEVEL",
+    "BadOption",
+    "ConfigOption",
+    "config_options",
+    "set_mode_of",
+]
 
 MODE = "mode"
 THOUGHT_LEVEL = "thought_level"
+MODEL = "model"
 
 _MODES = [
     schema.SessionConfigSelectOption(
@@ -57,9 +67,10 @@ class BadOption(ValueError):
     """An option or a value loopd does not offer; the message says which it does."""
 
 
-def config_options(state: ModeSet) -> list[ConfigOption]:
-    """The session's options, each with its current value."""
-    return [
+def config_options(state: ModeSet | ModeChanged) -> list[ConfigOption]:
+    """The session's options, each with its current value (the model's where loopd serves
+    several: with one, there is nothing to choose)."""
+    options: list[ConfigOption] = [
         schema.SessionConfigOptionSelect(
             type="select",
             id=MODE,
@@ -79,6 +90,19 @@ def config_options(state: ModeSet) -> list[ConfigOption]:
             options=_THINKING,
         ),
     ]
+    if state.model is not None and state.models:
+        choices = [schema.SessionConfigSelectOption(value=name, name=name) for name in state.models]
+        model = schema.SessionConfigOptionSelect(
+            type="select",
+            id=MODEL,
+            name="Model",
+            category="model",
+            description="The model the session's turns run on (loopd's [models.NAME])",
+            current_value=state.model,
+            options=choices,
+        )
+        options.append(model)
+    return options
 
 
 def set_mode_of(config_id: str, value: str) -> dict[str, Any]:
@@ -92,4 +116,9 @@ def set_mode_of(config_id: str, value: str) -> dict[str, Any]:
         if value not in _SWITCH:
             raise BadOption(f"thought_level has no value {value!r}: it is on or off")
         return {"type": "set_mode", "thinking": _SWITCH[value]}
-    raise BadOption(f"no config option {config_id!r}: loopd offers {MODE} and {THOUGHT_LEVEL}")
+    if config_id == MODEL:  # loopd knows which it serves, and refuses another (unknown_model)
+        return {"type": "set_mode", "model": value}
+    raise BadOption(
+        f"no config option {config_id!r}: loopd offers {MODE}, {THOUGHT_LEVEL} and, where it "
+        f"serves several models, {MODEL}"
+    )

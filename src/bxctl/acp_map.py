@@ -77,6 +77,8 @@ Update = (
     | schema.AvailableCommandsUpdate
     | schema.UsageUpdate
     | schema.AgentPlanUpdate
+    | schema.ConfigOptionUpdate
+    | schema.SessionInfoUpdate
 )
 
 COMMANDS = [

@@ -57,6 +57,7 @@ from loopd.wire.proto import (
     Context,
     Error,
     History,
+    ModeChanged,
     ModeSet,
     SessionFailed,
     Sessions,
@@ -68,6 +69,8 @@ from loopd.wire.proto import (
 __all__ = ["Settings", "interactive", "live_turn"]
 
 REFRESH = 1 / 12
+CHANGES = 0.02
+"""Seconds to read what loopd said unasked, between prompts: what it sent is there already."""
 HELP = """Enter sends; Alt-Enter (or Esc, Enter) starts a new line. Ctrl-C cancels a running turn;
 at the prompt, Ctrl-C or Ctrl-D quits. A call that needs your approval is shown with its
 arguments: y runs it, n does not, a runs it and every later call of that tool in this session.
@@ -150,10 +153,12 @@ async def interactive(
     turns = itertools.count(1)
     settings = Settings(show_reasoning)
     while True:
+        await _changes(connection, console)
         try:
             text = await trio.to_thread.run_sync(partial(prompt.prompt, "> "))
         except (EOFError, KeyboardInterrupt):
             break
+        await _changes(connection, console)  # made while the prompt was up
         if not text.strip():
             continue
         try:
@@ -209,6 +214,26 @@ async def _reconnect(path: Path, console: Console, session: str) -> Connection |
             console.print(f"reconnected to loopd, session {session}", style="green")
             return connection
     raise AssertionError  # unreachable: the loop only returns
+
+
+async def _changes(connection: Connection, console: Console) -> None:
+    """What loopd said since, unasked: another client's change of the session's mode, thinking
+    or model, each as a line (the rest answers nothing asked)."""
+    while True:
+        with trio.move_on_after(CHANGES):
+            message = await connection.receive()
+            if isinstance(message, ModeChanged):
+                console.print(changed_line(message), style="yellow")
+            if message is not None:
+                continue
+        return
+
+
+def changed_line(change: ModeChanged) -> str:
+    """Another client's change of the session's settings, as the chat says it."""
+    model = f", model {change.model}" if change.model else ""
+    thinking = "on" if change.thinking else "off"
+    return f"(another client set this session's mode {change.mode}, thinking {thinking}{model})"
 
 
 async def _recent(connection: Connection, console: Console) -> None:
@@ -541,6 +566,8 @@ async def live_turn(
                     view.outcome = TurnFailed(id=turn, kind="error", message=message.message)
                 elif getattr(message, "id", None) == turn or isinstance(message, SessionFailed):
                     view.feed(message)
+                elif isinstance(message, ModeChanged):
+                    console.print(changed_line(message), style="yellow")
             nursery.cancel_scope.cancel()
     if lost:
         raise Lost

@@ -67,6 +67,7 @@ from ._registry import SessionRegistry
 from ._session import SessionActor, SessionHooks
 from ._session_inbox import (
     HistoryPage,
+    ModeChanged,
     Published,
     SessionHandle,
     SessionStatus,
@@ -89,6 +90,7 @@ __all__ = [
     "FolderNotAllowed",
     "HistoryPage",
     "Lease",
+    "ModeChanged",
     "Models",
     "NoSuchSession",
     "PoolHandle",

@@ -57,6 +57,7 @@ from ._session_inbox import (
     History,
     HistoryPage,
     Left,
+    ModeChanged,
     ModeState,
     Published,
     RewindFiles,
@@ -292,11 +293,12 @@ class SessionActor:
             thinking=session.thinking if thinking is None else thinking,
             model=session.model if message.model is None else self.models.checked(message.model),
         )
-        if (record.mode, record.thinking, record.model) != (
+        changed = (record.mode, record.thinking, record.model) != (
             session.own_mode,
             session.thinking,
             session.model,
-        ):
+        )
+        if changed:
             await session.append(record)
             log.info(
                 "session %s: mode %s, thinking %s, model %s",
@@ -307,7 +309,10 @@ class SessionActor:
             )
         think = self.runtime.loop.thinking if session.thinking is None else session.thinking
         models = self.models
-        return ModeState(session.id, session.mode, think, models.of(session), models.names)
+        state = ModeState(session.id, session.mode, think, models.of(session), models.names)
+        if changed:  # the session's other clients (another editor, a chat) show it too
+            self._fanout.publish(ModeChanged(state, message.by))
+        return state
 
     async def _status(self) -> SessionStatus:
         session, usage = self.session, self.session.last_usage()

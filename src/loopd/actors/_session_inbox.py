@@ -37,6 +37,7 @@ __all__ = [
     "HISTORY_PAGE",
     "Fanout",
     "HistoryPage",
+    "ModeChanged",
     "ModeState",
     "Published",
     "SessionContext",
@@ -72,9 +73,18 @@ class Published:
     item: TurnEvent | TurnDone | TurnFailed
 
 
-SubscriptionItem = Published | SessionFailed
-"""What a subscriber hears: a turn's events, and, if its log fails, the session's end (then the
-`turn_failed` of each of its turns)."""
+@dataclass(frozen=True)
+class ModeChanged:
+    """A client changed the session's mode, thinking or model: every other client hears it."""
+
+    state: ModeState
+    by: str | None
+    """The client that changed it (its turns' prefix), which has its answer already."""
+
+
+SubscriptionItem = Published | SessionFailed | ModeChanged
+"""What a subscriber hears: a turn's events, a change of the session's mode, and, if its log
+fails, the session's end (then the `turn_failed` of each of its turns)."""
 
 
 class Subscription:
@@ -288,6 +298,8 @@ class SetMode:
     reply: Reply[ModeState]
     model: str | None = None
     """None: as it is."""
+    by: str | None = None
+    """The client that asks (its turns' prefix): told of the change by its answer alone."""
 
 
 SessionMessage = (
@@ -376,11 +388,16 @@ class SessionHandle:
         return await self._ask(lambda r: RewindFiles(at, r))
 
     async def set_mode(
-        self, mode: Mode | None = None, thinking: bool | None = None, model: str | None = None
+        self,
+        mode: Mode | None = None,
+        thinking: bool | None = None,
+        model: str | None = None,
+        by: str | None = None,
     ) -> ModeState:
         """Set the session's mode and whether its turns think (None: as it is), written to its
-        log; what they are now."""
-        return await self._ask(lambda r: SetMode(mode, thinking, r, model))
+        log; what they are now. Where they change, the session's other clients than `by` hear
+        it (`ModeChanged`)."""
+        return await self._ask(lambda r: SetMode(mode, thinking, r, model, by))
 
     async def decide(self, call: int, decision: Decision, session: str | None = None) -> bool:
         """Answer an approval the running turn waits for, or one of its sub-agents (`session`);

@@ -20,6 +20,7 @@ from loopd.actors import (
     Core,
     DuplicateTurn,
     FolderNotAllowed,
+    ModeChanged,
     NoSuchSession,
     Published,
     SessionError,
@@ -79,6 +80,17 @@ class Client:
         if isinstance(published, SessionFailed):  # the session's end: every client's concern
             return proto.SessionFailed(
                 session=published.session, fault=published.fault, message=published.message
+            )
+        if isinstance(published, ModeChanged):  # every client's but the one that asked
+            if published.by == self.prefix:
+                return None
+            state = published.state
+            return proto.ModeChanged(
+                session=state.session,
+                mode=state.mode,
+                thinking=state.thinking,
+                model=state.model,
+                models=list(state.models),
             )
         if not (published.turn.startswith(self.prefix) or self.watch_all):
             return None
@@ -334,7 +346,8 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
 
 
 async def _set_mode(client: Client, message: proto.SetMode) -> None:
-    state = await (await client.attached()).set_mode(message.mode, message.thinking, message.model)
+    session = await client.attached()
+    state = await session.set_mode(message.mode, message.thinking, message.model, client.prefix)
     client.say(
         proto.ModeSet(
             session=state.session,

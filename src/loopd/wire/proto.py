@@ -41,6 +41,7 @@ __all__ = [
     "History",
     "HistoryRequest",
     "McpServer",
+    "ModeChanged",
     "ModeSet",
     "NewSession",
     "OpenSession",
@@ -578,6 +579,19 @@ class ModeSet(_Message):
     """The models `set_mode` may choose between; empty: loopd serves one."""
 
 
+class ModeChanged(_Message):
+    """Another client of the session changed its mode, thinking or model (`set_mode`): what
+    they are now, as `mode` says them. Sent to every client in the session but the one that
+    asked (which has its `mode` answer), whether or not it subscribed."""
+
+    type: Literal["mode_changed"] = "mode_changed"
+    session: str
+    mode: Mode
+    thinking: bool
+    model: str | None = None
+    models: list[str] = []
+
+
 class Sessions(_Message):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
@@ -652,6 +666,7 @@ DaemonMessage = Annotated[
     | Approved
     | Undone
     | ModeSet
+    | ModeChanged
     | Error
     | Bye,
     Discriminator("type"),
