@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar, cast
@@ -486,6 +487,53 @@ async def test_acquire_gives_a_free_slot_then_the_owners_hot_one(nursery: trio.N
     async with pool.lease("a") as again:
         assert again is not None
         assert (again.slot.number, again.hot, again.tokens) == (0, True, 40)
+
+
+def model_slots(**counts: int) -> list[Slot]:
+    """Slots of one server per model (`[models.NAME]`), `counts[NAME]` of each."""
+    made = []
+    for model, count in counts.items():
+        server = cast("Client", SimpleNamespace(base_url=f"http://{model}.test", engine=LLAMA))
+        made += [Slot(server, n) for n in range(count)]
+    return made
+
+
+async def test_a_session_is_lent_only_its_models_slots(nursery: trio.Nursery) -> None:
+    served = {"http://small.test": "small", "http://big.test": "big"}
+    pool: PoolHandle = await nursery.start(
+        partial(pool_actor, model_slots(small=1, big=1), NO_FILES, models=served, default="small")
+    )
+    async with pool.lease("a", model="big") as lease:
+        assert lease is not None
+        assert lease.slot.client.base_url == "http://big.test"
+    async with pool.lease("b") as default:  # a request that names no model: the default's
+        assert default is not None
+        assert default.slot.client.base_url == "http://small.test"
+
+
+async def test_a_session_waits_for_its_models_slot_while_anothers_are_free(
+    nursery: trio.Nursery,
+) -> None:
+    served = {"http://small.test": "small", "http://big.test": "big"}
+    pool: PoolHandle = await nursery.start(
+        partial(pool_actor, model_slots(small=2, big=1), NO_FILES, models=served, default="small")
+    )
+    got: list[str] = []
+
+    async def turn(owner: str) -> None:
+        async with pool.lease(owner, model="big") as lease:
+            assert lease is not None
+            got.append(lease.slot.client.base_url)
+
+    async with trio.open_nursery() as turns:
+        async with pool.lease("a", model="big"):
+            turns.start_soon(turn, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []  # small's two slots are free, and not lent to big's session
+            async with pool.lease("c", model="big", wait=False) as none:
+                assert none is None
+        await trio.testing.wait_all_tasks_blocked()
+    assert got == ["http://big.test"]
 
 
 async def test_acquire_with_no_free_slot_takes_the_least_recently_used(
