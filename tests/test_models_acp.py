@@ -269,3 +269,27 @@ async def test_chat_model_names_sets_and_refuses_and_shows_another_clients_chang
     finally:
         await tmux.close()
         await d.end()
+
+
+async def test_status_describes_the_server_of_the_sessions_own_model(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    small = await serving(nursery, FakeLlama([]))
+    big = await serving(nursery, FakeLlama([]))
+    d = two_models(tmp_path, small.url, big.url)
+    await d.start()
+    try:
+        client = await d.connect()
+        await client.send({"type": "hello", "session": "new"})
+        await client.until("welcome")
+        seen = []
+        for model in (None, "big"):
+            if model is not None:
+                await client.send({"type": "set_mode", "model": model})
+                await client.until("mode")
+            await client.send({"type": "status"})
+            status = (await client.until("status"))[-1]
+            seen.append((status["session_model"], status["server"], status["context_size"]))
+    finally:
+        await d.end()
+    assert seen == [("small", small.url, 8192), ("big", big.url, 8192)]

@@ -430,14 +430,20 @@ async def _start_models(  # noqa: PLR0913, PLR0917 - what starting them fills in
     clients: list[Client] = []
     directory: Path | None = None
     described: list[str] = []
+    each: dict[str, DaemonInfo] = {}
     for name, model in order:
         if model.url is not None:
+            found = []
             for url in model.url:
                 client = await stack.enter_async_context(_client(config, url, access))
-                await _probe(client, config.server.engine)
+                found.append(await _probe(client, config.server.engine))
                 clients.append(client)
                 served[client.base_url] = name
             described.append(f"{name}: {', '.join(model.url)}")
+            each[name] = DaemonInfo(", ".join(model.url), None, engine=config.server.engine)
+            if (facts := next((f for f in found if f is not None), None)) is not None:
+                each[name].model, each[name].context_size = facts.model, facts.context
+                each[name].engine = facts.engine
             continue
         slots = model.slots or config.server.slots
         spec = launch_spec(model.managed(), slots, state)
@@ -451,6 +457,7 @@ async def _start_models(  # noqa: PLR0913, PLR0917 - what starting them fills in
         restarts_of.append((restarted, client))
         directory = spec.slot_save_path
         described.append(f"{name}: {spec.model.name}")
+        each[name] = DaemonInfo(client.base_url, spec.model.name, spec.n_ctx, "llama")
         log.info("model %s: llama-server with %s", name, spec.model.name)
     first = clients[0]
     info = DaemonInfo(first.base_url, "; ".join(described), engine=config.server.engine)
@@ -458,6 +465,7 @@ async def _start_models(  # noqa: PLR0913, PLR0917 - what starting them fills in
         info.context_size, info.engine = facts.context, facts.engine
     elif config.models[order[0][0]].url is None:
         info.context_size, info.engine = config.models[order[0][0]].n_ctx, "llama"
+    info.models, info.default = each, default
     return clients, info, directory
 
 

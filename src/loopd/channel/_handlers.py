@@ -54,6 +54,14 @@ class DaemonInfo:
     external server said (`GET /slots`, `/v1/models`); None when it said nothing."""
     engine: str | None = None
     """What serves the model (`llama`, `vllm`, `openai`); None: not known yet."""
+    models: dict[str, DaemonInfo] = field(default_factory=dict)
+    """With several models (`[models.NAME]`): what serves each, by name."""
+    default: str | None = None
+    """With several models: the one a session that names none runs on."""
+
+    def of(self, model: str | None) -> DaemonInfo:
+        """What serves `model` (None: the default): its own entry with several models."""
+        return self.models.get(model or self.default or "", self)
 
 
 @dataclass(eq=False)
@@ -233,12 +241,13 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
         )
         for v in views
     ]
+    info = client.info.of(s.model)
     client.say(
         proto.Status(
             session=s.session,
-            server=client.info.server_url,
-            model=client.info.model,
-            engine=client.info.engine,
+            server=info.server_url,
+            model=info.model,
+            engine=info.engine,
             slot=next(
                 (v.number for v in views if v.session == s.session and v.model == s.model), None
             ),
@@ -248,7 +257,7 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             turns=s.turns,
             last_usage=proto.Usage.of(s.last_usage),
             context=s.context,
-            context_size=client.info.context_size,
+            context_size=info.context_size,
             past_reasoning=s.past_reasoning,
             pending=_pending(s),
             slots=slots,
