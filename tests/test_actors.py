@@ -39,7 +39,7 @@ from loopd.actors._registry import _Hooks
 from loopd.actors._session import SessionActor
 from loopd.config import Config
 from loopd.infer import Client, Content, Queued, Slot
-from loopd.session.records import Record, UserRecord, conversation_problems
+from loopd.session.records import AssistantRecord, Record, UserRecord, conversation_problems
 from loopd.session.store import Store
 from loopd.supervise import ActorFailed, GaveUp
 from loopd.tools._port import _Decide, _PortActor
@@ -204,7 +204,12 @@ async def test_cancel_a_running_turn_ends_its_http_stream_and_leaves_a_valid_log
         with trio.fail_after(5):
             await server.wait_until(lambda: server.broken > 0)
     assert got[-1].item == TurnFailed("cancelled", "the turn was cancelled")
-    assert core.kinds() == ["user", "turn_end"]
+    assert core.kinds() == ["user", "assistant", "usage", "turn_end"]  # what came is kept
+    cut = core.log()[1]
+    assert isinstance(cut, AssistantRecord)
+    assert cut.cut == "cancelled"
+    assert cut.content
+    assert " ".join(["slowly"] * 100).startswith(cut.content)
     assert core.log()[-1].reason == "cancelled"  # type: ignore[union-attr]
 
 

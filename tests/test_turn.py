@@ -260,11 +260,16 @@ async def test_a_failed_request_appends_nothing(harness: Any) -> None:
     assert h.session.records[-1].reason == "error"
 
 
-async def test_an_error_inside_the_stream_appends_nothing(harness: Any) -> None:
+async def test_an_error_inside_the_stream_keeps_what_came_as_an_answer_cut_short(
+    harness: Any,
+) -> None:
     h = await harness(Reply(content="half an", kind="stream_error"))
     with pytest.raises(InferFailed):
         await h.turn()
-    assert h.kinds() == ["user", "turn_end"]
+    assert h.kinds() == ["user", "assistant", "usage", "turn_end"]
+    answer = h.session.records[1]
+    assert isinstance(answer, AssistantRecord)
+    assert (answer.content, answer.cut, answer.ended) == ("half an", "error", False)
 
 
 async def test_every_request_extends_the_previous_one(harness: Any) -> None:

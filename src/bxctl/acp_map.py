@@ -28,6 +28,7 @@ from loopd.session.records import (
     ToolResultRecord,
     UserRecord,
 )
+from loopd.session.transcript import CUT_BY
 from loopd.wire.events import (
     AgentUpdate,
     ApprovalNeeded,
@@ -524,6 +525,9 @@ def replayed(records: Sequence[Record]) -> Iterator[Update]:
                 yield schema.AgentMessageChunk(
                     session_update="agent_message_chunk", content=_text(record.content)
                 )
+            if record.cut is not None:  # marked as `bxctl log` marks it
+                said = _text(f"\n\n(answer cut short: {CUT_BY[record.cut]})")
+                yield schema.AgentMessageChunk(session_update="agent_message_chunk", content=said)
             for call in record.tool_calls:
                 asked[call.id] = _named(call.name, call.arguments)
         elif isinstance(record, PlanRecord):

@@ -96,7 +96,7 @@ HINTS = {
     "/compact goes on in a new session from a summary of this one; /new starts a fresh one "
     "(this one stays on disk either way).",
     "infer": "the model's server could not answer. Is it running? `bxctl status` shows where.",
-    "cancelled": "Cancelled. The answer it was writing is not kept; the log has all before it.",
+    "cancelled": "Cancelled. What it had written is kept in the log, marked as cut short.",
     "error": "The turn failed; loopd's log says more.",
 }
 

@@ -52,6 +52,7 @@ __all__ = [
     "Access",
     "AnyRequest",
     "Client",
+    "Cut",
     "EventSink",
     "RetryPolicy",
     "Sent",
@@ -62,6 +63,9 @@ __all__ = [
 EventSink = Callable[[ChatEvent], None]
 Sent = Callable[[], None]
 """Told that a request is written (`Client.chat`'s `sent`)."""
+Cut = Callable[[Completion], None]
+"""Handed the answer as far as it came when its stream ends without one (`Client.chat`'s
+`cut`): the read was cancelled, passed a deadline, or the stream broke or said an error."""
 AnyRequest = ChatRequest | PromptRequest
 
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
@@ -371,12 +375,14 @@ class Client:
         *,
         sent: Sent | None = None,
         prompts: PromptJson | None = None,
+        cut: Cut | None = None,
     ) -> Completion:
         """Stream one completion, passing each event on; raises an `InferError` on failure.
         `sent` is called once the request is written, and again once it could no longer be
         (the first call counts): work beside the request starts then, so that the server has
         the request first. `prompts`: the encoder of the slot's last token-exact prompt
-        (`Slot.prompts`)."""
+        (`Slot.prompts`). `cut` is handed the answer as far as it came where its stream
+        began and ended without one, cancelled too (`Cut`)."""
         try:
             path, body = await self.engine.request(request, prompts)
             headers = self._headers
@@ -387,7 +393,7 @@ class Client:
             if sent is not None:
                 sent()
         try:
-            return await self._read(stream, request, on_event)
+            return await self._read(stream, request, on_event, cut)
         finally:
             await _close(stream)
 
@@ -439,11 +445,23 @@ class Client:
             on_event(Queued())
             await stream.read_head()  # reading it goes on where it was cut off
 
-    async def _read(self, stream: Stream, request: AnyRequest, on_event: EventSink) -> Completion:
+    async def _read(
+        self, stream: Stream, request: AnyRequest, on_event: EventSink, cut: Cut | None
+    ) -> Completion:
         on_event(Waiting())
         assembler, primed = self.engine.reader(request)
         for event in primed:
             on_event(event)
+        try:
+            return await self._events(stream, request, on_event, assembler)
+        except BaseException:
+            if cut is not None:  # sans-IO: what the assembler holds is what came, whole
+                cut(assembler.completion())
+            raise
+
+    async def _events(
+        self, stream: Stream, request: AnyRequest, on_event: EventSink, assembler: Reader
+    ) -> Completion:
         if "text/event-stream" not in stream.content_type:
             raise StreamBroken(
                 f"{self.engine.title} did not answer with an event stream: its content type is "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ._client import AnyRequest, Client, EventSink, RetryPolicy, Sent, SlotFile
+from ._client import AnyRequest, Client, Cut, EventSink, RetryPolicy, Sent, SlotFile
 from ._prompt_json import PromptJson
 from ._types import Completion
 
@@ -31,11 +31,16 @@ class Slot:
         return self.client.reached
 
     async def chat(
-        self, request: AnyRequest, on_event: EventSink, *, sent: Sent | None = None
+        self,
+        request: AnyRequest,
+        on_event: EventSink,
+        *,
+        sent: Sent | None = None,
+        cut: Cut | None = None,
     ) -> Completion:
         """`request` on this slot, whatever slot it names: one try (`Client.chat`)."""
         return await self.client.chat(
-            self._pinned(request), on_event, sent=sent, prompts=self.prompts
+            self._pinned(request), on_event, sent=sent, prompts=self.prompts, cut=cut
         )
 
     async def chat_with_retry(self, request: AnyRequest, on_event: EventSink) -> Completion:

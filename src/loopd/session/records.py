@@ -29,6 +29,7 @@ __all__ = [
     "AssistantRecord",
     "Baseline",
     "CacheLossRecord",
+    "CutReason",
     "DataClass",
     "Decision",
     "FailureKind",
@@ -74,6 +75,8 @@ approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
+CutReason = Literal["cancelled", "turn_limit", "error"]
+"""What cut an answer short as it streamed: a cancel, the turn's deadline, its server."""
 FailureKind = Literal["turn_limit", "session_full", "infer", "cancelled", "error"]
 """How a turn that did not answer ended, as clients are told: `infer` when llama-server
 could not answer (its log says `error`)."""
@@ -198,15 +201,20 @@ class AssistantRecord(_Record):
     """The tokens the model generated (token-exact history); what the next prompt holds."""
     ended: bool = False
     """The last token ended the message (it was not cut by a limit)."""
+    cut: CutReason | None = None
+    """The answer was cut short before its end: by a cancel (`cancelled`), the turn's deadline
+    (`turn_limit`) or its server (`error`: the stream broke or said an error). It holds what
+    came, as far as it came; None: it came whole (or was cut by `max_tokens`, `ended` false)."""
 
     @classmethod
-    def of(cls, c: Completion) -> AssistantRecord:
+    def of(cls, c: Completion, cut: CutReason | None = None) -> AssistantRecord:
         return cls(
             content=c.content,
             reasoning_content=c.reasoning_content,
             tool_calls=c.tool_calls,
             tokens=c.tokens,
             ended=c.ended,
+            cut=cut,
         )
 
 

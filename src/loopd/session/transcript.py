@@ -27,8 +27,18 @@ from loopd.session.records import (
     UserRecord,
 )
 
-__all__ = ["approval_line", "flags", "hook_outcome", "mode_words", "plan_lines", "transcript"]
+__all__ = [
+    "CUT_BY",
+    "approval_line",
+    "flags",
+    "hook_outcome",
+    "mode_words",
+    "plan_lines",
+    "transcript",
+]
 
+CUT_BY = {"cancelled": "cancelled", "turn_limit": "the turn's deadline", "error": "the server"}
+"""What cut an answer short (`AssistantRecord.cut`), as a person reads it."""
 _DECISIONS = {"once": "approved once", "session": "approved for the session", "deny": "denied"}
 _BY = {"user": "", "timeout": " (nobody answered in time)", "turn_end": " (the turn ended first)"}
 
@@ -61,6 +71,8 @@ def transcript(records: list[Record]) -> list[Text]:  # noqa: C901, PLR0912 - on
             if record.content:
                 lines.append(Text.assemble(("model: ", "bold blue"), record.content))
             lines.extend(Text(f"⚙ {c.name} {c.arguments}", style="cyan") for c in record.tool_calls)
+            if record.cut is not None:
+                lines.append(Text(f"  (answer cut short: {CUT_BY[record.cut]})", style="yellow"))
         elif isinstance(record, ToolResultRecord):
             what = flags(record.data_class, record.untrusted, record.truncated)
             first = record.content.strip().split("\n", 1)[0][:160]

@@ -51,8 +51,9 @@ from loopd.session.store import Session
 from loopd.tools import Registry, ToolPort
 from loopd.turn.calls import Delegate, RepeatedCall, ToolCalls
 from loopd.turn.changes import Hands
+from loopd.turn.cut import CutAnswers, Inference
 from loopd.turn.exact import ExactHistory, next_request
-from loopd.turn.guess import Inference, send
+from loopd.turn.guess import send
 from loopd.turn.waiting import Elsewhere, ServerWait, wait_reason
 from loopd.wire.events import CacheLoss, TurnEvent
 
@@ -137,6 +138,7 @@ async def run_turn(
         raise TurnError(refused)  # before the turn began: nothing of it is in the log to close
     await session.add(UserRecord(content=content))  # durable while its request goes (`first`)
     reason: TurnEndReason = "error"
+    turn: _Turn | None = None
     try:
         think = next(t for t in (thinking, session.thinking, rt.loop.thinking) if t is not None)
         turn = _Turn(session, rt, on_event, think)
@@ -159,6 +161,8 @@ async def run_turn(
         raise
     finally:
         with trio.CancelScope(shield=True):
+            if turn is not None:  # an answer cut short is kept before the turn is closed
+                await turn.answers.keep(session, reason, shown=turn.output)
             await close_turn(session, reason)
 
 
@@ -170,6 +174,8 @@ class _Turn:
         """The waits of the request under way, if it had to wait for the server."""
         self.output = False
         """The try under way passed part of an answer on: it is not tried again."""
+        self.answers = CutAnswers()
+        """The request under way, watched: its answer as far as it came, if it is cut."""
         self.calls = ToolCalls(
             session, rt.loop, rt.port, rt.registry, rt.find_limit, on_event, rt.delegate, rt.hands
         )
@@ -255,7 +261,9 @@ class _Turn:
                 nxt = await next_request(  # built anew each try: it may ask the server
                     rt.exact, session, generation, prefill=prefill, grammar=grammar
                 )
-                answered = await send(rt.inference, nxt, self._pass_on, first=session.sync)
+                watched = self.answers.on(rt.inference)
+                nxt = self.answers.expect(nxt)
+                answered = await send(watched, nxt, self._pass_on, first=session.sync)
             except InferError as e:
                 if is_context_full(e):
                     raise SessionFull(str(e)) from e
