@@ -193,13 +193,13 @@ class Tool:
     def of(cls, name: str, arguments: str) -> Tool:
         try:
             parsed: Any = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past what the parser can: as text
             return cls(name, arguments)
         if name != "call_tool" or not isinstance(parsed, dict):
             return cls(name, parsed)
         tool, inner = parsed.get("name"), parsed.get("arguments", {})
         if isinstance(inner, str):  # some models send the object as a JSON string
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 inner = json.loads(inner)
         return cls(tool, inner) if isinstance(tool, str) else cls(name, parsed)
 
