@@ -154,7 +154,7 @@ def _markdown(one: Exported, level: int) -> list[str]:  # noqa: C901, PLR0912 - 
     """The tool each call of the model's named, by the call's id."""
     for record in one.records:
         if isinstance(record, UserRecord):
-            lines += [f"{h}# You", "", record.content, ""]
+            lines += [f"{h}# You", "", record.content.rstrip("\n"), ""]
         elif isinstance(record, AssistantRecord):
             lines += [f"{h}# Model", ""]
             if record.reasoning_content:
@@ -167,7 +167,7 @@ def _markdown(one: Exported, level: int) -> list[str]:  # noqa: C901, PLR0912 - 
                     "",
                 ]
             if record.content:
-                lines += [record.content, ""]
+                lines += [record.content.rstrip("\n"), ""]
             for call in record.tool_calls:
                 name, arguments = _called(call.name, call.arguments)
                 names[call.id] = name
