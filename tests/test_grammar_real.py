@@ -27,6 +27,7 @@ from loopd.infer._learn import CONTENT, REASONING, Render, _Probe
 from loopd.session.baseline import TOOLS, make_baseline
 from loopd.turn.exact import ExactHistory
 from support.gbnf import prefix_allowed
+from support.template_servers import SYSTEM, TemplateServers
 
 pytestmark = pytest.mark.llama
 
@@ -153,21 +154,20 @@ def _render(client: Client) -> Render:
 
 @pytest.mark.parametrize("template", sorted(p.name for p in ALL_TEMPLATES.glob("*.jinja")))
 async def test_the_trigger_fires_on_the_templates_call_and_on_nothing_else(
-    llama: StartLlama, template: str
+    template_servers: TemplateServers, template: str
 ) -> None:
     """What follows the prompt as the template renders it: an answer to the user, a reasoning
     block that ends and an answer, and a call of an offered tool, which alone the trigger
     matches, where the call's opening starts."""
-    server = await llama(n_ctx=4096, template=ALL_TEMPLATES / template)
-    async with Client(server.url) as client:
-        try:
-            fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)
-        except FormatError:
-            pytest.skip("history goes as messages: loopd sends no grammar")
-        grammar = call_grammar(fmt, TOOLS)
-        if grammar is None or fmt.tool_call is None:
-            pytest.skip("loopd makes no grammar for this template's calls")
-        probe = await _Probe.start(_render(client), "Be brief.")
+    try:
+        fmt = await template_servers.format(ALL_TEMPLATES / template, thinking=True)
+    except FormatError:
+        pytest.skip("history goes as messages: loopd sends no grammar")
+    grammar = call_grammar(fmt, TOOLS)
+    if grammar is None or fmt.tool_call is None:
+        pytest.skip("loopd makes no grammar for this template's calls")
+    async with Client(await template_servers.url(ALL_TEMPLATES / template)) as client:
+        probe = await _Probe.start(_render(client), SYSTEM)
         answers = [probe.plain]
         # A reasoning block that ends, then the answer (Devstral's template writes the
         # reasoning in the content's place: nothing to show there).

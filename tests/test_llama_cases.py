@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, StartLlama
-from loopd.infer import ChatFormat, Client, FormatError
-from loopd.session.baseline import make_baseline
-from loopd.turn.exact import ExactHistory
+from conftest import ROOT
+from loopd.infer import ChatFormat, FormatError
 from support.llama_cases import Case, load_cases, parse
 from support.llama_known import KNOWN
+from support.template_servers import TemplateServers
 
 pytestmark = pytest.mark.llama
 
@@ -61,22 +60,19 @@ def _differs(fmt: ChatFormat, case: Case) -> str | None:
 
 @pytest.mark.parametrize("template", sorted(CASES))
 async def test_llama_cpp_cases_read_as_llama_cpp_reads_them(
-    llama: StartLlama, template: str
+    template_servers: TemplateServers, template: str
 ) -> None:
     compared = [c for c in CASES[template] if c.skip_reason() is None]
     if not compared:
         pytest.skip("every case of this template tests what loopd does not have")
-    server = await llama(n_ctx=4096, template=TEMPLATES / template)
     formats: dict[bool, ChatFormat | FormatError] = {}
-    async with Client(server.url) as client:
-        exact = ExactHistory(client)
-        for thinking in sorted({c.thinking for c in compared}):
-            try:
-                formats[thinking] = await exact.format(
-                    make_baseline("Be brief."), thinking=thinking
-                )
-            except FormatError as e:  # history goes as messages: llama-server's parser reads
-                formats[thinking] = e
+    for thinking in sorted({c.thinking for c in compared}):
+        try:
+            formats[thinking] = await template_servers.format(
+                TEMPLATES / template, thinking=thinking
+            )
+        except FormatError as e:  # history goes as messages: llama-server's parser reads
+            formats[thinking] = e
     differences = {}
     for case in compared:
         fmt = formats[case.thinking]

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, StartLlama
+from conftest import ROOT
 from loopd.infer import ChatFormat, Client, FormatError
 from loopd.infer._learn import CONTENT, Render, _clean, _common_prefix, _Probe
 from loopd.infer._parse import Piece
 from loopd.infer._raw import parser_for
 from loopd.infer._schema import ArgumentTypes
-from loopd.session.baseline import TOOLS, make_baseline
-from loopd.turn.exact import ExactHistory
+from loopd.session.baseline import TOOLS
+from support.template_servers import SYSTEM, TemplateServers
 
 pytestmark = pytest.mark.llama
 
@@ -121,18 +121,20 @@ def _calls(fmt: ChatFormat, text: str, size: int) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("template", _params())
-async def test_the_templates_three_calls_are_read_back(llama: StartLlama, template: str) -> None:
-    server = await llama(n_ctx=4096, template=ALL_TEMPLATES / f"{template}.jinja")
-    async with Client(server.url) as client:
-        try:
-            fmt = await ExactHistory(client).format(make_baseline("Be brief."), thinking=True)
-        except FormatError:
-            pytest.skip("history goes as messages: loopd parses no raw text")
-        if fmt.tool_call is None:
-            pytest.skip("loopd reads no calls in this template's format")
-        if not fmt.tool_call.rendered:
-            pytest.skip("the template writes no past call")
-        probe = await _Probe.start(_render(client), "Be brief.")
+async def test_the_templates_three_calls_are_read_back(
+    template_servers: TemplateServers, template: str
+) -> None:
+    path = ALL_TEMPLATES / f"{template}.jinja"
+    try:
+        fmt = await template_servers.format(path, thinking=True)
+    except FormatError:
+        pytest.skip("history goes as messages: loopd parses no raw text")
+    if fmt.tool_call is None:
+        pytest.skip("loopd reads no calls in this template's format")
+    if not fmt.tool_call.rendered:
+        pytest.skip("the template writes no past call")
+    async with Client(await template_servers.url(path)) as client:
+        probe = await _Probe.start(_render(client), SYSTEM)
         rendered = await probe.assistant(MESSAGE)
     written = _written(fmt, probe.gen, rendered)
     expected = [(name, arguments) for name, arguments in CALLS]
