@@ -137,7 +137,10 @@ async def interactive(
     connection = await Connection.open(path)
     note = None
     if session == "new":
-        session, note = await connection.here(lambda cwd: connection.hello("new", cwd=cwd))
+        # A chat's session is made to talk in now: it goes if the chat leaves it empty.
+        session, note = await connection.here(
+            lambda cwd: connection.hello("new", cwd=cwd, discard_if_empty=True)
+        )
     else:
         session = await connection.hello(session)
     console.print(
@@ -348,7 +351,9 @@ async def _model(words: list[str], connection: Connection, console: Console) -> 
 async def _new(_: list[str], connection: Connection, console: Console) -> None:
     """`/new`: a fresh session, in the folder bxctl runs in where loopd allows it."""
     try:
-        session, note = await connection.here(connection.new_session)
+        session, note = await connection.here(
+            lambda cwd: connection.new_session(cwd, discard_if_empty=True)
+        )
     except SessionRefused as e:
         console.print(str(e), style="red")
         return

@@ -68,12 +68,15 @@ class Connection:
         cwd: str | None = None,
         servers: Sequence[McpServer] = (),
         client: str = "bxctl",
+        discard_if_empty: bool = False,
     ) -> str:
         """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`), giving
-        it MCP servers of its own; the session's id. Raises `SessionRefused` when loopd cannot
-        open it."""
+        it MCP servers of its own; the session's id. `discard_if_empty`: a new session goes if
+        nothing is said in it (`hello`'s). Raises `SessionRefused` when loopd cannot open it."""
         greeting = hello(session, cwd, client)
         greeting["mcp_servers"] = [server.model_dump() for server in servers]
+        if discard_if_empty:
+            greeting["discard_if_empty"] = True
         await self.send(greeting)
         while True:
             message = await self.receive()
@@ -84,9 +87,13 @@ class Connection:
             if isinstance(message, Welcome):
                 return message.session
 
-    async def new_session(self, cwd: str | None = None) -> str:
-        """Go on in a new session (in folder `cwd`); its id. Raises `SessionRefused`."""
-        return await self._move({"type": "new_session", "cwd": cwd})
+    async def new_session(self, cwd: str | None = None, *, discard_if_empty: bool = False) -> str:
+        """Go on in a new session (in folder `cwd`; gone if nothing is said in it, where
+        `discard_if_empty`); its id. Raises `SessionRefused`."""
+        message: dict[str, Any] = {"type": "new_session", "cwd": cwd}
+        if discard_if_empty:
+            message["discard_if_empty"] = True
+        return await self._move(message)
 
     async def open_session(self, session: str) -> str:
         """Go on in `session` (an id, or `latest`); the id loopd serves. Raises

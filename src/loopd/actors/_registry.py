@@ -62,6 +62,8 @@ class _Live:
     """The paths of the `AGENTS.md` files its baseline carries."""
     cwd: str | None = None
     """Its own folder (its header's)."""
+    discard_if_empty: bool = False
+    """Made new for a client that asked for it to go if nothing is said in it (`hello`'s)."""
     clients: int = 1
     idle: bool = True
     handle: SessionHandle | None = None
@@ -130,7 +132,12 @@ class SessionRegistry:
         return len(set(self._by_id.values()))
 
     async def attach(
-        self, which: str, cwd: str | None = None, servers: Sequence[McpServer] = ()
+        self,
+        which: str,
+        cwd: str | None = None,
+        servers: Sequence[McpServer] = (),
+        *,
+        discard_if_empty: bool = False,
     ) -> tuple[SessionHandle, str]:
         """The session `which` (an id, `latest` or `new`) for one more client: its handle and
         id; `cwd`: a new session's own folder (an existing one keeps its own); `servers`: MCP
@@ -163,7 +170,7 @@ class SessionRegistry:
                 f"loopd serves {self.max_live} sessions at once ([session] max_live); leave "
                 "one, or wait for its turn to end"
             )
-        return await self._open(which, key, folder, servers)
+        return await self._open(which, key, folder, servers, discard_if_empty)
 
     async def fork(self, parent: str, at: int | None) -> tuple[SessionHandle, str]:
         """A new session, the fork of `parent` at the end of its turn `at` (its latest when
@@ -192,7 +199,12 @@ class SessionRegistry:
         return live.instructions if live is not None else ()
 
     async def _open(
-        self, which: str, key: str, cwd: Path | None, servers: Sequence[McpServer]
+        self,
+        which: str,
+        key: str,
+        cwd: Path | None,
+        servers: Sequence[McpServer],
+        discard_if_empty: bool = False,
     ) -> tuple[SessionHandle, str]:
         """Open `which` (an id, or `new` in folder `cwd`) with `servers`; others asking for
         `key` meanwhile wait for it."""
@@ -210,6 +222,7 @@ class SessionRegistry:
                 )
             files = session.header.instructions.files if session.header.instructions else ()
             live = _Live({session.id}, tuple(f.path for f in files), cwd=session.header.cwd)
+            live.discard_if_empty = which == NEW and discard_if_empty
             live.handle = await self._nursery.start(self._serve, session, live, servers)
         finally:
             self._pending.pop(key, None)
@@ -287,13 +300,16 @@ class SessionRegistry:
             log.error("%s; it is closed, every other session goes on", e)  # noqa: TRY400 - no bug
             self._forget_failed(live)
         else:  # stopped, its log closed: before anyone waiting for it may open it again
-            await self._discard_if_empty(live)
+            if live.discard_if_empty:
+                await self._discard_if_empty(live)
         finally:
             live.done.set()
 
     async def _discard_if_empty(self, live: _Live) -> None:
         """Remove a session its clients left holding nothing (a chat quit before its first
-        message, an editor's session never prompted): it would only fill the lists."""
+        message): it would only fill the lists. Only where the client that made it asked
+        (`discard_if_empty`): an editor's session is prompted later, maybe by another
+        process (acpx makes a session with one and prompts with the next)."""
         for session in live.ids:
             try:
                 if await self.store.discard_if_empty(session):

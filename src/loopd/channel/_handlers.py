@@ -112,12 +112,20 @@ class Client:
         return self.session
 
     async def move(
-        self, which: str, cwd: str | None = None, servers: Sequence[proto.McpServer] = ()
+        self,
+        which: str,
+        cwd: str | None = None,
+        servers: Sequence[proto.McpServer] = (),
+        *,
+        discard_if_empty: bool = False,
     ) -> str:
         """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`) with the MCP
         servers it gives it, leaving the one it was in; the session's id. Raises a
         `SessionError`."""
-        return await self._switch(*await self.core.sessions.attach(which, cwd, servers))
+        attached = await self.core.sessions.attach(
+            which, cwd, servers, discard_if_empty=discard_if_empty
+        )
+        return await self._switch(*attached)
 
     async def fork(self, parent: str | None, at: int | None) -> str:
         """Move it to a new fork of `parent` (its own session when None) at turn `at`; the
@@ -165,7 +173,7 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
             message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
             f"{message.protocol}: update the older of the two",
         )
-    await _move(client, message.session, message.cwd, message.mcp_servers)
+    await _move(client, message.session, message.cwd, message.mcp_servers, message.discard_if_empty)
     return None
 
 
@@ -174,8 +182,9 @@ async def _move(
     which: str,
     cwd: str | None = None,
     servers: Sequence[proto.McpServer] = (),
+    discard_if_empty: bool = False,
 ) -> None:
-    _welcome(client, await client.move(which, cwd, servers))
+    _welcome(client, await client.move(which, cwd, servers, discard_if_empty=discard_if_empty))
 
 
 def _welcome(client: Client, session: str) -> None:
@@ -322,7 +331,7 @@ async def _history(client: Client, message: proto.HistoryRequest) -> None:
 
 
 async def _new_session(client: Client, message: proto.NewSession) -> None:
-    await _move(client, "new", message.cwd, message.mcp_servers)
+    await _move(client, "new", message.cwd, message.mcp_servers, message.discard_if_empty)
 
 
 async def _open_session(client: Client, message: proto.OpenSession) -> None:

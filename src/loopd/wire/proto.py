@@ -130,6 +130,10 @@ class Hello(_Message):
     mcp_servers: McpServers = []
     """MCP servers for this session alone, started as it goes live; a session live already
     keeps those it has, and these are not started."""
+    discard_if_empty: bool = False
+    """With `new`: remove the new session once every client has left it, if nothing was said
+    in it (a chat quit before its first message). For a client that makes a session to talk
+    in at once; never for one another process may prompt later (an editor's, acpx's)."""
 
 
 class Send(_Message):
@@ -184,6 +188,8 @@ class NewSession(_Message):
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     """As `hello`'s: the one folder the new session's file tools work in."""
     mcp_servers: McpServers = []
+    """As `hello`'s."""
+    discard_if_empty: bool = False
     """As `hello`'s."""
 
 
