@@ -197,14 +197,17 @@ model_calls = st.lists(
 )
 
 
-@dataclass
 class Running:
     """A scripted llama-server on a thread of its own, so that every hypothesis example can
-    talk to the same `loopd serve` from its own `trio.run`."""
+    talk to the same `loopd serve` from its own `trio.run`. Not a dataclass: hypothesis
+    prints each example's arguments, a dataclass field by field, and the scripted server's
+    every request body and its list of 100,000 exchanges would take gigabytes."""
 
-    fake: FakeLlama
-    server: ReplayServer
-    daemon: Daemon
+    def __init__(self, fake: FakeLlama, server: ReplayServer, daemon: Daemon) -> None:
+        self.fake, self.server, self.daemon = fake, server, daemon
+
+    def __repr__(self) -> str:
+        return f"Running(loopd at {self.daemon.socket})"
 
 
 @pytest.fixture(scope="module")

@@ -303,6 +303,10 @@ class SessionRegistry:
             if live.discard_if_empty:
                 await self._discard_if_empty(live)
         finally:
+            # Its actor closes the log when it stops; one cancelled before its actor ran (the
+            # client that asked for it left while its tools started) would hold it, and its
+            # lock, for as long as loopd runs: closing twice is nothing.
+            session.close()
             live.done.set()
 
     async def _discard_if_empty(self, live: _Live) -> None:
