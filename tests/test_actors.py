@@ -21,6 +21,7 @@ import trio
 from loopd.actors import (
     Busy,
     DuplicateTurn,
+    ModeChanged,
     PoolHandle,
     Published,
     SessionHandle,
@@ -115,8 +116,12 @@ def core(tmp_path: Path, served: Any) -> Core:
 
 
 async def collect(subscription: Subscription, turns: int) -> list[Published]:
+    """The turns' messages up to the end of `turns` of them; a change of the session's mode,
+    which every subscriber hears too, is passed over."""
     got: list[Published] = []
     async for message in subscription.receive:
+        if isinstance(message, ModeChanged):
+            continue
         assert isinstance(message, Published)
         got.append(message)
         if sum(isinstance(m.item, TurnDone | TurnFailed) for m in got) == turns:
