@@ -51,7 +51,7 @@ class InstructionReader:
             return Read((), self.limit)
         found = [  # nearest first
             got
-            for folder in self._folders(cwd)
+            for folder in self.roots.up_from(cwd)
             if (got := self._project_file(folder / FILE_NAME)) is not None
         ]
         user = self._user_file(self.user) if self.user is not None else None
@@ -69,22 +69,6 @@ class InstructionReader:
         if files:
             log.info("AGENTS.md files for a new session: %s", ", ".join(f.path for f, _ in files))
         return Read(tuple(files), self.limit)
-
-    def _folders(self, cwd: Path | None) -> list[Path]:
-        """The session's folder and each one above it up to its root, nearest first."""
-        tops = list(self.roots.roots.values())
-        if cwd is None:
-            if len(tops) != 1:
-                return []
-            cwd = tops[0]
-        holding = [r for r in tops if cwd.is_relative_to(r)]
-        if not holding:
-            return []
-        root = max(holding, key=lambda r: len(r.parts))
-        folders = [cwd]
-        while folders[-1] != root:
-            folders.append(folders[-1].parent)
-        return folders
 
     def _project_file(self, path: Path) -> tuple[Path, bytes, str, int] | None:
         if not os.path.lexists(path):

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import BinaryIO
 
+from loopd.session.markdown import folders_up
+
 from ._port import ToolFailure
 
 __all__ = [
@@ -142,6 +144,20 @@ class Roots:
                 "[tools.run] deny_read)"
             )
         return resolved
+
+    def up_from(self, cwd: Path | None) -> list[Path]:
+        """A session's folder (`cwd`, else the single root; with several and no `cwd`, none)
+        and each folder above it up to the root that holds it, never above: nearest first.
+        Where a session's own files (`AGENTS.md`, skills) are looked for."""
+        tops = list(self.roots.values())
+        if cwd is None:
+            if len(tops) != 1:
+                return []
+            cwd = tops[0]
+        holding = [r for r in tops if cwd.is_relative_to(r)]
+        if not holding:
+            return []
+        return folders_up(cwd, max(holding, key=lambda r: len(r.parts)))
 
     def hides(self, path: Path) -> bool:
         """Whether `path` (resolved) is one the tools never reach."""

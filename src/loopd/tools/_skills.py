@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from loopd.config import Policy, ToolsConfig
-from loopd.session.markdown import FILE_BYTES, NAME, folders_up, front_matter
+from loopd.session.markdown import FILE_BYTES, NAME, front_matter
 
 from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput, ToolRequest
@@ -77,21 +77,12 @@ class SkillReader:
     def find(self, cwd: Path | None) -> list[Skill]:
         """The skills of a session working in `cwd` (None: its roots), nearest first."""
         found: dict[str, Skill] = {}
-        for folder in self._project_folders(cwd):
+        for folder in self.roots.up_from(cwd):
             for skill in self._in(folder / FOLDER, project=True):
                 found.setdefault(skill.name, skill)
         for skill in self._in(self.user, project=False):
             found.setdefault(skill.name, skill)
         return list(found.values())
-
-    def _project_folders(self, cwd: Path | None) -> list[Path]:
-        tops = list(self.roots.roots.values())
-        if cwd is None:
-            cwd = tops[0] if len(tops) == 1 else None
-        holding = [r for r in tops if cwd is not None and cwd.is_relative_to(r)]
-        if cwd is None or not holding:
-            return []
-        return folders_up(cwd, max(holding, key=lambda r: len(r.parts)))
 
     def _in(self, folder: Path, *, project: bool) -> list[Skill]:
         try:
