@@ -12,13 +12,11 @@ they are the user's own prompts, sent as if typed (the log keeps the text the mo
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from loopd.session.markdown import FILE_BYTES, NAME, folders_up, front_matter
+from loopd.session.markdown import NAME, folders_up, front_matter, read_head
 
 __all__ = ["FOLDER", "UserCommand", "expand", "find_commands"]
 
@@ -70,28 +68,15 @@ def _in(folder: Path) -> list[UserCommand]:
         return []
     commands = []
     for path in files:
-        if not NAME.fullmatch(path.stem) or (text := _read(path)) is None:
+        if not NAME.fullmatch(path.stem) or (head := read_head(path)) is None:
             continue
+        text = head.decode("utf-8", "replace")
         fields, body = front_matter(text)
         description = fields.get("description") or _first_line(body)
         commands.append(
             UserCommand(path.stem, description, fields.get("argument-hint", ""), body, path)
         )
     return commands
-
-
-def _read(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None  # a FIFO would never end a read
-            return f.read(FILE_BYTES).decode("utf-8", "replace")
-        except OSError:
-            return None
 
 
 def _first_line(body: str) -> str:

@@ -11,10 +11,12 @@ still be usable by its body.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
-__all__ = ["FILE_BYTES", "NAME", "folders_up", "front_matter"]
+__all__ = ["FILE_BYTES", "NAME", "folders_up", "front_matter", "read_head"]
 
 FILE_BYTES = 256 * 1024
 """The most of one such file that is read: a command or a skill longer than this is cut."""
@@ -52,6 +54,20 @@ def front_matter(text: str) -> tuple[dict[str, str], str]:
             value = value[1:-1]
         fields[key] = value
     return fields, "\n".join(lines[end + 1 :]).lstrip("\n")
+
+
+def read_head(path: Path) -> bytes | None:
+    """The first `FILE_BYTES` of a regular file; None where it is none or cannot be read (it
+    is opened without waiting: a FIFO would never end a read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read(FILE_BYTES) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+        except OSError:
+            return None
 
 
 def folders_up(start: Path, top: Path | None) -> list[Path]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import trio
 
 from loopd.config import Policy, ToolsConfig
-from loopd.session.markdown import FILE_BYTES, NAME, front_matter
+from loopd.session.markdown import FILE_BYTES, NAME, front_matter, read_head
 
 from ._entry import ToolEntry
 from ._port import ToolFailure, ToolOutput, ToolRequest
@@ -114,13 +113,9 @@ class SkillReader:
                 with self.roots.open(resolved, str(path)) as f:
                     data = f.read(FILE_BYTES)
             else:
-                if self.keys.hides(resolved):
+                if self.keys.hides(resolved) or (head := read_head(resolved)) is None:
                     return None
-                fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                with os.fdopen(fd, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                        return None
-                    data = f.read(FILE_BYTES)
+                data = head
         except (OSError, ToolFailure):
             return None
         if b"\0" in data[:SNIFF_BYTES]:
