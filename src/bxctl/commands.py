@@ -221,10 +221,8 @@ def waiting_line(event: TurnEvent) -> str | None:
     server, for a retry, for a summary (its answer alone goes to stdout); None for the rest."""
     if isinstance(event, Queued):
         return "queued: every slot of the model is busy; the turn waits for one"
-    if isinstance(event, WaitingForServer | MovedToServer):
+    if isinstance(event, WaitingForServer | MovedToServer | Retrying):
         return event.said()
-    if isinstance(event, Retrying):
-        return f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}"
     if isinstance(event, Compacting):
         return f"the context is full: summarising session {event.session} to go on in a new one"
     return None

@@ -240,12 +240,7 @@ class TurnView:
                 )
             )
         elif isinstance(event, Retrying):
-            self.notes.append(
-                Text(
-                    f"retrying in {event.delay:.1f} s (attempt {event.attempt}): {event.why}",
-                    style="yellow",
-                )
-            )
+            self.notes.append(Text(event.said(), style="yellow"))
         elif isinstance(event, WaitingForServer):
             self.notes.append(Text(event.said(), style="yellow"))
             self.state = "waiting for the server"

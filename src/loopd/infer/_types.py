@@ -314,6 +314,10 @@ class Retrying(_Model):
     delay: float
     why: str
 
+    def said(self) -> str:
+        """The retry in one line, as clients show it."""
+        return f"retrying in {self.delay:.1f} s (attempt {self.attempt}): {self.why}"
+
 
 ChatEvent = Annotated[
     Queued
