@@ -527,12 +527,12 @@ async def test_connections_beyond_the_cap_are_told_and_closed(daemon: StartDaemo
 async def test_a_hello_in_another_protocol_is_answered_with_an_error(daemon: StartDaemon) -> None:
     d = await daemon("plain")
     client = await d.connect()
-    await client.send({"type": "hello", "protocol": 3, "client": "future"})
+    await client.send({"type": "hello", "protocol": 4, "client": "future"})
     error = (await client.until("error"))[-1]
     assert error["code"] == "protocol"
     assert (
         error["message"]
-        == "this loopd speaks protocol 2, the client 3: update the older of the two"
+        == "this loopd speaks protocols 2 to 3, the client 4: update the older of the two"
     )
 
 

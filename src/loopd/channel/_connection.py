@@ -11,6 +11,7 @@ full. None of it reaches the session or another client.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 BAD_LINES = 20
 """Bad lines in a row before a connection is closed as abusive."""
 GOODBYE_GRACE = 1.0
+REF_CAP = 200
+"""The longest `ref` echoed (as `proto`'s own cap): a refused line's is not checked by it."""
 
 
 @dataclass(eq=False)  # kept in a set by identity
@@ -194,8 +197,21 @@ class Connection:
         try:
             message = proto.CLIENT_MESSAGE.validate_json(text)
         except ValidationError as e:
-            return _describe(e)
+            error = _describe(e)
+            ref = _ref_in(text)
+            return error if ref is None else error.model_copy(update={"ref": ref})
         return await handle(self.client, message)
+
+
+def _ref_in(text: str) -> str | None:
+    """The `ref` of a line that is no valid message, where it names one: so the client can
+    tell which of its requests was refused."""
+    try:
+        fields = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    ref = fields.get("ref") if isinstance(fields, dict) else None
+    return ref if isinstance(ref, str) and 0 < len(ref) <= REF_CAP else None
 
 
 def _describe(error: ValidationError) -> proto.Error:

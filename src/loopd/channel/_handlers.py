@@ -2,6 +2,10 @@
 client's session actor (or the registry of sessions, or the slot pool) and the line that
 answers it. No session logic lives here; this layer only translates between the wire and the
 actors.
+
+Each answer carries its request's `ref` (the handlers pass it on); a turn's lines carry the
+`ref` of the `send` or `compact` that started it, which the client keeps by turn (`refs`) until
+the turn ends, for its own turns alone: a ref is one client's, meaningless to another.
 """
 
 from __future__ import annotations
@@ -82,6 +86,11 @@ class Client:
     subscription: Subscription | None = None
     moved: trio.Event = field(default_factory=trio.Event)
     """Set when it moves to another session (then replaced)."""
+    protocol: int = proto.PROTOCOL
+    """The version it speaks: its `hello`'s."""
+    refs: dict[str, str] = field(default_factory=dict)
+    """The `ref` of each of its turns that has one, by the actor's id of the turn, until the
+    turn ends."""
 
     def shown(self, published: SubscriptionItem) -> proto.DaemonMessage | None:
         """The line a published event becomes for this client, if it may see it."""
@@ -100,9 +109,17 @@ class Client:
                 model=state.model,
                 models=list(state.models),
             )
-        if not (published.turn.startswith(self.prefix) or self.watch_all):
+        own = published.turn.startswith(self.prefix)
+        if not (own or self.watch_all):
             return None
-        return line_of(published)
+        ref = self.ref_of(published)
+        if isinstance(published.item, TurnDone | TurnFailed):
+            self.refs.pop(published.turn, None)
+        return line_of(published, ref)
+
+    def ref_of(self, published: Published) -> str | None:
+        """The `ref` a line of this published event carries for this client."""
+        return self.refs.get(published.turn) if published.turn.startswith(self.prefix) else None
 
     async def attached(self) -> SessionHandle:
         """Its session; the latest, for a client that named none."""
@@ -150,48 +167,51 @@ class Client:
         self.core.sessions.detach(handle)
 
 
-def line_of(published: Published) -> proto.DaemonMessage:
+def line_of(published: Published, ref: str | None = None) -> proto.DaemonMessage:
     turn = published.turn.split("/", 1)[1]
     item = published.item
     if isinstance(item, TurnDone):
         usage = proto.Usage.of(item.outcome.usage)
-        return proto.TurnDone(id=turn, content=item.outcome.content, usage=usage)
+        return proto.TurnDone(id=turn, content=item.outcome.content, usage=usage, ref=ref)
     if isinstance(item, TurnFailed):
-        return proto.TurnFailed(id=turn, kind=item.kind, message=item.message)
-    return proto.Event(id=turn, event=item)
+        return proto.TurnFailed(id=turn, kind=item.kind, message=item.message, ref=ref)
+    return proto.Event(id=turn, event=item, ref=ref)
 
 
-def _pending(status: SessionStatus) -> list[proto.Event]:
+def _pending(client: Client, status: SessionStatus) -> list[proto.Event]:
     """The calls that wait for approval, whoever's turn they are in: any client may answer."""
-    return [line for p in status.pending if isinstance(line := line_of(p), proto.Event)]
+    lines = (line_of(p, client.ref_of(p)) for p in status.pending)
+    return [line for line in lines if isinstance(line, proto.Event)]
 
 
 async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
-    if message.protocol != proto.PROTOCOL:
+    if not proto.OLDEST_PROTOCOL <= message.protocol <= proto.PROTOCOL:
         return proto.Error(
             code="protocol",
-            message=f"this loopd speaks protocol {proto.PROTOCOL}, the client "
-            f"{message.protocol}: update the older of the two",
+            message=f"this loopd speaks protocols {proto.OLDEST_PROTOCOL} to {proto.PROTOCOL}, "
+            f"the client {message.protocol}: update the older of the two",
         )
-    await _move(client, message.session, message.cwd, message.mcp_servers, message.discard_if_empty)
+    client.protocol = message.protocol
+    moved = await client.move(
+        message.session,
+        message.cwd,
+        message.mcp_servers,
+        discard_if_empty=message.discard_if_empty,
+    )
+    _welcome(client, moved, message.ref)
     return None
 
 
-async def _move(
-    client: Client,
-    which: str,
-    cwd: str | None = None,
-    servers: Sequence[proto.McpServer] = (),
-    discard_if_empty: bool = False,
-) -> None:
-    _welcome(client, await client.move(which, cwd, servers, discard_if_empty=discard_if_empty))
-
-
-def _welcome(client: Client, session: str) -> None:
+def _welcome(client: Client, session: str, ref: str | None) -> None:
     sessions = client.core.sessions
     instructions = list(sessions.instructions(session))
     welcome = proto.Welcome(
-        daemon=__version__, session=session, instructions=instructions, cwd=sessions.cwd(session)
+        protocol=client.protocol,
+        daemon=__version__,
+        session=session,
+        instructions=instructions,
+        cwd=sessions.cwd(session),
+        ref=ref,
     )
     client.say(welcome)
 
@@ -199,25 +219,34 @@ def _welcome(client: Client, session: str) -> None:
 async def _send(client: Client, message: proto.Send) -> proto.Error | None:
     session = await client.attached()
     return await _queue(
-        client, message.id, lambda key: session.send(key, message.content, message.thinking)
+        client, message, lambda key: session.send(key, message.content, message.thinking)
     )
 
 
 async def _compact(client: Client, message: proto.Compact) -> proto.Error | None:
-    return await _queue(client, message.id, (await client.attached()).compact)
+    return await _queue(client, message, (await client.attached()).compact)
 
 
 async def _queue(
-    client: Client, turn: str, submit: Callable[[str], Awaitable[int]]
+    client: Client, message: proto.Send | proto.Compact, submit: Callable[[str], Awaitable[int]]
 ) -> proto.Error | None:
-    """Queue a turn under the client's own id for it; `accepted` gives its place."""
+    """Queue a turn under the client's own id for it; `accepted` gives its place. Its ref is
+    kept first: the turn's first events may come before `submit` returns."""
+    key, turn = client.prefix + message.id, message.id
+    before = client.refs.get(key)  # a duplicate id's: that turn keeps its own
+    if message.ref is not None:
+        client.refs[key] = message.ref
     try:
-        position = await submit(client.prefix + turn)
-    except DuplicateTurn:
-        return proto.Error(code="duplicate_id", message="that id is in use", id=turn)
+        position = await submit(key)
     except SessionError as e:
+        if before is None:
+            client.refs.pop(key, None)
+        else:
+            client.refs[key] = before
+        if isinstance(e, DuplicateTurn):
+            return proto.Error(code="duplicate_id", message="that id is in use", id=turn)
         return proto.Error(code=CODES[type(e)], message=str(e), id=turn)
-    client.say(proto.Accepted(id=turn, position=position))
+    client.say(proto.Accepted(id=turn, position=position, ref=message.ref))
     return None
 
 
@@ -232,11 +261,11 @@ async def _cancel(client: Client, message: proto.Cancel) -> proto.Error | None:
 async def _subscribe(client: Client, _: proto.Subscribe) -> None:
     client.watch_all = True
     # What waits for a person is shown at once, not only when the next call asks.
-    for line in _pending(await (await client.attached()).status()):
+    for line in _pending(client, await (await client.attached()).status()):
         client.say(line)
 
 
-async def _status(client: Client, _: proto.StatusRequest) -> None:
+async def _status(client: Client, message: proto.StatusRequest) -> None:
     s = await (await client.attached()).status()
     views = await client.core.pool.views()
     slots = [
@@ -268,14 +297,15 @@ async def _status(client: Client, _: proto.StatusRequest) -> None:
             context=s.context,
             context_size=info.context_size,
             past_reasoning=s.past_reasoning,
-            pending=_pending(s),
+            pending=_pending(client, s),
             slots=slots,
             plan=None if s.plan is None else PlanUpdate.of(s.plan),
+            ref=message.ref,
         )
     )
 
 
-async def _context(client: Client, _: proto.ContextRequest) -> None:
+async def _context(client: Client, message: proto.ContextRequest) -> None:
     seen = await (await client.attached()).context()
     functions = [tool.get("function", {}) for tool in seen.offered]
     offered = [
@@ -311,43 +341,52 @@ async def _context(client: Client, _: proto.ContextRequest) -> None:
             context_size=client.info.context_size,
             parts=parts,
             exact=filled is not None and filled.exact,
+            ref=message.ref,
         )
     )
 
 
-async def _sessions(client: Client, _: proto.SessionsRequest) -> None:
+async def _sessions(client: Client, message: proto.SessionsRequest) -> None:
     # A client in no session stays in none: a list (an editor's) opens nothing.
     current = None if client.session is None else (await client.session.status()).session
     listed = await client.core.sessions.sessions()
     infos = [proto.SessionInfo.of(s) for s in listed.sessions]
     unreadable = [proto.Unreadable.of(u) for u in listed.unreadable]
-    client.say(proto.Sessions(current=current, sessions=infos, unreadable=unreadable))
+    client.say(
+        proto.Sessions(current=current, sessions=infos, unreadable=unreadable, ref=message.ref)
+    )
 
 
 async def _history(client: Client, message: proto.HistoryRequest) -> None:
     page = await (await client.attached()).history(message.start, message.end)
     dumped = [r.model_dump(mode="json", by_alias=True) for r in page.records]
-    client.say(proto.History(session=page.session, start=page.start, records=dumped))
+    client.say(
+        proto.History(session=page.session, start=page.start, records=dumped, ref=message.ref)
+    )
 
 
 async def _new_session(client: Client, message: proto.NewSession) -> None:
-    await _move(client, "new", message.cwd, message.mcp_servers, message.discard_if_empty)
+    moved = await client.move(
+        "new", message.cwd, message.mcp_servers, discard_if_empty=message.discard_if_empty
+    )
+    _welcome(client, moved, message.ref)
 
 
 async def _open_session(client: Client, message: proto.OpenSession) -> None:
-    await _move(client, message.id, servers=message.mcp_servers)
+    _welcome(client, await client.move(message.id, servers=message.mcp_servers), message.ref)
 
 
 async def _fork_session(client: Client, message: proto.ForkSession) -> None:
-    _welcome(client, await client.fork(message.session, message.at))
+    _welcome(client, await client.fork(message.session, message.at), message.ref)
 
 
 async def _rewind(client: Client, message: proto.Rewind) -> None:
     if message.files:
         record = await (await client.attached()).rewind_files(message.at)
         if record is not None:
-            client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
-    _welcome(client, await client.fork(None, message.at))
+            paths = list(record.paths)
+            client.say(proto.Undone(calls=list(record.calls), paths=paths, ref=message.ref))
+    _welcome(client, await client.fork(None, message.at), message.ref)
 
 
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:
@@ -358,7 +397,9 @@ async def _approve(client: Client, message: proto.Approve) -> proto.Error | None
             code="unknown_call", message=f"call {message.call}{of} waits for no approval"
         )
     client.say(
-        proto.Approved(call=message.call, session=message.session, decision=message.decision)
+        proto.Approved(
+            call=message.call, session=message.session, decision=message.decision, ref=message.ref
+        )
     )
     return None
 
@@ -373,13 +414,14 @@ async def _set_mode(client: Client, message: proto.SetMode) -> None:
             thinking=state.thinking,
             model=state.model,
             models=list(state.models),
+            ref=message.ref,
         )
     )
 
 
 async def _undo(client: Client, message: proto.Undo) -> None:
     record = await (await client.attached()).undo(message.call)
-    client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths)))
+    client.say(proto.Undone(calls=list(record.calls), paths=list(record.paths), ref=message.ref))
 
 
 CODES: dict[type[SessionError], proto.ErrorCode] = {
@@ -419,10 +461,14 @@ HANDLERS: dict[type[proto.ClientMessage], Handler] = {
 
 async def handle(client: Client, message: proto.ClientMessage) -> proto.Error | None:
     """Do what `message` asks; an error line for the client when it cannot be done. Any
-    message may attach the client to a session first, which may fail."""
+    message may attach the client to a session first, which may fail. The error carries the
+    message's `ref`."""
     try:
-        return await HANDLERS[type(message)](client, message)
+        error = await HANDLERS[type(message)](client, message)
     except SessionError as e:
-        return proto.Error(code=CODES[type(e)], message=str(e))
+        error = proto.Error(code=CODES[type(e)], message=str(e))
     except ActorFailed as e:  # the pool or the port failed on it, and restarts: try again
-        return proto.Error(code="busy", message=str(e))
+        error = proto.Error(code="busy", message=str(e))
+    if error is None or message.ref is None:
+        return error
+    return error.model_copy(update={"ref": message.ref})

@@ -5,7 +5,10 @@ imports this and `loopd.session`'s records, and nothing of the daemon.
 The protocol version is here, apart from the models, for a client that reads the lines as
 plain JSON (`bxctl status`)."""
 
-__all__ = ["PROTOCOL"]
+__all__ = ["OLDEST_PROTOCOL", "PROTOCOL"]
 
-PROTOCOL = 2
-"""The channel protocol's version (`loopd.wire.proto`'s docstring says how it changes)."""
+PROTOCOL = 3
+"""The channel protocol's version (`loopd.wire.proto`'s docstring says how it changes). 3: every
+client message may carry a `ref`, which its answers carry back."""
+OLDEST_PROTOCOL = 2
+"""The oldest version loopd still serves: a version 2 client sends no `ref` and gets none."""

@@ -2,7 +2,13 @@
 `type`. docs/protocol.md shows each with an example; `loopd.wire.proto.json_schema()` is the schema.
 
 The protocol version is `PROTOCOL`. A field added later gets a default, so older clients and
-daemons keep understanding each other; anything else raises `PROTOCOL`.
+daemons keep understanding each other; anything else raises `PROTOCOL`. The daemon still
+serves clients of `OLDEST_PROTOCOL` and later, each as its version says.
+
+Every client message may carry a `ref` of the client's, and every line that answers it
+carries the same `ref` back (the events of a turn, the `ref` of the `send` or `compact` that
+started it, to that client alone): a client matches answers to requests by it. A line with
+no `ref` leaves the field out, so a client that sends none reads what it always read.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from loopd.session.records import Decision, FailureKind, InstructionFile, Mode, 
 from loopd.session.store import SessionInfo as StoredSession
 from loopd.session.store import Unreadable as StoredUnreadable
 from loopd.session.store import WriteFault
-from loopd.wire import PROTOCOL
+from loopd.wire import OLDEST_PROTOCOL, PROTOCOL
 from loopd.wire.events import PlanUpdate, TurnEvent
 
 __all__ = [
     "CLIENT_MESSAGE",
     "DAEMON_MESSAGE",
     "HISTORY_PAGE",
+    "OLDEST_PROTOCOL",
     "PROTOCOL",
     "Accepted",
     "Approve",
@@ -80,6 +87,23 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
 
+class _Request(_Message):
+    """A client message: any may name itself."""
+
+    ref: str | None = Field(default=None, min_length=1, max_length=200)
+    """Chosen by the client (protocol 3): every answer to this message carries it back, and
+    so does every line of the turn it starts, to this client."""
+
+
+class _Answer(_Message):
+    """A daemon message that answers a request (or belongs to the turn one started)."""
+
+    ref: str | None = Field(default=None, exclude_if=lambda ref: ref is None)
+    """The `ref` of the request it answers (for an event, of the `send` or `compact` that
+    started the turn), for the client that sent it; absent where that gave none, and on what
+    another client's turn shows a subscriber."""
+
+
 # -- client to daemon ------------------------------------------------------------------------
 
 
@@ -114,7 +138,7 @@ class McpServer(_Message):
 McpServers = Annotated[list[McpServer], Field(max_length=64)]
 
 
-class Hello(_Message):
+class Hello(_Request):
     """Optional first line; the daemon answers `welcome`. A client that sends none is in the
     latest session from its first message on."""
 
@@ -136,7 +160,7 @@ class Hello(_Message):
     in at once; never for one another process may prompt later (an editor's, acpx's)."""
 
 
-class Send(_Message):
+class Send(_Request):
     """A user message. It runs now or waits in order; `accepted` gives its place."""
 
     type: Literal["send"] = "send"
@@ -147,7 +171,7 @@ class Send(_Message):
     """Let the model reason in this turn; absent: the daemon's `[loop] thinking`."""
 
 
-class Compact(_Message):
+class Compact(_Request):
     """Go on in a new session that starts from the model's summary of this one. It runs like
     a turn, by its `id`: `accepted`, then `compacting` and `session_continued` events, then
     `turn_done` with the summary as its content (or `turn_failed`)."""
@@ -156,31 +180,31 @@ class Compact(_Message):
     id: str = Field(min_length=1, max_length=200)
 
 
-class Cancel(_Message):
+class Cancel(_Request):
     """Cancel a running or waiting turn of this client's."""
 
     type: Literal["cancel"] = "cancel"
     id: str
 
 
-class StatusRequest(_Message):
+class StatusRequest(_Request):
     type: Literal["status"] = "status"
 
 
-class ContextRequest(_Message):
+class ContextRequest(_Request):
     """What the model of this session sees, and how full its context is; answered with
     `context`."""
 
     type: Literal["context"] = "context"
 
 
-class Subscribe(_Message):
+class Subscribe(_Request):
     """See every turn of the session from now on, whoever sent it (including a running one)."""
 
     type: Literal["subscribe"] = "subscribe"
 
 
-class NewSession(_Message):
+class NewSession(_Request):
     """This client goes on in a fresh session (other clients stay where they are; a turn it
     left running goes on); answered with `welcome`."""
 
@@ -193,7 +217,7 @@ class NewSession(_Message):
     """As `hello`'s."""
 
 
-class OpenSession(_Message):
+class OpenSession(_Request):
     """This client goes on in another session, as `new_session` does; answered with
     `welcome`. A session other clients are in is shared with them; one nobody is in has its
     cache back from its slot file when it next needs a slot."""
@@ -205,7 +229,7 @@ class OpenSession(_Message):
     """As `hello`'s."""
 
 
-class ForkSession(_Message):
+class ForkSession(_Request):
     """This client goes on in a new session, the fork of `session` at the end of its turn
     `at`: its history is that session's up to there (its header says `forked_from` and
     `at`), and the forked session is left as it is. Answered with `welcome`, as
@@ -221,7 +245,7 @@ class ForkSession(_Message):
     """The turn (1 is the first) whose end the fork starts from; absent: the latest."""
 
 
-class Rewind(_Message):
+class Rewind(_Request):
     """This client goes on from an earlier point of its session: in a new fork of it at the
     end of turn `at` (as `fork_session`; the session's log stays as it is). With `files`, what
     the later turns changed is put back first, every file as it was at that turn's end, through
@@ -236,11 +260,11 @@ class Rewind(_Message):
     files: bool = False
 
 
-class SessionsRequest(_Message):
+class SessionsRequest(_Request):
     type: Literal["sessions"] = "sessions"
 
 
-class HistoryRequest(_Message):
+class HistoryRequest(_Request):
     """The records of the current session, or those from `start` (inclusive; negative counts
     from the end, so -20 is the last twenty) to `end`."""
 
@@ -249,7 +273,7 @@ class HistoryRequest(_Message):
     end: int | None = None
 
 
-class Approve(_Message):
+class Approve(_Request):
     """Answer a call that waits for approval (an `approval_needed` event, or `status`)."""
 
     type: Literal["approve"] = "approve"
@@ -263,7 +287,7 @@ class Approve(_Message):
     asking; `deny`: do not run it."""
 
 
-class Undo(_Message):
+class Undo(_Request):
     """Put back what the model changed: the files of call `call`, or (without one) of the
     last turn that changed files and was not undone. Refused, changing nothing, while a turn
     runs or when a file changed since; answered with `undone`."""
@@ -272,7 +296,7 @@ class Undo(_Message):
     call: int | None = None
 
 
-class SetMode(_Message):
+class SetMode(_Request):
     """Set the session's mode and whether its turns think; answered with `mode`, which a
     `set_mode` with neither field only asks for. Written to the session's log (a `mode`
     record), so it holds when the session is opened again, and for the sessions that continue
@@ -315,9 +339,11 @@ CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
 # -- daemon to client ------------------------------------------------------------------------
 
 
-class Welcome(_Message):
+class Welcome(_Answer):
     type: Literal["welcome"] = "welcome"
     protocol: int = PROTOCOL
+    """The version this connection speaks: its `hello`'s (`OLDEST_PROTOCOL` or later), else
+    the daemon's."""
     daemon: str
     """loopd's version."""
     session: str
@@ -328,7 +354,7 @@ class Welcome(_Message):
     """The session's own folder (its file tools work there); None: `[tools] roots`."""
 
 
-class Accepted(_Message):
+class Accepted(_Answer):
     """A `send` was taken: `position` 0 runs now, 1 waits for one turn, and so on."""
 
     type: Literal["accepted"] = "accepted"
@@ -336,7 +362,7 @@ class Accepted(_Message):
     position: int
 
 
-class Event(_Message):
+class Event(_Answer):
     type: Literal["event"] = "event"
     id: str
     """The turn's id, as its client chose it."""
@@ -370,14 +396,14 @@ class Usage(_Message):
         )
 
 
-class TurnDone(_Message):
+class TurnDone(_Answer):
     type: Literal["turn_done"] = "turn_done"
     id: str
     content: str
     usage: Usage | None
 
 
-class TurnFailed(_Message):
+class TurnFailed(_Answer):
     type: Literal["turn_failed"] = "turn_failed"
     id: str
     kind: FailureKind
@@ -414,7 +440,7 @@ class SlotInfo(_Message):
     """A turn (or a summary) runs on it."""
 
 
-class Status(_Message):
+class Status(_Answer):
     type: Literal["status"] = "status"
     session: str
     server: str
@@ -478,7 +504,7 @@ class ContextParts(_Message):
     """The reasoning of those answers, kept as generated (past reasoning)."""
 
 
-class Context(_Message):
+class Context(_Answer):
     """The answer to `context`: what the session's model sees (its system prompt, the
     `AGENTS.md` files in it, its tools) and how its context is filled."""
 
@@ -503,7 +529,7 @@ class Context(_Message):
     or a request reported nothing."""
 
 
-class Approved(_Message):
+class Approved(_Answer):
     """An `approve` was taken: the call runs, or is denied, now."""
 
     type: Literal["approved"] = "approved"
@@ -560,7 +586,7 @@ class Unreadable(_Message):
         return cls(id=log.id, reason=log.reason)
 
 
-class Undone(_Message):
+class Undone(_Answer):
     """An `undo` was done: these calls' changes are put back in these files."""
 
     type: Literal["undone"] = "undone"
@@ -568,7 +594,7 @@ class Undone(_Message):
     paths: list[str]
 
 
-class ModeSet(_Message):
+class ModeSet(_Answer):
     """The answer to `set_mode`: the session's mode now."""
 
     type: Literal["mode"] = "mode"
@@ -598,7 +624,7 @@ class ModeChanged(_Message):
     models: list[str] = []
 
 
-class Sessions(_Message):
+class Sessions(_Answer):
     type: Literal["sessions"] = "sessions"
     sessions: list[SessionInfo]
     current: str | None
@@ -608,7 +634,7 @@ class Sessions(_Message):
     """The logs that do not read, each with why (none: every log reads)."""
 
 
-class History(_Message):
+class History(_Answer):
     type: Literal["history"] = "history"
     session: str
     start: int
@@ -641,7 +667,7 @@ ErrorCode = Literal[
 """Every error's `code`, as protocol.md's table lists them."""
 
 
-class Error(_Message):
+class Error(_Answer):
     """Something the client sent could not be done; the connection stays open unless said."""
 
     type: Literal["error"] = "error"
