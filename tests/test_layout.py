@@ -137,6 +137,41 @@ def test_bxctl_loads_none_of_the_daemons_modules_even_indirectly() -> None:
     assert loaded == "[]"
 
 
+FACE_HOOKS = frozenset({"__getattr__", "__dir__"})
+"""A face may name its modules' things lazily (PEP 562): that is naming, not logic."""
+
+
+def _logic_in_face(path: Path) -> list[str]:
+    """The functions and classes a package's `__init__.py` defines itself, beyond the lazy
+    naming hooks: a face names what its modules hold and holds nothing of its own."""
+    return sorted(
+        node.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.name not in FACE_HOOKS
+    )
+
+
+@pytest.mark.parametrize(
+    "package", sorted(m for m, path in MODULES.items() if path.name == "__init__.py")
+)
+def test_a_package_face_holds_no_logic(package: str) -> None:
+    assert _logic_in_face(MODULES[package]) == [], f"{package}'s __init__.py holds logic"
+
+
+def test_the_face_check_sees_a_function_and_a_class_but_not_the_lazy_hook(
+    tmp_path: Path,
+) -> None:
+    face = tmp_path / "__init__.py"
+    face.write_text(
+        "from ._a import b\n"
+        "def __getattr__(name): ...\n"
+        "async def open_thing(): ...\n"
+        "class Thing: ...\n"
+    )
+    assert _logic_in_face(face) == ["Thing", "open_thing"]
+
+
 def test_the_check_sees_imports_from_above_absolute_and_relative(tmp_path: Path) -> None:
     leaf = tmp_path / "leaf.py"
     leaf.write_text("from loopd.actors import open_core\nfrom ..turn import run_turn\n")

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from loopd.tools import Roots
-from loopd.tools._port import ToolFailure
+from loopd.tools import Roots, ToolFailure
 from loopd.tools._run import KEEP_BYTES, Sandbox, run_command
 from loopd.tools._write import WRITE_BYTES, commit, plan
 

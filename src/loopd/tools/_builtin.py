@@ -29,13 +29,12 @@ import trio
 from loopd.config import FetchConfig, RunConfig, ToolsConfig
 from loopd.session.records import PlanStep
 
-from ._entry import ToolEntry
 from ._fetch import Fetcher
-from ._port import Judgment, OnOutput, Preview, ToolFailure, ToolOutput, ToolRequest
 from ._registry import BUILTIN, policy_for
 from ._roots import SNIFF_BYTES, Roots
 from ._run import Sandbox, run_command
 from ._sandbox import secrets
+from ._types import Judgment, OnOutput, Preview, ToolEntry, ToolFailure, ToolOutput, ToolRequest
 from ._write import plan
 
 __all__ = [

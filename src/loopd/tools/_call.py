@@ -18,7 +18,8 @@ from loopd.session.records import DataClass, Mode
 from loopd.wire.events import FileChange
 
 from ._dispatch import Local, dispatch
-from ._port import (
+from ._registry import Registry
+from ._types import (
     MESSAGE_LIMIT,
     Asking,
     OnAsking,
@@ -30,7 +31,6 @@ from ._port import (
     ToolRequest,
     for_the_model,
 )
-from ._registry import Registry
 
 __all__ = ["CallOrigin", "CallerTool", "ModelAnswer", "answer_call"]
 

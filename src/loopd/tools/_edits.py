@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._port import ToolFailure
+from ._types import ToolFailure
 
 __all__ = ["Edit", "apply_edits", "diff", "line_changes"]
 

@@ -31,7 +31,7 @@ from loopd import __version__
 from loopd.config import FetchConfig
 
 from ._hosts import HostRefused, HostRules, Resolver, connect, host_of, system_resolver
-from ._port import Judgment, ToolFailure
+from ._types import Judgment, ToolFailure
 
 __all__ = ["Fetcher"]
 

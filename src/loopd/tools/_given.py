@@ -29,9 +29,10 @@ from loopd.supervise import RESTARTS, Restarts
 from loopd.wire import proto
 
 from ._mcp import McpSource, start_sources
-from ._port import Executor, PortHandle
+from ._port import PortHandle
 from ._registry import Registry
 from ._skills import SKILLS, SkillReader, Skills
+from ._types import Executor
 
 __all__ = ["GIVEN_POLICY", "given_tools"]
 

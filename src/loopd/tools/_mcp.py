@@ -37,10 +37,9 @@ from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
 from loopd.supervise import RESTARTS, GaveUp, Restarts, short, supervised
 
-from ._entry import ToolEntry
 from ._mcp_connect import connect
-from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import Registry, policy_for
+from ._types import ToolEntry, ToolFailure, ToolOutput, ToolRequest
 
 __all__ = ["McpSource", "start_sources"]
 

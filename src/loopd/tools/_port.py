@@ -34,217 +34,40 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
 
 import outcome
 import trio
 
 from loopd.inbox import Reply, answer, ask, reply_error, reply_value, run_for
-from loopd.session.records import DataClass, Decision, Mode
+from loopd.session.records import Decision
 from loopd.supervise import RESTARTS, ActorFailed, Restarts, supervised
-from loopd.wire.events import FileChange
 
-from ._entry import ToolEntry
 from ._registry import Registry, read_only_refuses
+from ._types import (
+    MESSAGE_LIMIT,
+    Answered,
+    Approval,
+    Asking,
+    Denied,
+    Executor,
+    Failed,
+    Judges,
+    OnAsking,
+    OnDecided,
+    PortAnswer,
+    PortStopped,
+    Previews,
+    Result,
+    Runner,
+    ToolEntry,
+    ToolFailure,
+    ToolOutput,
+    ToolRequest,
+)
 
-__all__ = [
-    "Answered",
-    "Approval",
-    "Asking",
-    "Denied",
-    "Executor",
-    "Failed",
-    "Judges",
-    "Judgment",
-    "OnAsking",
-    "OnOutput",
-    "PortAnswer",
-    "PortHandle",
-    "PortStopped",
-    "Preview",
-    "Result",
-    "Runner",
-    "ToolFailure",
-    "ToolOutput",
-    "ToolPort",
-    "ToolRequest",
-    "Verdict",
-    "for_the_model",
-    "read_only_refusal",
-    "run_tool_port",
-]
+__all__ = ["PortHandle", "Verdict", "read_only_refusal", "run_tool_port"]
 
 log = logging.getLogger(__name__)
-
-# An exception's text is for the model; a traceback is for the log.
-MESSAGE_LIMIT = 500
-
-OnOutput = Callable[[str], None]
-"""Hears a running call's output as it comes (`run_command`'s; other tools send none)."""
-
-
-@dataclass(frozen=True)
-class ToolRequest:
-    session: str
-    call: int
-    """The session's number for this call."""
-    tool: str
-    arguments: dict[str, Any]
-    granted: frozenset[str] = frozenset()
-    """Tools a person approved for the rest of this session (from its log)."""
-    cwd: Path | None = None
-    """The session's own folder, the only one its file tools work in; None: all roots."""
-    mode: Mode = "ask"
-    """The session's mode when the call was made (`loopd.session.records.Mode`)."""
-    on_output: OnOutput | None = field(default=None, compare=False, repr=False)
-    """Hears its output while it runs, for the people watching; None: nobody listens."""
-
-
-@dataclass(frozen=True)
-class Result:
-    content: str
-    data_class: DataClass
-    untrusted: bool
-    change: FileChange | None = None
-    """What a write made of its file (`ToolOutput.change`)."""
-
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
-
-
-@dataclass(frozen=True)
-class Denied:
-    reason: str
-
-
-PortAnswer = Result | Failed | Denied
-
-
-@dataclass(frozen=True)
-class Asking:
-    """The call waits for a person's approval; sent to its caller before the answer."""
-
-    call: int
-    tool: str
-    arguments: dict[str, Any]
-    data_class: DataClass
-    untrusted: bool
-    timeout: float
-    preview: str | None = None
-    """What the call would do (a diff, a command), as its tool's source says."""
-    basis: str | None = None
-    """What a write's preview was planned on (`Preview.basis`); None for other calls."""
-    change: FileChange | None = None
-    """A write's texts, before and after (`Preview.change`)."""
-
-
-@dataclass(frozen=True)
-class Approval:
-    """How a call's approval ended."""
-
-    tool: str
-    decision: Decision
-    by: Literal["user", "timeout"]
-
-
-@dataclass(frozen=True)
-class Answered:
-    answer: PortAnswer
-    approval: Approval | None = None
-    """Set when the call waited for approval."""
-
-
-def for_the_model(answer: PortAnswer) -> tuple[str, DataClass, bool]:
-    """What the model reads for an answer (its content, or why there is none), its data class
-    and whether it is untrusted."""
-    if isinstance(answer, Result):
-        return answer.content, answer.data_class, answer.untrusted
-    if isinstance(answer, Failed):
-        return f"The tool failed: {answer.message}", "public", False
-    return f"The call was denied: {answer.reason}", "public", False
-
-
-OnAsking = Callable[[Asking], Awaitable[None]]
-OnDecided = Callable[["Approval"], Awaitable[None]]
-"""Hears a person's answer (or its timeout) the moment it is given, before the call runs."""
-Runner = Callable[[Asking | None], Awaitable["ToolOutput"]]
-"""A tool the caller runs itself (a sub-agent, a write), under the port's policy and approvals;
-given the `Asking` the call waited on (what the person approved), None when it did not wait."""
-
-
-class ToolPort(Protocol):
-    async def call(
-        self,
-        request: ToolRequest,
-        on_asking: OnAsking,
-        run: Runner | None = None,
-        on_decided: OnDecided | None = None,
-    ) -> Answered: ...
-
-
-class PortStopped(Exception):
-    """The tool-port actor is gone (loopd is stopping): the call got no answer."""
-
-
-class ToolFailure(Exception):
-    """A tool's own, expected failure; its message is shown to the model as it is."""
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    text: str
-    is_error: bool = False
-    change: FileChange | None = None
-    """What a write made of its file (the model reads `text` alone)."""
-
-
-class Executor(Protocol):
-    """Runs the tools of one source."""
-
-    async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
-        """Run `request` (its arguments checked against `entry`'s schema)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Preview:
-    """What a call would do, for the person asked to approve it."""
-
-    text: str
-    basis: str | None = None
-    """What a write was planned on (the file's SHA-256, or that it did not exist): the write
-    runs only while the file still matches it."""
-    change: FileChange | None = None
-    """A write's texts, before and after, where both are short text."""
-
-
-@dataclass(frozen=True)
-class Judgment:
-    """A tool's own say on one call, by its arguments (`Judges`)."""
-
-    action: Literal["allow", "deny"]
-    reason: str = ""
-    """Why a call is denied: the model reads it."""
-
-
-@runtime_checkable
-class Judges(Protocol):
-    """An executor with a say on each call by its arguments, before its policy asks
-    (`fetch_url`'s domain lists): `deny` refuses the call and `allow` runs it, both without
-    asking; None leaves it to the policy. A policy of `deny` refuses it whatever this says."""
-
-    def judge(self, entry: ToolEntry, request: ToolRequest) -> Judgment | None: ...
-
-
-@runtime_checkable
-class Previews(Protocol):
-    """An executor that can say what a call would do, for the person asked to approve it."""
-
-    async def preview(self, entry: ToolEntry, request: ToolRequest) -> Preview | None: ...
-
 
 # -- the inbox -------------------------------------------------------------------------------
 

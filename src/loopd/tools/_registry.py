@@ -17,8 +17,8 @@ from typing import Any
 from loopd.config import Action, Policy, ToolsConfig
 from loopd.session.records import Mode
 
-from ._entry import ToolEntry
 from ._search import SearchIndex
+from ._types import ToolEntry
 
 __all__ = ["ASK_BY_DEFAULT", "BUILTIN", "EDIT_TOOLS", "Registry", "ToolEntry", "policy_for"]
 

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from loopd.session.markdown import folders_up
 
-from ._port import ToolFailure
+from ._types import ToolFailure
 
 __all__ = [
     "SNIFF_BYTES",

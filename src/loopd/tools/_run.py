@@ -34,9 +34,9 @@ from loopd.config import RunConfig
 from ._bounds import PidsCgroups, limited, seccomp_program, seccomp_unavailable
 from ._hosts import Resolver, system_resolver
 from ._live import LiveOutput
-from ._port import OnOutput, ToolFailure
 from ._proxy import PROXY_ENV, network_rules, proxy
 from ._sandbox import Sandbox
+from ._types import OnOutput, ToolFailure
 
 __all__ = ["KEEP_BYTES", "Sandbox", "process_bound", "run_command", "sandbox_missing"]
 

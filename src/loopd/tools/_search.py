@@ -12,7 +12,7 @@ import math
 import re
 from collections import Counter
 
-from ._entry import ToolEntry
+from ._types import ToolEntry
 
 __all__ = ["SearchIndex", "tokens"]
 

@@ -27,10 +27,9 @@ import trio
 from loopd.config import Policy, ToolsConfig
 from loopd.session.markdown import FILE_BYTES, NAME, front_matter, read_head
 
-from ._entry import ToolEntry
-from ._port import ToolFailure, ToolOutput, ToolRequest
 from ._registry import policy_for
 from ._roots import SNIFF_BYTES, Roots
+from ._types import ToolEntry, ToolFailure, ToolOutput, ToolRequest
 
 __all__ = ["SKILLS", "Skill", "SkillReader", "Skills"]
 

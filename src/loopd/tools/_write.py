@@ -29,8 +29,8 @@ from loopd.canonical import digest
 from loopd.wire.events import FileChange
 
 from ._edits import Edit, apply_edits, diff, line_changes
-from ._port import ToolFailure
 from ._roots import SNIFF_BYTES, Roots, folder_of, write_protected
+from ._types import ToolFailure
 
 __all__ = [
     "NEW_FILE",
