@@ -24,7 +24,7 @@ from loopd.infer._types import PromptPiece
 from loopd.session.baseline import make_baseline
 from loopd.session.records import AssistantRecord, PromptRecord, Record, UsageRecord, UserRecord
 from loopd.session.trail import PromptTrail
-from loopd.turn.exact import ExactHistory
+from loopd.turn.exact import ExactHistory, Learned
 
 ANSWER_TOKENS = (1_000, 20_000, 200_000)
 ROUNDS = 30
@@ -98,9 +98,9 @@ def log(answer_tokens: int) -> list[Record]:
 
 
 async def _prompt_ms(records: list[Record], *, kept: bool) -> float:
-    exact = ExactHistory(_Template())  # type: ignore[arg-type]
     baseline = make_baseline("You are helpful.")
-    exact._formats[(baseline.system, True)] = FORMAT  # noqa: SLF001 - as learned from ChatML
+    learned = Learned(formats={(baseline.system, True): FORMAT})  # as learned from ChatML
+    exact = ExactHistory(_Template(), learned)  # type: ignore[arg-type]
     trail = PromptTrail(records)  # the session's, kept as its records came
     times = []
     for _ in range(ROUNDS):

@@ -20,7 +20,7 @@ from loopd.session.records import (
     UserRecord,
 )
 from loopd.session.trail import PromptTrail
-from loopd.turn.exact import ExactHistory, NextPrompt, past_reasoning
+from loopd.turn.exact import ExactHistory, Learned, NextPrompt, past_reasoning
 
 
 def transcript(records: list[Record]) -> tuple[list[PromptPiece], AssistantRecord] | None:
@@ -160,9 +160,9 @@ async def test_the_next_prompt_does_not_read_the_history_again() -> None:
         async def detokenize(self, _tokens: list[int]) -> str:
             return "</s>"
 
-    exact = ExactHistory(Renders())  # type: ignore[arg-type]
     baseline = make_baseline("Be brief.")
-    exact._formats[(baseline.system, True)] = ChatFormat("", None, False, (), None)
+    learned = Learned(formats={(baseline.system, True): ChatFormat("", None, False, (), None)})
+    exact = ExactHistory(Renders(), learned)  # type: ignore[arg-type]
     records: list[Record] = []
     for n in range(1000):
         records += [
@@ -206,6 +206,25 @@ async def test_an_end_tokens_text_is_asked_of_the_server_once() -> None:
     assert asked == [[2]]
 
 
+async def test_another_server_of_the_model_shares_what_the_first_was_asked() -> None:
+    asked: list[str] = []
+
+    class Detokenizer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def detokenize(self, _tokens: list[int]) -> str:
+            asked.append(self.name)
+            return "<|im_end|>"
+
+    first = ExactHistory(Detokenizer("first"))  # type: ignore[arg-type]
+    assert await first._text(2) == "<|im_end|>"
+    other = first.on(Detokenizer("other"))  # type: ignore[arg-type]
+    assert other.learned is first.learned
+    assert await other._text(2) == "<|im_end|>"
+    assert asked == ["first"]
+
+
 class GemmaLike:
     """Renders as Gemma 4's template does where it matters here: calls, then their results,
     then the content, all in the model's turn. (A stand-in for the server, whose template
@@ -239,9 +258,9 @@ async def next_after_a_call(
     client: object, call_format: ToolCallFormat, answer: AssistantRecord
 ) -> NextPrompt:
     """The request after `answer`, a find_tool call, and its result, in this format."""
-    exact = ExactHistory(client)  # type: ignore[arg-type]
     baseline = make_baseline("Be brief.")
-    exact._formats[(baseline.system, True)] = ChatFormat("", None, False, (), call_format)
+    fmt = ChatFormat("", None, False, (), call_format)
+    exact = ExactHistory(client, Learned(formats={(baseline.system, True): fmt}))  # type: ignore[arg-type]
     records: list[Record] = [
         UserRecord(content="Hi."),
         PromptRecord(text="prompt", full=True),
@@ -354,10 +373,10 @@ async def test_the_models_own_calls_stay_where_the_template_renders_none() -> No
 class _Refusing(ExactHistory):
     """Learns nothing (every template refused), and counts what it was asked to learn."""
 
-    learned: list[str]
+    asked: list[str]
 
     async def _learn(self, baseline: Any, *, thinking: bool) -> ChatFormat:  # noqa: ARG002
-        self.learned.append(baseline.system)
+        self.asked.append(baseline.system)
         raise FormatError("refused")
 
 
@@ -367,11 +386,11 @@ async def test_the_format_cache_keeps_the_newest_system_prompts_only() -> None:
 
     async with Client("http://127.0.0.1:9") as client:  # never asked: `_learn` answers
         history = _Refusing(client)
-        history.learned = []
+        history.asked = []
         for n in range(FORMATS_KEPT + 1):
             with pytest.raises(FormatError):
                 await history.format(make_baseline(f"prompt {n}"), thinking=True)
         for n in (FORMATS_KEPT, 0):  # the newest is kept, the oldest went
             with pytest.raises(FormatError):
                 await history.format(make_baseline(f"prompt {n}"), thinking=True)
-    assert history.learned == [f"prompt {n}" for n in range(FORMATS_KEPT + 1)] + ["prompt 0"]
+    assert history.asked == [f"prompt {n}" for n in range(FORMATS_KEPT + 1)] + ["prompt 0"]

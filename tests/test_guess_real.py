@@ -26,7 +26,7 @@ from loopd.session.records import (
 from loopd.session.store import Store
 from loopd.tools import open_tool_port
 from loopd.turn import Runtime, run_turn
-from loopd.turn.exact import ExactHistory
+from loopd.turn.exact import ExactHistory, Learned
 from loopd.turn.guess import Shapes
 from loopd.wire.events import TurnEvent
 
@@ -60,8 +60,7 @@ async def test_guessed_requests_are_what_the_template_renders_and_cost_nothing(
     shapes = CountedShapes()
     turns: list[list[TurnEvent]] = []
     async with Client(server.url) as client, open_tool_port(ToolsConfig(roots=[tmp_path])) as port:
-        exact = ExactHistory(client)
-        exact._shapes = shapes
+        exact = ExactHistory(client, Learned(shapes=shapes))
         rt = Runtime(
             loop=LoopConfig(max_tokens=12),
             inference=client,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from loopd.infer import (
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExactHistory",
+    "Learned",
     "NextPrompt",
     "next_request",
     "past_reasoning",
@@ -153,30 +154,37 @@ FORMATS_KEPT = 64
 so without a bound the cache would grow for the life of a loopd."""
 
 
+@dataclass
+class Learned:
+    """What one model's chat template has taught loopd, for the life of a loopd: every server
+    of that model renders alike, so their `ExactHistory`s share one (`ExactHistory.on`)."""
+
+    formats: dict[tuple[str, bool], ChatFormat | FormatError] = field(default_factory=dict)
+    """The template's delimiters (or why it cannot be made exact), by system prompt and
+    thinking."""
+    texts: dict[int, str] = field(default_factory=dict)
+    """The text of each end token met: a model has one or two, asked for once each."""
+    shapes: Shapes = field(default_factory=Shapes)
+    """Renderings kept to guess the next ones by (`guess.Shapes`)."""
+
+
 class ExactHistory:
     """Builds token-exact prompts with the server's own template (one per model: servers of
     the same model share what was learned, `on`)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, learned: Learned | None = None) -> None:
         self.client = client
-        self._formats: dict[tuple[str, bool], ChatFormat | FormatError] = {}
-        self._texts: dict[int, str] = {}
-        """The text of each end token met: a model has one or two, asked for once each."""
-        self._shapes = Shapes()
+        self.learned = learned or Learned()
 
     def on(self, client: Client) -> ExactHistory:
         """The same, asking `client`'s server (another server of the same model)."""
-        if client is self.client:
-            return self
-        other = ExactHistory(client)
-        other._formats, other._texts, other._shapes = self._formats, self._texts, self._shapes
-        return other
+        return self if client is self.client else ExactHistory(client, self.learned)
 
     async def format(self, baseline: Baseline, *, thinking: bool) -> ChatFormat:
         """The template's delimiters; a `FormatError` says why a template cannot be read. The
         answer, either way, holds for the life of this loopd."""
-        key = (baseline.system, thinking)
-        if key not in self._formats:
+        key, formats = (baseline.system, thinking), self.learned.formats
+        if key not in formats:
             try:
                 learned: ChatFormat | FormatError = await self._learn(baseline, thinking=thinking)
             except FormatError as e:
@@ -184,10 +192,10 @@ class ExactHistory:
                     "history goes as messages: the chat template cannot be made exact: %s", e
                 )
                 learned = e
-            if len(self._formats) >= FORMATS_KEPT:  # the oldest first: compactions add one each
-                del self._formats[next(iter(self._formats))]
-            self._formats[key] = learned
-        known = self._formats[key]
+            if len(formats) >= FORMATS_KEPT:  # the oldest first: compactions add one each
+                del formats[next(iter(formats))]
+            formats[key] = learned
+        known = formats[key]
         if isinstance(known, FormatError):
             raise FormatError(str(known))
         return known
@@ -245,17 +253,18 @@ class ExactHistory:
             stand_in,
             *messages(baseline, records[at + 1 :])[1:],
         ]
-        shape = Shapes.key(conversation, self._shapes.tools(baseline.tools), thinking)
+        shapes = self.learned.shapes
+        shape = Shapes.key(conversation, shapes.tools(baseline.tools), thinking)
 
         async def render() -> str:
             text = await self._render(
                 baseline, conversation, generation_prompt=True, thinking=thinking
             )
             if shape is not None:
-                self._shapes.keep(shape, text)
+                shapes.keep(shape, text)
             return text
 
-        guess = self._shapes.guess(shape) if shape is not None else None
+        guess = shapes.guess(shape) if shape is not None else None
         if guess is None:
             return await self._after(history, answer, fmt, await render())
 
@@ -290,9 +299,10 @@ class ExactHistory:
         return NextPrompt(history.then(*tokens[: len(tokens) - trim], text), record, fmt)
 
     async def _text(self, token: int) -> str:
-        if token not in self._texts:
-            self._texts[token] = await self.client.detokenize([token])
-        return self._texts[token]
+        texts = self.learned.texts
+        if token not in texts:
+            texts[token] = await self.client.detokenize([token])
+        return texts[token]
 
     async def _render(
         self,
