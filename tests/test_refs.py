@@ -15,7 +15,7 @@ from support.daemon import LineClient
 
 
 async def lines(client: LineClient, count: int) -> list[dict[str, Any]]:
-    got = []
+    got: list[dict[str, Any]] = []
     with trio.fail_after(30):
         while len(got) < count:
             line = await client.receive()

@@ -20,10 +20,9 @@ import contextlib
 import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 from acp import PROTOCOL_VERSION, schema
@@ -58,6 +57,7 @@ from bxctl.acp_map import (
 )
 from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, Peer, RpcError
+from bxctl.requests import UNDO_USAGE, decided, undo_of
 from bxctl.start import Starter
 from bxctl.text import title_of, turn_lines
 from bxctl.user_commands import UserCommand, expand, find_commands
@@ -67,16 +67,25 @@ from loopd.session.records import RECORD
 from loopd.wire.events import ApprovalNeeded, ToolOutputChunk, ToolResult, TurnEvent
 from loopd.wire.proto import (
     HISTORY_PAGE,
+    Cancel,
+    ClientMessage,
+    Compact,
     DaemonMessage,
     Error,
     Event,
     History,
+    HistoryRequest,
     McpServer,
     ModeChanged,
     ModeSet,
+    Rewind,
+    Send,
     SessionFailed,
     Sessions,
+    SessionsRequest,
+    SetMode,
     Status,
+    StatusRequest,
     TurnDone,
     TurnFailed,
     Undone,
@@ -106,17 +115,17 @@ class _Turn:
 
 @dataclass
 class _Asked:
-    """A request to loopd whose answer the relay hands over: `status`, `undone`, `history`, a
-    `rewind`'s `welcome`, or an error that names no turn."""
+    """A request to loopd whose answer the relay hands over, found by the request's `ref`:
+    `status`, `undone`, `history`, `mode`, a `rewind`'s `welcome`, or the error that refuses
+    it."""
 
-    answer: str
-    before: str | None = None
-    """The type of a message that may come before the answer (a `rewind`'s `undone`)."""
+    rewind: bool = False
+    """It is a `rewind`: an `undone` may come before its answer."""
     done: trio.Event = field(default_factory=trio.Event)
     got: DaemonMessage | None = None
     """None: loopd went away."""
-    got_before: DaemonMessage | None = None
-    """The message of type `before`, when one came."""
+    undone: Undone | None = None
+    """A `rewind`'s `undone`, which comes before its `welcome`."""
 
 
 @dataclass(eq=False)
@@ -133,9 +142,8 @@ class _Session:
     """What follows its connection (`Agent._relay`); cancelled when the session is closed."""
     window: int | None = None
     """The context window of loopd's slots (its `status`'s `context_size`), when known."""
-    asked: _Asked | None = None
-    asking: trio.Lock = field(default_factory=trio.Lock)
-    """One request of that kind at a time."""
+    asked: dict[str, _Asked] = field(default_factory=dict)
+    """The requests that wait for their answers, by ref."""
     servers: list[McpServer] = field(default_factory=list)
     """The editor's MCP servers for it: given again when loopd comes back."""
     mode: ModeSet | ModeChanged | None = None
@@ -236,7 +244,7 @@ class Agent:
             return
         connection = await Connection.open(self.socket)
         async with connection.stream:
-            answer = await connection.request({"type": "sessions"}, "sessions")
+            answer = await connection.request(SessionsRequest())
         if not isinstance(answer, Sessions):
             return
         by_id = {s.id: s for s in answer.sessions}
@@ -288,7 +296,7 @@ class Agent:
         start = 0
         while True:  # the whole history, a page at a time, before the answer
             page = await session.connection.request(
-                {"type": "history", "start": start, "end": start + HISTORY_PAGE}, "history"
+                HistoryRequest(start=start, end=start + HISTORY_PAGE)
             )
             if not isinstance(page, History):
                 raise RpcError(INTERNAL_ERROR, f"loopd did not give the history: {page}")
@@ -353,7 +361,7 @@ class Agent:
             raise RpcError(INVALID_PARAMS, str(e)) from None
         if session.connection.closed:  # loopd went away: it may be back
             await self._reconnect(session)
-        answer = await self._ask(session, message, "mode")
+        answer = await self._ask(session, message)
         if isinstance(answer, Error) and answer.code == "unknown_model":
             raise RpcError(INVALID_PARAMS, answer.message)
         if not isinstance(answer, ModeSet):
@@ -379,7 +387,7 @@ class Agent:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             for running in list(session.turns):
                 if not session.connection.closed:
-                    await session.connection.send({"type": "cancel", "id": running})
+                    await session.connection.send(Cancel(id=running))
         for turn_id, turn in session.turns.items():
             turn.end = TurnFailed(id=turn_id, kind="cancelled", message="the session was closed")
             turn.done.set()
@@ -393,7 +401,7 @@ class Agent:
         await self._loopd()
         connection = await Connection.open(self.socket)
         async with connection.stream:
-            answer = await connection.request({"type": "sessions"}, "sessions")
+            answer = await connection.request(SessionsRequest())
         if not isinstance(answer, Sessions):
             raise RpcError(INTERNAL_ERROR, f"loopd did not list its sessions: {answer}")
         try:
@@ -461,9 +469,9 @@ class Agent:
             raise RpcError(code, str(e)) from None
         acp_id = as_id or loopd_id
         session = self.sessions[acp_id] = _Session(acp_id, connection, servers=servers)
-        status = await connection.request({"type": "status"}, "status")
+        status = await connection.request(StatusRequest())
         session.window = status.context_size if isinstance(status, Status) else None
-        mode = await connection.request({"type": "set_mode"}, "mode")
+        mode = await connection.request(SetMode())
         if not isinstance(mode, ModeSet):
             raise RpcError(INTERNAL_ERROR, f"loopd did not say the session's mode: {mode}")
         session.mode = mode
@@ -499,14 +507,18 @@ class Agent:
             name, _, arguments = text[1:].partition(" ")
             if (own := (await self._own_commands(session)).get(name)) is not None:
                 text = expand(own, arguments.strip())
-        return await self._turn(session, {"type": "send", "content": text})
+        return await self._turn(session, lambda turn: Send(id=turn, content=text))
 
-    async def _turn(self, session: _Session, message: dict[str, Any]) -> schema.PromptResponse:
-        """Run `message` (a `send`, a `compact`) as a turn of the session, to its end."""
+    async def _turn(
+        self, session: _Session, message_of: Callable[[str], Send | Compact]
+    ) -> schema.PromptResponse:
+        """Run the message `message_of` makes for a turn id (a `send`, a `compact`) as a turn
+        of the session, to its end."""
         turn_id = f"p{next(session.numbers)}"
-        turn = session.turns[turn_id] = _Turn(counted=message["type"] == "send")
+        message = message_of(turn_id)
+        turn = session.turns[turn_id] = _Turn(counted=isinstance(message, Send))
         try:
-            await session.connection.send({**message, "id": turn_id})
+            await session.connection.send(message)
             await turn.done.wait()
         finally:
             del session.turns[turn_id]
@@ -519,7 +531,7 @@ class Agent:
         """One of loopd's commands (`acp_map.COMMANDS`), its answer told as the agent's."""
         name, words = command
         if name == "compact":
-            ended = await self._turn(session, {"type": "compact"})
+            ended = await self._turn(session, lambda turn: Compact(id=turn))
             if ended.stop_reason == "end_turn":
                 said = (
                     f"Compacted: the session goes on in loopd session {session.connection.session}"
@@ -529,14 +541,11 @@ class Agent:
         if name == "rewind":
             await self._say(session, await self._rewind(session, words))
             return schema.PromptResponse(stop_reason="end_turn")
-        if name == "undo" and not (len(words) <= 1 and all(w.isdigit() for w in words)):
-            await self._say(session, "/undo, or /undo N for call N's changes alone")
+        undo = undo_of(words)
+        if name == "undo" and undo is None:
+            await self._say(session, UNDO_USAGE)
             return schema.PromptResponse(stop_reason="end_turn")
-        if name == "status":
-            answer = await self._ask(session, {"type": "status"}, "status")
-        else:
-            call = int(words[0]) if words else None
-            answer = await self._ask(session, {"type": "undo", "call": call}, "undone")
+        answer = await self._ask(session, StatusRequest() if undo is None else undo)
         if isinstance(answer, Status):
             await self._say(session, status_text(answer))
         elif isinstance(answer, Undone):
@@ -549,7 +558,7 @@ class Agent:
         """`/rewind`: the turns to pick from; `/rewind N [files]`: go on in a fork of the
         session at the end of turn N (loopd's `rewind`), under the same ACP id. What to say."""
         if not words:
-            said = await rewind.said(lambda m: self._ask(session, m, "history"))
+            said = await rewind.said(lambda m: self._ask(session, m))
             return "\n".join([*turn_lines(said), rewind.HELP])
         if (asked := rewind.parse(words)) is None:
             return rewind.USAGE
@@ -557,32 +566,32 @@ class Agent:
             return "A turn runs: /rewind once it ends (or cancel it)."
         at, files = asked
         parent = session.connection.session
-        message = {"type": "rewind", "at": at, "files": files}
-        got = await self._asked(session, message, "welcome", before="undone")
+        got = await self._asked(session, Rewind(at=at, files=files))
         if isinstance(got.got, Error):
             return f"loopd refused it ({got.got.code}): {got.got.message}"
         assert isinstance(got.got, Welcome)  # noqa: S101 - the answer asked for, or an error
         session.output.clear()
-        paths = got.got_before.paths if isinstance(got.got_before, Undone) else []
+        paths = got.undone.paths if got.undone is not None else []
         return rewound_text(at, got.got.session, parent, paths if files else None)
 
-    async def _ask(self, session: _Session, message: dict[str, Any], answer: str) -> DaemonMessage:
+    async def _ask(self, session: _Session, message: ClientMessage) -> DaemonMessage:
         """A request to loopd in the session, and its answer or error (through the relay)."""
-        got = (await self._asked(session, message, answer)).got
+        got = (await self._asked(session, message)).got
         assert got is not None  # noqa: S101 - `_asked` raised otherwise
         return got
 
-    async def _asked(
-        self, session: _Session, message: dict[str, Any], answer: str, before: str | None = None
-    ) -> _Asked:
-        """As `_ask`, with the message of type `before` that came ahead of the answer, if any."""
-        async with session.asking:
-            asked = session.asked = _Asked(answer, before)
-            try:
-                await session.connection.send(message)
-                await asked.done.wait()
-            finally:
-                session.asked = None
+    async def _asked(self, session: _Session, message: ClientMessage) -> _Asked:
+        """As `_ask`, with a `rewind`'s `undone`, where one came before its `welcome`. The
+        request is named, and waited for, before it goes: the relay may read its answer
+        before `send` returns."""
+        message = session.connection.named(message)
+        assert message.ref is not None  # noqa: S101 - named
+        asked = session.asked[message.ref] = _Asked(rewind=isinstance(message, Rewind))
+        try:
+            await session.connection.send(message)
+            await asked.done.wait()
+        finally:
+            del session.asked[message.ref]
         if asked.got is None:
             raise RpcError(LOOPD_UNREACHABLE, "loopd went away; try again once it is back")
         return asked
@@ -612,7 +621,7 @@ class Agent:
         if session is None or session.connection.closed:
             return
         for turn in list(session.turns):
-            await session.connection.send({"type": "cancel", "id": turn})
+            await session.connection.send(Cancel(id=turn))
 
     # -- loopd's side --------------------------------------------------------------------
 
@@ -629,8 +638,8 @@ class Agent:
             connection.closed = True
             for turn in session.turns.values():
                 turn.done.set()  # with no end: loopd went away
-            if session.asked is not None:
-                session.asked.done.set()
+            for asked in session.asked.values():
+                asked.done.set()
             await connection.aclose()
 
     async def _follow_connection(self, session: _Session, connection: Connection) -> None:
@@ -647,13 +656,11 @@ class Agent:
             pass  # closed under it: a load of the session anew, or the end
 
     async def _relay_one(self, session: _Session, message: DaemonMessage) -> None:
-        asked = session.asked
-        if asked is not None and message.type == asked.before:
-            asked.got_before = message
+        asked = session.asked.get(getattr(message, "ref", None) or "")
+        if asked is not None and asked.rewind and isinstance(message, Undone):
+            asked.undone = message  # the files it put back: its `welcome` follows
             return
-        if asked is not None and (
-            message.type == asked.answer or (isinstance(message, Error) and message.id is None)
-        ):
+        if asked is not None:
             asked.got = message
             asked.done.set()
             return
@@ -698,12 +705,7 @@ class Agent:
             outcome = schema.RequestPermissionResponse.model_validate(answer).outcome
         except (RpcError, ValidationError):
             outcome = None
-        approve = {
-            "type": "approve",
-            "call": asking.call,
-            "session": asking.session,
-            "decision": decision_of(getattr(outcome, "option_id", None)),
-        }
+        approve = decided(asking, decision_of(getattr(outcome, "option_id", None)))
         if not session.connection.closed:
             await session.connection.send(approve)
 

@@ -10,12 +10,12 @@ editor sets to loopd's `set_mode`.
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import get_args
 
 from acp import schema
 
 from loopd.session.records import Mode
-from loopd.wire.proto import ModeChanged, ModeSet
+from loopd.wire.proto import ModeChanged, ModeSet, SetMode
 
 __all__ = [
     "MODE",
@@ -105,19 +105,19 @@ def config_options(state: ModeSet | ModeChanged) -> list[ConfigOption]:
     return options
 
 
-def set_mode_of(config_id: str, value: str) -> dict[str, Any]:
+def set_mode_of(config_id: str, value: str) -> SetMode:
     """loopd's `set_mode` that sets option `config_id` to `value`; raises `BadOption`."""
     if config_id == MODE:
         modes = get_args(Mode)
         if value not in modes:
             raise BadOption(f"mode has no value {value!r}: it is one of {', '.join(modes)}")
-        return {"type": "set_mode", "mode": value}
+        return SetMode.model_validate({"mode": value})
     if config_id == THOUGHT_LEVEL:
         if value not in _SWITCH:
             raise BadOption(f"thought_level has no value {value!r}: it is on or off")
-        return {"type": "set_mode", "thinking": _SWITCH[value]}
+        return SetMode(thinking=_SWITCH[value])
     if config_id == MODEL:  # loopd knows which it serves, and refuses another (unknown_model)
-        return {"type": "set_mode", "model": value}
+        return SetMode(model=value)
     raise BadOption(
         f"no config option {config_id!r}: loopd offers {MODE}, {THOUGHT_LEVEL} and, where it "
         f"serves several models, {MODEL}"

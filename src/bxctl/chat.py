@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +28,7 @@ from bxctl.connection import Connection, SessionRefused, Unreachable
 from bxctl.exits import turn_number
 from bxctl.keys import can_read_keys, cbreak, read_key
 from bxctl.oneshot import plan_lines
+from bxctl.requests import APPROVE_USAGE, UNDO_USAGE, approve_of, decided, undo_of
 from bxctl.text import (
     context_line,
     fork_line,
@@ -54,14 +55,23 @@ from loopd.session.records import RECORD, Mode
 from loopd.session.transcript import transcript
 from loopd.wire.events import ApprovalNeeded
 from loopd.wire.proto import (
+    Cancel,
+    ClientMessage,
+    Compact,
     Context,
+    ContextRequest,
     Error,
     History,
+    HistoryRequest,
     ModeChanged,
     ModeSet,
+    Send,
     SessionFailed,
     Sessions,
+    SessionsRequest,
+    SetMode,
     Status,
+    StatusRequest,
     TurnFailed,
     Undone,
 )
@@ -186,17 +196,15 @@ async def _take(
 ) -> bool:
     """Do what a line typed at the prompt says; False to quit."""
     if text.strip() == "/compact":
-        compact: dict[str, object] = {"type": "compact", "id": f"t{next(turns)}"}
-        await live_turn(connection, compact, console, settings)
+        await live_turn(connection, Compact(id=f"t{next(turns)}"), console, settings)
     elif text.startswith("/") and (own := await _own_command(text, connection)) is not None:
         console.print(f"({own[0]}: the text of {own[1]})", style="dim")
-        sent: dict[str, object] = {"type": "send", "id": f"t{next(turns)}", "content": own[2]}
+        sent = Send(id=f"t{next(turns)}", content=own[2])
         await live_turn(connection, sent, console, settings)
     elif text.startswith("/"):
         return await _command(text.strip(), connection, console)
     else:
-        send: dict[str, object] = {"type": "send", "id": f"t{next(turns)}", "content": text}
-        await live_turn(connection, send, console, settings)
+        await live_turn(connection, Send(id=f"t{next(turns)}", content=text), console, settings)
     return True
 
 
@@ -240,7 +248,7 @@ def changed_line(change: ModeChanged) -> str:
 
 
 async def _recent(connection: Connection, console: Console) -> None:
-    history = await connection.request({"type": "history", "start": -12}, "history")
+    history = await connection.request(HistoryRequest(start=-12))
     if isinstance(history, History) and history.records:
         records = [RECORD.validate_python(r) for r in history.records]
         for line in transcript(records):
@@ -251,7 +259,7 @@ async def _joined(connection: Connection, console: Console, config: Path) -> Non
     """What to know on joining: a demonstration model is one (and where to name another:
     `config`), and calls of another client's turn that wait for approval, with how to answer
     them."""
-    status = await connection.request({"type": "status"}, "status")
+    status = await connection.request(StatusRequest())
     if not isinstance(status, Status):
         return
     if status.model in DEMO_MODELS:
@@ -266,17 +274,10 @@ async def _joined(connection: Connection, console: Console, config: Path) -> Non
 
 
 async def _approve(words: list[str], connection: Connection, console: Console) -> None:
-    if (
-        len(words) not in (2, 3)
-        or not words[0].isdigit()
-        or words[1] not in ("once", "session", "deny")
-    ):
-        console.print("/approve N once|session|deny [SUB-AGENT SESSION]", style="red")
+    if (message := approve_of(words)) is None:
+        console.print(APPROVE_USAGE, style="red")
         return
-    message = {"type": "approve", "call": int(words[0]), "decision": words[1]}
-    if len(words) == 3:
-        message["session"] = words[2]
-    answer = await connection.request(message, "approved")
+    answer = await connection.request(message)
     if isinstance(answer, Error):
         console.print(answer.message, style="red")
     else:
@@ -298,8 +299,8 @@ async def _command(text: str, connection: Connection, console: Console) -> bool:
     elif (handler := _COMMANDS.get(name)) is None:
         console.print(f"unknown command {name}; /help lists them", style="red")
     else:
-        request, answer_type, show = handler
-        answer = await connection.request({"type": request}, answer_type)
+        request, show = handler
+        answer = await connection.request(request)
         if isinstance(answer, Error):
             console.print(answer.message, style="red")
         else:
@@ -312,10 +313,8 @@ async def _set_mode(
 ) -> ModeSet | None:
     """Set one of the session's settings (`set_mode`: `key` to `value`; None sets nothing, and
     asks what they are); what they are now, or None where loopd refused (it said why)."""
-    message: dict[str, object] = {"type": "set_mode"}
-    if value is not None:
-        message[key] = value
-    answer = await connection.request(message, "mode")
+    message = SetMode.model_validate({} if value is None else {key: value})
+    answer = await connection.request(message)
     if isinstance(answer, Error):
         console.print(answer.message, style="red")
     return answer if isinstance(answer, ModeSet) else None
@@ -396,7 +395,7 @@ async def _rewind(words: list[str], connection: Connection, console: Console) ->
     """`/rewind`: the turns to go back to; `/rewind N [files]`: go on from the end of turn N
     in a fork made there, with `files` every file the later turns changed put back."""
     if not words:
-        for line in turn_lines(await rewind.said(lambda m: connection.request(m, "history"))):
+        for line in turn_lines(await rewind.said(connection.request)):
             console.print(line, markup=False)
         console.print(rewind.HELP)
         return
@@ -423,7 +422,7 @@ class _Numbered:
 
 async def _list_sessions(_: list[str], connection: Connection, console: Console) -> None:
     """The sessions, the most recent first, numbered for `/resume N`, with their titles."""
-    answer = await connection.request({"type": "sessions"}, "sessions")
+    answer = await connection.request(SessionsRequest())
     if not isinstance(answer, Sessions):
         return
     width = console.width - len("123. ")
@@ -444,7 +443,7 @@ async def _resume(words: list[str], connection: Connection, console: Console) ->
     if choice.isdigit():
         ids = _Numbered.shown
         if ids is None:  # not listed yet: numbered as /sessions would number them now
-            answer = await connection.request({"type": "sessions"}, "sessions")
+            answer = await connection.request(SessionsRequest())
             listed = recent_tree(answer.sessions) if isinstance(answer, Sessions) else []
             ids = [s.id for _, s in listed]
         if not 1 <= int(choice) <= len(ids):
@@ -483,11 +482,10 @@ def _status(answer: object) -> Text:
 
 
 async def _undo(words: list[str], connection: Connection, console: Console) -> None:
-    if len(words) > 1 or (words and not words[0].isdigit()):
-        console.print("/undo, or /undo N for call N's changes only", style="red")
+    if (message := undo_of(words)) is None:
+        console.print(UNDO_USAGE, style="red")
         return
-    message = {"type": "undo", "call": int(words[0]) if words else None}
-    answer = await connection.request(message, "undone")
+    answer = await connection.request(message)
     if isinstance(answer, Error):
         console.print(answer.message, style="red")
     elif isinstance(answer, Undone):
@@ -513,9 +511,9 @@ def _context(answer: object) -> Text:
     return Text("\n".join(context_lines(answer)) if isinstance(answer, Context) else "")
 
 
-_COMMANDS = {
-    "/status": ("status", "status", _status),
-    "/context": ("context", "context", _context),
+_COMMANDS: dict[str, tuple[ClientMessage, Callable[[object], Text]]] = {
+    "/status": (StatusRequest(), _status),
+    "/context": (ContextRequest(), _context),
 }
 BUILT_IN = frozenset(
     name.removeprefix("/") for name in [*_LOCAL, *_COMMANDS, "/help", "/quit", "/exit", "/compact"]
@@ -548,12 +546,12 @@ class Settings:
 
 
 async def live_turn(
-    connection: Connection, request: dict[str, object], console: Console, settings: Settings
+    connection: Connection, request: Send | Compact, console: Console, settings: Settings
 ) -> None:
     """Send a message that runs as a turn (`send`, `compact`), show the turn live, and print
     it whole when it ends."""
     view = TurnView(show_reasoning=settings.show_reasoning)
-    turn = str(request["id"])
+    turn = request.id
     await connection.send(request)
     lost = False
     with Live(console=console, auto_refresh=False, transient=True) as live:
@@ -600,20 +598,13 @@ async def _answer_approvals(connection: Connection, view: TurnView) -> None:
                     decision = APPROVAL_KEYS.get(await read_key(fd))
         if decision is not None and view.approval is waiting:
             view.approval = None  # answered: the daemon's `approval_decided` follows
-            await connection.send(
-                {
-                    "type": "approve",
-                    "call": waiting.call,
-                    "session": waiting.session,
-                    "decision": decision,
-                }
-            )
+            await connection.send(decided(waiting, decision))
 
 
 async def _cancel_on_interrupt(connection: Connection, turn: str) -> None:
     with trio.open_signal_receiver(signal.SIGINT) as interrupts:
         async for _ in interrupts:
             try:
-                await connection.send({"type": "cancel", "id": turn})
+                await connection.send(Cancel(id=turn))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # loopd went away: the turn's reader says so

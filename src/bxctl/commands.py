@@ -24,13 +24,20 @@ from bxctl.exits import (
 )
 from bxctl.export import ExportFormat, exported, json_document, markdown
 from bxctl.oneshot import exit_for, print_sessions, sessions, status
+from bxctl.requests import decided
 from bxctl.start import Starter, StopFailed
 from bxctl.text import approve_command, fork_line
 from bxctl.view import context_lines
 from loopd.config import ConfigError, load_config
 from loopd.infer import Queued, Retrying
 from loopd.locations import config_file
-from loopd.session.records import InstructionFile, Record, SessionHeader, ToolResultRecord
+from loopd.session.records import (
+    Decision,
+    InstructionFile,
+    Record,
+    SessionHeader,
+    ToolResultRecord,
+)
 from loopd.session.store import SessionInfo, Store, StoreError
 from loopd.session.transcript import transcript
 from loopd.wire import proto
@@ -125,14 +132,14 @@ async def _once(path: Path, text: str, args: argparse.Namespace) -> int:
         await connection.here(lambda cwd: connection.hello("new", cwd=cwd))
     _tell_session(connection.session, args.json)
     turn = f"bxctl-{id(connection):x}"
-    await connection.send({"type": "send", "id": turn, "content": text})
+    await connection.send(proto.Send(id=turn, content=text))
     stopped: list[int] = []
     with trio.open_signal_receiver(*STOPPING) as interrupts:
         async with trio.open_nursery() as nursery:
 
             async def cancel_on_interrupt() -> None:
                 async for signum in interrupts:
-                    await connection.send({"type": "cancel", "id": turn})
+                    await connection.send(proto.Cancel(id=turn))
                     if signum != signal.SIGINT:  # told to go: the turn is cancelled, not awaited
                         stopped.append(signum)
                         nursery.cancel_scope.cancel()
@@ -185,14 +192,7 @@ async def _follow(connection: Connection, turn: str, as_json: bool, approve: boo
                     file=sys.stderr,
                 )
                 return EXIT_APPROVAL
-            await connection.send(
-                {
-                    "type": "approve",
-                    "call": asking.call,
-                    "session": asking.session,
-                    "decision": "once",
-                }
-            )
+            await connection.send(decided(asking, "once"))
         if isinstance(message, TurnDone):
             if not as_json:
                 print(flush=True)
@@ -241,12 +241,10 @@ async def _asked(path: Path, args: argparse.Namespace) -> int:
     return await _fork(path, args.session, args.at)
 
 
-async def _approve(path: Path, call: int, decision: str, where: str, agent: str | None) -> int:
+async def _approve(path: Path, call: int, decision: Decision, where: str, agent: str | None) -> int:
     connection = await Connection.open(path)
     await connection.hello(where)
-    answer = await connection.request(
-        {"type": "approve", "call": call, "session": agent, "decision": decision}, "approved"
-    )
+    answer = await connection.request(proto.Approve(call=call, session=agent, decision=decision))
     await connection.aclose()
     if isinstance(answer, Error):
         print(f"bxctl: {answer.message}", file=sys.stderr)
@@ -258,7 +256,7 @@ async def _context(path: Path, where: str, as_json: bool) -> int:
     connection = await Connection.open(path)
     try:
         await connection.hello(where)
-        answer = await connection.request({"type": "context"}, "context")
+        answer = await connection.request(proto.ContextRequest())
     finally:
         await connection.aclose()
     if isinstance(answer, Error):
@@ -275,7 +273,7 @@ async def _context(path: Path, where: str, as_json: bool) -> int:
 async def _undo(path: Path, call: int | None, where: str) -> int:
     connection = await Connection.open(path)
     await connection.hello(where)
-    answer = await connection.request({"type": "undo", "call": call}, "undone")
+    answer = await connection.request(proto.Undo(call=call))
     await connection.aclose()
     if isinstance(answer, Error):
         print(f"bxctl: {answer.message}", file=sys.stderr)

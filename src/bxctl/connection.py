@@ -1,11 +1,13 @@
-"""A connection to loopd's socket: JSON lines out, daemon messages in."""
+"""A connection to loopd's socket: `loopd.wire.proto`'s client messages out, daemon messages
+in. Each request goes out under a `ref` of this connection's, and its answer is the line that
+carries that ref back, whatever its type (`request`); the lines of a turn come to whoever
+reads (`receive`), each with its turn's `id`."""
 
 from __future__ import annotations
 
-import json
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import trio
 from pydantic import ValidationError
@@ -16,17 +18,23 @@ from bxctl.oneshot import (
     Unreachable,
     check_owner,
     connection_closed,
-    hello,
     not_running,
 )
+from loopd import __version__
 from loopd.wire.events import SessionContinued
 from loopd.wire.lines import TooLong
 from loopd.wire.proto import (
     DAEMON_MESSAGE,
+    ClientMessage,
     DaemonMessage,
     Error,
     Event,
+    ForkSession,
+    Hello,
     McpServer,
+    NewSession,
+    OpenSession,
+    Rewind,
     Undone,
     Welcome,
 )
@@ -48,6 +56,7 @@ class Connection:
         """The `AGENTS.md` files its session's baseline carries (the last `welcome`)."""
         self.cwd: str | None = None
         """Its session's own folder (the last `welcome`); None: none, or loopd's roots."""
+        self._refs = itertools.count(1)
 
     @classmethod
     async def open(cls, path: Path) -> Connection:
@@ -58,8 +67,33 @@ class Connection:
             raise not_running(path, e) from None
         return cls(stream, path)
 
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.stream.send_all(json.dumps(message).encode() + b"\n")
+    def named(self, message: ClientMessage) -> ClientMessage:
+        """`message` under a `ref` of this connection's (as it is, where it has one): its
+        answers carry it back. A reader that must be ready for the answer before it is sent
+        names the message first."""
+        if message.ref is not None:
+            return message
+        return message.model_copy(update={"ref": f"r{next(self._refs)}"})
+
+    async def send(self, message: ClientMessage) -> str:
+        """Send `message`, named (`named`); its ref."""
+        message = self.named(message)
+        await self.stream.send_all(message.model_dump_json(exclude_none=True).encode() + b"\n")
+        assert message.ref is not None  # noqa: S101 - named
+        return message.ref
+
+    async def request(self, message: ClientMessage) -> DaemonMessage:
+        """Send, then wait for its answer, or the error that refuses it: the first line that
+        carries its ref. Lines that answer nothing of it are passed over (`receive` notes
+        what they say of the session)."""
+        return await self.answer(await self.send(message))
+
+    async def answer(self, ref: str) -> DaemonMessage:
+        """The next line that carries `ref`."""
+        while (got := await self.receive()) is not None:
+            if getattr(got, "ref", None) == ref:  # a line that answers nothing has none
+                return got
+        raise connection_closed(self.path)
 
     async def hello(
         self,
@@ -73,42 +107,34 @@ class Connection:
         """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`), giving
         it MCP servers of its own; the session's id. `discard_if_empty`: a new session goes if
         nothing is said in it (`hello`'s). Raises `SessionRefused` when loopd cannot open it."""
-        greeting = hello(session, cwd, client)
-        greeting["mcp_servers"] = [server.model_dump() for server in servers]
-        if discard_if_empty:
-            greeting["discard_if_empty"] = True
-        await self.send(greeting)
-        while True:
-            message = await self.receive()
-            if message is None:
-                raise connection_closed(self.path)
-            if isinstance(message, Error):
-                raise SessionRefused(message)
-            if isinstance(message, Welcome):
-                return message.session
+        greeting = Hello(
+            client=f"{client} {__version__}",
+            session=session,
+            cwd=cwd,
+            mcp_servers=list(servers),
+            discard_if_empty=discard_if_empty,
+        )
+        return await self._move(greeting)
 
     async def new_session(self, cwd: str | None = None, *, discard_if_empty: bool = False) -> str:
         """Go on in a new session (in folder `cwd`; gone if nothing is said in it, where
         `discard_if_empty`); its id. Raises `SessionRefused`."""
-        message: dict[str, Any] = {"type": "new_session", "cwd": cwd}
-        if discard_if_empty:
-            message["discard_if_empty"] = True
-        return await self._move(message)
+        return await self._move(NewSession(cwd=cwd, discard_if_empty=discard_if_empty))
 
     async def open_session(self, session: str) -> str:
         """Go on in `session` (an id, or `latest`); the id loopd serves. Raises
         `SessionRefused`."""
-        return await self._move({"type": "open_session", "id": session})
+        return await self._move(OpenSession(id=session))
 
     async def fork(self, at: int | None = None) -> str:
         """Go on in a new fork of its session at the end of turn `at` (the latest); its id.
         Raises `SessionRefused`."""
-        return await self._move({"type": "fork_session", "at": at})
+        return await self._move(ForkSession(at=at))
 
-    async def _move(self, message: dict[str, Any]) -> str:
+    async def _move(self, message: Hello | NewSession | OpenSession | ForkSession) -> str:
         """Send a message that moves this client to another session, answered `welcome`
         (which `receive` notes); the session's id."""
-        answer = await self.request(message, "welcome")
+        answer = await self.request(message)
         if isinstance(answer, Error):
             raise SessionRefused(answer)
         return self.session
@@ -117,16 +143,13 @@ class Connection:
         """Go on in a new fork of its session at the end of turn `at`, with `files` what the
         later turns changed put back first; the files put back. Raises `SessionRefused`, and
         then nothing was put back and it is where it was."""
-        await self.send({"type": "rewind", "at": at, "files": files})
+        ref = await self.send(Rewind(at=at, files=files))
         paths: list[str] = []
-        while (got := await self.receive()) is not None:
-            if isinstance(got, Undone):
-                paths = got.paths
-            elif isinstance(got, Error):
-                raise SessionRefused(got)
-            elif isinstance(got, Welcome):
-                return paths
-        raise connection_closed(self.path)
+        while isinstance(got := await self.answer(ref), Undone):  # the welcome follows
+            paths = got.paths
+        if isinstance(got, Error):
+            raise SessionRefused(got)
+        return paths
 
     async def here(self, start: Callable[[str | None], Awaitable[str]]) -> tuple[str, str | None]:
         """Start a new session as a terminal client does (`start(cwd)`: `hello` or
@@ -164,14 +187,6 @@ class Connection:
         elif isinstance(message, Event) and isinstance(message.event, SessionContinued):
             self.session = message.event.session
         return message
-
-    async def request(self, message: dict[str, Any], answer: str) -> DaemonMessage:
-        """Send, then wait for the first message of type `answer` (an error ends the wait)."""
-        await self.send(message)
-        while (got := await self.receive()) is not None:
-            if got.type in (answer, "error"):
-                return got
-        raise connection_closed(self.path)
 
     async def aclose(self) -> None:
         await self.stream.aclose()

@@ -4,10 +4,9 @@ turns to pick from."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from bxctl.exits import turn_number
-from loopd.wire.proto import DaemonMessage, History
+from loopd.wire.proto import ClientMessage, DaemonMessage, History, HistoryRequest
 
 __all__ = ["HELP", "USAGE", "Ask", "parse", "said"]
 
@@ -17,7 +16,7 @@ HELP = (
     "later turns changed"
 )
 
-Ask = Callable[[dict[str, Any]], Awaitable[DaemonMessage]]
+Ask = Callable[[ClientMessage], Awaitable[DaemonMessage]]
 """Send a request to loopd in the session and return its answer (or error)."""
 
 
@@ -35,7 +34,7 @@ async def said(ask: Ask) -> list[str]:
     messages: list[str] = []
     start = 0
     while True:
-        page = await ask({"type": "history", "start": start})
+        page = await ask(HistoryRequest(start=start))
         if not isinstance(page, History) or not page.records:
             return messages
         messages += [r["content"] for r in page.records if r.get("kind") == "user"]

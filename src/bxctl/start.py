@@ -29,6 +29,7 @@ import trio
 
 from bxctl.connection import Connection, Unreachable
 from bxctl.oneshot import serve_command
+from loopd.wire.proto import SessionsRequest
 
 __all__ = ["START_WAIT", "STOP_WAIT", "Starter", "StopFailed"]
 
@@ -182,7 +183,7 @@ async def _answering(socket: Path) -> int | None:
     answer = None
     try:
         with trio.move_on_after(ASK_WAIT):
-            answer = await connection.request({"type": "sessions"}, "sessions")
+            answer = await connection.request(SessionsRequest())
         credentials = connection.stream.socket.getsockopt(
             stdsocket.SOL_SOCKET, stdsocket.SO_PEERCRED, struct.calcsize("3i")
         )

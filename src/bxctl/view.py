@@ -32,6 +32,7 @@ from loopd.infer import (
     ThinkingCapped,
     Waiting,
 )
+from loopd.session.records import Decision
 from loopd.session.transcript import approval_line, flags
 from loopd.wire.events import (
     AgentUpdate,
@@ -87,7 +88,7 @@ def demo_note(config: Path) -> str:
     )
 
 
-APPROVAL_KEYS = {"y": "once", "n": "deny", "a": "session"}
+APPROVAL_KEYS: dict[str, Decision] = {"y": "once", "n": "deny", "a": "session"}
 """The keys that answer an approval, and the decision each sends."""
 
 HINTS = {
