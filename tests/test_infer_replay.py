@@ -27,6 +27,7 @@ from loopd.infer import (
     Reasoning,
     Retrying,
     RetryPolicy,
+    ServerHealth,
     StreamBroken,
     StreamErrorEvent,
     ThinkingCapped,
@@ -224,6 +225,21 @@ async def test_a_server_that_is_down_gives_retrying_then_connect_error() -> None
         with pytest.raises(ConnectError):
             await client.chat_with_retry(REQUEST, sink)
     assert [e.attempt for e in events if isinstance(e, Retrying)] == [1, 2]
+
+
+async def test_a_connect_error_names_why_the_servers_keeper_says_it_is_away() -> None:
+    health = ServerHealth()
+    url = f"http://127.0.0.1:{free_port()}"
+    async with Client(url, retry=RetryPolicy(attempts=1), health=health) as client:
+        health.exited("it exited with status 9")
+        with pytest.raises(ConnectError) as away:
+            await client.chat_with_retry(REQUEST, collect()[1])
+        health.up()
+        with pytest.raises(ConnectError) as unknown:
+            await client.chat_with_retry(REQUEST, collect()[1])
+    assert away.value.down == "it exited with status 9"
+    assert "(it exited with status 9)" in str(away.value)
+    assert unknown.value.down is None
 
 
 async def test_an_error_inside_the_stream_is_typed_and_not_retried(replay: StartReplay) -> None:

@@ -45,6 +45,7 @@ from loopd.infer import (
     InferError,
     RetryPolicy,
     ServerFacts,
+    ServerHealth,
     Timeouts,
 )
 from loopd.server_proc import LaunchSpec, ServerStartError, free_port, managed_server
@@ -136,21 +137,21 @@ async def _keep_running(
     spec: LaunchSpec,
     log_path: Path,
     restarted: trio.MemorySendChannel[None],
-    client: Client,
+    health: ServerHealth,
     *,
     task_status: trio.TaskStatus[None],
 ) -> None:
     """Run the embedded llama-server; start it again at once whenever it dies (with backoff
     between starts that fail), and say so on
-    `restarted` (its slots are empty then). Meanwhile `client.down` says why it is away, for
-    the turns that wait for it."""
+    `restarted` (its slots are empty then). Meanwhile `health` says why it is away, for the
+    turns that wait for it (its client reads it)."""
     failures = 0
     started = False
     while True:
         try:
             async with managed_server(spec, log_path) as server:
                 failures = 0
-                client.down = None
+                health.up()
                 if not started:
                     task_status.started()
                     started = True
@@ -158,7 +159,7 @@ async def _keep_running(
                     restarted.send_nowait(None)
                 log.info("llama-server is up at %s (pid %d)", server.url, server.process.pid)
                 code = await server.process.wait()
-                client.down = f"it exited with status {code}"
+                health.exited(f"it exited with status {code}")
                 log.warning("llama-server exited with status %s; starting it again", code)
         except ServerStartError as e:
             if not started:
@@ -375,9 +376,10 @@ async def _serve(  # noqa: PLR0913, PLR0917 - `where`: said once start-up has su
                 config.server.managed, config.server.slots, config.store.directory.parent
             )
             log_path = config.store.directory.parent / "llama-server.log"
-            embedded = _client(config, f"http://{spec.host}:{spec.port}", access)
+            health = ServerHealth()
+            embedded = _client(config, f"http://{spec.host}:{spec.port}", access, health)
             await stack.enter_async_context(embedded)
-            await nursery.start(_keep_running, spec, log_path, restarted_send, embedded)
+            await nursery.start(_keep_running, spec, log_path, restarted_send, health)
             info = DaemonInfo(embedded.base_url, spec.model.name, spec.n_ctx, "llama")
             slot_directory = spec.slot_save_path
             clients = [embedded]
@@ -447,11 +449,12 @@ async def _start_models(  # noqa: PLR0913, PLR0917 - what starting them fills in
             continue
         slots = model.slots or config.server.slots
         spec = launch_spec(model.managed(), slots, state)
-        client = _client(config, f"http://{spec.host}:{spec.port}", access)
+        health = ServerHealth()
+        client = _client(config, f"http://{spec.host}:{spec.port}", access, health)
         await stack.enter_async_context(client)
         restarted_send, restarted = trio.open_memory_channel[None](math.inf)
         log_path = state / f"llama-server.{name}.log"
-        await nursery.start(_keep_running, spec, log_path, restarted_send, client)
+        await nursery.start(_keep_running, spec, log_path, restarted_send, health)
         clients.append(client)
         served[client.base_url] = name
         restarts_of.append((restarted, client))
@@ -490,13 +493,15 @@ def server_access(config: Config) -> Access:
     )
 
 
-def _client(config: Config, url: str, access: Access) -> Client:
+def _client(config: Config, url: str, access: Access, health: ServerHealth | None = None) -> Client:
+    """`health`: what the keeper of a server loopd runs says of it; None for another's."""
     s = config.server
     return Client(
         url,
         timeouts=Timeouts(connect=s.connect_timeout, queue=s.queue_timeout, read=s.read_timeout),
         retry=RetryPolicy(attempts=s.retry.attempts, base=s.retry.base, cap=s.retry.cap),
         access=access,
+        health=health,
     )
 
 

@@ -28,6 +28,7 @@ from ._format import (
     ToolCallFormat,
     delimiter_pattern,
 )
+from ._health import ServerHealth
 from ._learn import learn_format
 from ._notation import GEMMA_QUOTE, OPENING, decode_arguments
 from ._prompt_json import Prompt
@@ -139,6 +140,7 @@ __all__ = [
     "Retrying",
     "Sent",
     "ServerFacts",
+    "ServerHealth",
     "Slot",
     "SlotFile",
     "StreamBroken",

@@ -33,6 +33,7 @@ from ._errors import (
     StreamBroken,
     is_retryable,
 )
+from ._health import ServerHealth
 from ._prompt_json import PromptJson
 from ._stream import Broken, Stream, Unreachable, post
 from ._types import (
@@ -136,7 +137,7 @@ class Client:
     """A client for one server: llama-server, vLLM, or any OpenAI-compatible one (its
     `engine`). Use as `async with Client(url) as client:`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keywords, each with its default
         self,
         base_url: str,
         *,
@@ -144,13 +145,14 @@ class Client:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         access: Access | None = None,
+        health: ServerHealth | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or RetryPolicy()
-        self.down: str | None = None
-        """Why the server is known to be away (set by whoever runs it: it exited and is
-        being started again); it names the reason when no connection can be made."""
+        self.health = health or ServerHealth()
+        """Why the server is known to be away, as whoever runs it says (it exited and is
+        being started again): the reason named when no connection can be made."""
         # One TLS context (httpx's, with its certificates) for the JSON requests and the
         # streams (`_stream`); neither goes through a proxy the environment names.
         self._tls = httpx.create_ssl_context()
@@ -186,7 +188,7 @@ class Client:
     def _reaching(self) -> Iterator[None]:
         """A request's errors before its answer began, mapped (`_mapped`); once one passes
         without them, the server is `reached`."""
-        with _mapped(self.base_url, self.down):
+        with _mapped(self.base_url, self.health.down):
             yield
         self.reached = True
 
