@@ -1,8 +1,10 @@
-"""Store figures: opening (replaying) a 10,000-record session, and one append with fsync.
+"""Store figures: opening (replaying) a 10,000-record session, one append with fsync, and the
+longest stall of a stream beside the open of a 100,000-record session.
 
 Each is set beside a baseline measured in the same run on the same files: the open against
 `json.loads` of every line (the least any reader does), the append against a bare
-`os.write` + `os.fsync` of the same line (the least any durable log does).
+`os.write` + `os.fsync` of the same line (the least any durable log does), the stall against
+the same log read whole in a worker thread, as `Store.open` read it before it read in slices.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,13 @@ from loopd.session.records import (
     UserRecord,
     dump,
 )
-from loopd.session.store import Store
+from loopd.session.store import Store, parse_log
 
 RECORDS = 10_000
 OPENS = 7
 APPENDS = 200
+LONG = 100_000
+LONG_OPENS = 3
 
 
 def conversation(n: int) -> list[Record]:
@@ -93,6 +98,7 @@ async def _measure(directory: Path) -> dict[str, Any]:
             os.fsync(fd)
             bare.append(time.perf_counter() - start)
     os.close(fd)
+    stalls = await _stalls(store)
     open_ms, parse_ms = _ms(opens), _ms(parses)
     append_ms, bare_ms = _ms(appends), _ms(bare)
     return {
@@ -108,7 +114,52 @@ async def _measure(directory: Path) -> dict[str, Any]:
             "baseline_p99_ms": bare_ms["p99_ms"],
             "ratio": append_ms["median_ms"] / bare_ms["median_ms"],
         },
+        "stall_100k": stalls,
     }
+
+
+async def _stalls(store: Store) -> dict[str, float]:
+    """The longest gap between two passes of a task beside the open of a `LONG`-record
+    session (the stream of another session stops as long), against the same log read whole in
+    a worker thread; each the median over `LONG_OPENS` opens, alternating."""
+    with await store.create(make_baseline()) as session:
+        pass
+    with session.path.open("ab") as f:
+        f.write(b"".join(dump(r) for r in conversation(LONG)))
+
+    async def sliced() -> None:
+        with await store.open(session.id):
+            pass
+
+    async def whole() -> None:
+        data = session.path.read_bytes()
+        await trio.to_thread.run_sync(parse_log, session.path, data, session.id)
+
+    gaps: dict[str, list[float]] = {"sliced": [], "whole": []}
+    for _ in range(LONG_OPENS):
+        for name, read in (("sliced", sliced), ("whole", whole)):
+            gaps[name].append(await _longest_gap(read))
+    sliced_ms = statistics.median(gaps["sliced"]) * 1000
+    whole_ms = statistics.median(gaps["whole"]) * 1000
+    return {"median_ms": sliced_ms, "baseline_median_ms": whole_ms, "ratio": sliced_ms / whole_ms}
+
+
+async def _longest_gap(read: Callable[[], Awaitable[None]]) -> float:
+    gaps, done = [0.0], False
+
+    async def beside() -> None:
+        last = time.perf_counter()
+        while not done:
+            await trio.lowlevel.checkpoint()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beside)
+        await read()
+        done = True
+    return max(gaps)
 
 
 def run() -> dict[str, Any]:
@@ -118,6 +169,19 @@ def run() -> dict[str, Any]:
 
 def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     o, a = figures["open_10k"], figures["append_fsync"]
+    s = figures.get("stall_100k")
+    stall = (
+        [
+            (
+                "longest stall of a stream beside the open of a 100,000-record session",
+                f"{s['median_ms']:.0f} ms",
+                f"the log read whole in a worker thread: {s['baseline_median_ms']:.0f} ms",
+                f"{s['ratio']:.2f}x",
+            )
+        ]
+        if s
+        else []
+    )
     return [
         (
             "open a 10,000-record session",
@@ -131,4 +195,5 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"os.write + fsync: {a['baseline_median_ms']:.2f} ms",
             f"{a['ratio']:.2f}x",
         ),
+        *stall,
     ]

@@ -149,12 +149,12 @@ class SessionRegistry:
             raise FolderNotAllowed(str(e)) from None
         key = which
         if which == LATEST:
-            which = self.store.latest() or NEW
+            which = await self.store.find_latest() or NEW
             # The first session, made for another client's `latest`; or the latest, stopping
             # (and removed if it holds nothing: `_discard_if_empty`): asked for again after.
             while (waiting := self._pending.get(LATEST, self._pending.get(which))) is not None:
                 await waiting.wait()
-                which = self.store.latest() or NEW
+                which = await self.store.find_latest() or NEW
             key = LATEST if which == NEW else which
         while which != NEW:
             if (live := self._by_id.get(which)) is not None and live.handle is not None:
@@ -414,7 +414,7 @@ async def close_interrupted(store: Store, session: Session) -> bool:
     infos = [i for i in await store.sessions() if i.parent == session.id]
     children: dict[str, tuple[int, str]] = {}
     for info in infos:
-        header = store.read(info.id)[0]
+        header = await store.header(info.id)
         if header.call_id is not None and header.call is not None:
             children[header.call_id] = (header.call, info.id)
     await close_interrupted_turn(session, children)

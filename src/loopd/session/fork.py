@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import trio
-
 from loopd.session.records import Record, SessionHeader, TurnEndRecord, UsageRecord, UserRecord
 from loopd.session.store import Fork, Session, Store, StoreError
 
@@ -59,7 +57,7 @@ async def fork(store: Store, parent: str, at: int | None) -> str:
     """A new session, the fork of `parent` at the end of its turn `at` (its latest when None),
     closed again: its id. Raises `ForkRefused`, or the store's `UnknownSession` or
     `StoreError`."""
-    header, records, _ = await trio.to_thread.run_sync(store.read, parent)
+    header, records, _ = await store.load(parent)
     turn, kept = fork_point(header, records, at)
     with await store.create(
         header.baseline,
@@ -87,7 +85,7 @@ async def cache_source(store: Store, session: Session) -> str | None:
         source = parent
         seen.add(parent)
         try:
-            header, records, _ = await trio.to_thread.run_sync(store.read, parent)
+            header, records, _ = await store.load(parent)
         except StoreError:
             break
     return source

@@ -83,6 +83,11 @@ _TURN_END_KIND = b'"kind":"turn_end"'
 _LOG: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
 TITLE_LENGTH = 80
 """The longest title a listing gives a session (`SessionInfo.title`)."""
+READ_SLICE = 1000
+"""Lines validated at a time where a log is read for trio (`Store.open`, `Store.load`): each
+slice is a hop of its own to a worker thread. Validation holds the GIL, so a log validated in
+one call stopped trio's thread for the whole of it (1.7 s for 100,000 records, every session's
+stream with it); a slice takes about 3 ms on two cores, and trio runs between slices."""
 
 
 class StoreError(Exception):
@@ -476,7 +481,27 @@ class Store:
         )
 
     async def open(self, session_id: str) -> Session:
-        return await trio.to_thread.run_sync(self._open, session_id)
+        """Take session `session_id` for writing (its lock) and read it, off trio's thread and
+        in slices (`READ_SLICE`): every other session goes on while a long log opens."""
+        path = self.path_of(session_id)
+        fd, data = await trio.to_thread.run_sync(self._take, path, session_id)
+        try:
+            header, records, torn = await _parse_in_slices(path, data, session_id)
+            return await trio.to_thread.run_sync(_opened, path, fd, header, records, torn)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    async def load(self, session_id: str) -> tuple[SessionHeader, list[Record], int]:
+        """`read`, off trio's thread and in slices (`READ_SLICE`), as `open` reads."""
+        path = self.path_of(session_id)
+        data = await trio.to_thread.run_sync(self._bytes, path, session_id)
+        return await _parse_in_slices(path, data, session_id)
+
+    async def header(self, session_id: str) -> SessionHeader:
+        """The header of session `session_id` alone, read in a worker thread."""
+        path = self.path_of(session_id)
+        return await trio.to_thread.run_sync(_read_header, path, session_id)
 
     async def sessions(self) -> list[SessionInfo]:
         """Every session, oldest first (those whose log does not read left out)."""
@@ -506,14 +531,17 @@ class Store:
         """Read a log without taking it: for looking, while a daemon may be writing it. Gives
         the header, the records and the length of a torn last line (left as it is)."""
         path = self.path_of(session_id)
+        return parse_log(path, self._bytes(path, session_id), session_id)
+
+    def _bytes(self, path: Path, session_id: str) -> bytes:
         try:
-            data = path.read_bytes()
+            return path.read_bytes()
         except FileNotFoundError:
             raise UnknownSession(f"no session {session_id} in {self.directory}") from None
-        return parse_log(path, data, session_id)
 
     def latest(self) -> str | None:
-        """The newest session that is not a sub-agent's."""
+        """The newest session that is not a sub-agent's, read in this thread: for a
+        command-line tool with no event loop (the daemon awaits `find_latest`)."""
         for session_id in reversed(self._ids()):
             try:
                 with self.path_of(session_id).open("rb") as f:
@@ -523,6 +551,10 @@ class Store:
             if isinstance(header, SessionHeader) and header.parent is None:
                 return session_id
         return None
+
+    async def find_latest(self) -> str | None:
+        """`latest`, read in a worker thread: one line of each log, newest first."""
+        return await trio.to_thread.run_sync(self.latest)
 
     def _ids(self) -> list[str]:
         if not self.directory.is_dir():
@@ -594,16 +626,15 @@ class Store:
             raise
         return Session(path, fd, header, records)
 
-    def _open(self, session_id: str) -> Session:
-        path = self.path_of(session_id)
+    def _take(self, path: Path, session_id: str) -> tuple[int, bytes]:
+        """The log of `session_id` opened for writing and locked, and what it holds."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UnknownSession(f"no session {session_id} in {self.directory}") from None
         try:
             _lock(fd, path)
-            header, records = _read_log(path, fd, session_id)
-            return Session(path, fd, header, records)
+            return fd, os.pread(fd, os.fstat(fd).st_size, 0)
         except BaseException:
             os.close(fd)
             raise
@@ -723,31 +754,71 @@ def _lock(fd: int, path: Path) -> None:
         ) from None
 
 
-def _read_log(path: Path, fd: int, session_id: str) -> tuple[SessionHeader, list[Record]]:
-    data = os.pread(fd, os.fstat(fd).st_size, 0)
-    header, records, torn = parse_log(path, data, session_id)
+def _opened(
+    path: Path, fd: int, header: SessionHeader, records: list[Record], torn: int
+) -> Session:
+    """The session of a log just read, its torn last line cut off."""
     if torn:
         log.warning(
             "%s: cut off a torn last line of %d bytes (a write was interrupted); "
             "%d whole records kept", path, torn, len(records) + 1,
         )  # fmt: skip
-        os.ftruncate(fd, len(data) - torn)
+        os.ftruncate(fd, os.fstat(fd).st_size - torn)
         os.fsync(fd)
-    return header, records
+    return Session(path, fd, header, records)
+
+
+def _read_header(path: Path, session_id: str) -> SessionHeader:
+    try:
+        with path.open("rb") as f:
+            first = f.readline()
+    except FileNotFoundError:
+        raise UnknownSession(f"no session {session_id} in {path.parent}") from None
+    if not first.endswith(b"\n"):
+        raise CorruptLog(path, 1, "the log is empty: it has no session header")
+    return _header(path, _record(path, 1, first), session_id)
 
 
 def parse_log(path: Path, data: bytes, session_id: str) -> tuple[SessionHeader, list[Record], int]:
     """The header, the records, and the length of a torn last line (0: none)."""
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline, as a whole log does
-    if not lines:
+    return (*_log(path, _parse_lines(path, lines), session_id), len(torn))
+
+
+async def _parse_in_slices(
+    path: Path, data: bytes, session_id: str
+) -> tuple[SessionHeader, list[Record], int]:
+    """`parse_log`, `READ_SLICE` lines per hop to a worker thread, so that trio's thread runs
+    between them."""
+    records: list[Record] = []
+    start = 0
+    while start < len(data):
+        parsed, end = await trio.to_thread.run_sync(_parse_slice, path, data, start, len(records))
+        if end == start:
+            break  # what is left has no newline: a torn last line
+        records += parsed
+        start = end
+    header, rest = _log(path, records, session_id)
+    return header, rest, len(data) - start
+
+
+def _parse_slice(path: Path, data: bytes, start: int, before: int) -> tuple[list[Record], int]:
+    """The records of the next `READ_SLICE` whole lines of `data` from `start` (`before`
+    records precede them), and where the next line starts."""
+    lines: list[bytes] = []
+    while len(lines) < READ_SLICE and (end := data.find(b"\n", start)) >= 0:
+        lines.append(data[start:end])
+        start = end + 1
+    return _parse_lines(path, lines, first=before + 1) if lines else [], start
+
+
+def _log(path: Path, records: list[Record], session_id: str) -> tuple[SessionHeader, list[Record]]:
+    """The header and the records after it (`records` loses its first), if they make a log
+    (`_parse_lines` found no second header)."""
+    if not records:
         raise CorruptLog(path, 1, "the log is empty: it has no session header")
-    records = _parse_lines(path, lines)
-    header = _header(path, records.pop(0), session_id)
-    for number, record in enumerate(records, start=2):
-        if isinstance(record, SessionHeader):
-            raise CorruptLog(path, number, "a second session header")
-    return header, records, len(torn)
+    return _header(path, records.pop(0), session_id), records
 
 
 def _header(path: Path, first: Record, session_id: str) -> SessionHeader:
@@ -770,18 +841,23 @@ def _record(path: Path, number: int, line: bytes) -> Record:
         raise CorruptLog(path, number, f"not a record: {reason}") from None
 
 
-def _parse_lines(path: Path, lines: list[bytes]) -> list[Record]:
+def _parse_lines(path: Path, lines: list[bytes], first: int = 1) -> list[Record]:
+    """The records of `lines`, the first of them line `first` of the log; a header is a
+    record of line 1 alone."""
     # One validation call for the whole log is much faster than one per line; the count check
     # catches a line that holds two objects. On any failure, line by line finds the culprit.
     try:
         records = _LOG.validate_json(b"[" + b",".join(lines) + b"]")
         if len(records) == len(lines):
+            for number, record in enumerate(records, start=first):
+                if number > 1 and isinstance(record, SessionHeader):
+                    raise CorruptLog(path, number, "a second session header")
             return records
     except ValidationError:
         pass
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=first):
         _record(path, number, line)
-    raise CorruptLog(path, 1, "the log does not parse, though each line does")  # unreachable
+    raise CorruptLog(path, first, "the log does not parse, though each line does")  # unreachable
 
 
 def _fsync_directory(directory: Path) -> None:
