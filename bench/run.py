@@ -20,6 +20,7 @@ something on a noisy machine. Nothing here is a test: no figure can fail.
     prompt    a long session's next prompt and body, against both built from the whole history
     vllm      loopd on vLLM: tokens processed, time to first token, sessions at once, against
               clients of vLLM's chat endpoint
+    stacks    a streamed completion's and a JSON request's cost over h11 (loopd's), against httpx
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import parser
 import prompt
 import relay
 import slots
+import stacks
 import startup
 import store
 import trio
@@ -99,6 +101,7 @@ FIGURES: dict[str, Callable[[], dict[str, Any]]] = {
     ),
     "prompt": prompt.run,
     "vllm": lambda: trio.run(vllm.measure, Path(os.environ["LOOPD_TEMPLATES"])),
+    "stacks": lambda: trio.run(stacks.measure, *_assets()),
 }
 
 
@@ -346,6 +349,19 @@ def _section(name: str, f: dict[str, Any]) -> list[str]:  # noqa: PLR0911, PLR09
             ),
             "",
             *vllm.table(f),
+        ]
+    if name == "stacks":
+        return [
+            "## 20. One HTTP stack: loopd's own over h11 against httpx",
+            "",
+            (
+                f"The same streamed `/completion` (a cached prompt, one token and {f['tokens']}) "
+                "and the same `/tokenize`, on the bundled llama-server, through each stack; "
+                f"medians of {f['rounds']} rounds, each side first as often (bench/stacks.py). "
+                "CPU: the client process's own time, whatever the server's noise."
+            ),
+            "",
+            *stacks.table(f),
         ]
     if name == "store":
         return [

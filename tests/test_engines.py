@@ -31,6 +31,7 @@ from loopd.infer import (
     StreamErrorEvent,
     Timings,
     Unreported,
+    _stream,
     cache_limit,
     cache_outcome,
     is_context_full,
@@ -386,3 +387,18 @@ async def test_the_block_size_named_in_the_config_stands_where_metrics_cannot_be
             done = await client.chat(prompt_request(), lambda _: None)
     assert done.timings is not None
     assert done.timings.block == 16
+
+
+async def test_a_json_answer_past_the_cap_is_a_lost_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The small requests go over the streams' own HTTP (`_stream`), bounded as they are: a
+    server's answer cannot fill loopd's memory."""
+    monkeypatch.setattr(_stream, "MAX_BODY", 1000)
+    props = {"chat_template": "x" * 2000, "default_generation_settings": {}}
+    with fake_engine({"/props": Answer.of(props)}) as server:
+        async with Client(server.url) as client:
+            with pytest.raises(ConnectionLost, match="an answer of over 1000 bytes"):
+                await client.chat_template()
+            monkeypatch.setattr(_stream, "MAX_BODY", 1 << 20)
+            assert await client.chat_template() == "x" * 2000

@@ -39,8 +39,9 @@ async def read_request(stream: trio.abc.Stream) -> None:
     while b"\r\n\r\n" not in received:
         received += await stream.receive_some()
     head, _, body = received.partition(b"\r\n\r\n")
-    length = next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:"))
-    while len(body) < int(length[15:]):
+    fields = [h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+    length = fields[0][15:] if fields else b"0"  # a GET has no body
+    while len(body) < int(length):
         body += await stream.receive_some()
 
 
@@ -266,3 +267,34 @@ def test_the_request_head_is_the_one_h11_writes(url: str) -> None:
         h11.Request(method="POST", target=parsed.raw_path, headers=headers)
     )
     assert _stream.request_head(parsed, headers) == h11_head
+
+
+async def test_a_small_request_is_answered_with_its_whole_body() -> None:
+    """A JSON request (`request`): the status and the body, whatever the pieces it came in."""
+    answer = b'{"tokens": [1, 2, 3]}'
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    async with answering([head % len(answer), answer[:5], answer[5:]]) as port:
+        url = httpx.URL(f"http://127.0.0.1:{port}/tokenize")
+        got = await _stream.request(b"POST", url, b"{}", connect_timeout=5, tls=NO_TLS)
+    assert got == (200, answer)
+
+
+async def test_a_small_answer_past_the_cap_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that never ends its answer must not fill loopd's memory."""
+    monkeypatch.setattr(_stream, "MAX_BODY", 10_000)
+    piece = b"x" * 4000
+    pieces = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
+    pieces += [b"%x\r\n%s\r\n" % (len(piece), piece)] * 4
+    async with answering(pieces) as port:
+        url = httpx.URL(f"http://127.0.0.1:{port}/props")
+        with pytest.raises(Broken, match="an answer of over 10000 bytes"):
+            await _stream.request(b"GET", url, None, connect_timeout=5, tls=NO_TLS)
+
+
+def test_a_request_without_a_body_has_the_head_h11_writes() -> None:
+    parsed = httpx.URL("http://127.0.0.1:8080/props")
+    headers = _stream.request_headers(parsed, None, _stream.JSON)
+    h11_head = h11.Connection(h11.CLIENT).send(
+        h11.Request(method="GET", target=parsed.raw_path, headers=headers)
+    )
+    assert _stream.request_head(parsed, headers, b"GET") == h11_head

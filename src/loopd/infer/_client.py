@@ -1,5 +1,5 @@
-"""The llama-server client: one streamed chat completion at a time, under trio, on a
-connection of its own (`_stream`); the small JSON requests over httpx.
+"""The llama-server client: one streamed chat completion at a time, under trio; it and the
+small JSON requests each on a connection of its own (`_stream`, the one HTTP stack).
 
 Events go to a plain callback, called in order from the task that reads the stream: a turn
 passes them to its session actor's subscribers (each with `send_nowait` into a bounded
@@ -10,6 +10,7 @@ makes llama-server cancel the generation and free the slot.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from ._errors import (
 )
 from ._health import ServerHealth
 from ._prompt_json import PromptJson
-from ._stream import Broken, Stream, Unreachable, post
+from ._stream import Broken, Stream, Unreachable, post, request
 from ._types import (
     ChatEvent,
     ChatRequest,
@@ -71,8 +72,6 @@ AnyRequest = ChatRequest | PromptRequest
 
 # An error body is read for its message only; a misbehaving server cannot make us hold more.
 ERROR_BODY_LIMIT = 64 * 1024
-# vLLM refuses a body without it (llama-server takes any).
-JSON = {"Content-Type": "application/json"}
 # Closing a stream is a socket close; if it takes longer, something is wrong and we move on.
 CLOSE_GRACE = 2.0
 # Events that mean output reached the caller: after one of them, a retry would repeat it.
@@ -137,13 +136,12 @@ class Client:
     """A client for one server: llama-server, vLLM, or any OpenAI-compatible one (its
     `engine`). Use as `async with Client(url) as client:`."""
 
-    def __init__(  # noqa: PLR0913 - keywords, each with its default
+    def __init__(
         self,
         base_url: str,
         *,
         timeouts: Timeouts | None = None,
         retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         access: Access | None = None,
         health: ServerHealth | None = None,
     ) -> None:
@@ -153,23 +151,14 @@ class Client:
         self.health = health or ServerHealth()
         """Why the server is known to be away, as whoever runs it says (it exited and is
         being started again): the reason named when no connection can be made."""
-        # One TLS context (httpx's, with its certificates) for the JSON requests and the
-        # streams (`_stream`); neither goes through a proxy the environment names.
+        # One TLS context (httpx's, with its certificates) for every request (`_stream`), which
+        # goes through no proxy the environment names. Read deadlines are cancel scopes below.
         self._tls = httpx.create_ssl_context()
-        # Read deadlines are cancel scopes below; httpx keeps only the connect deadline.
         # The key goes in a header of every request and nowhere else: never in a log line,
         # a record or an error's text.
         access = access or Access()
         key = access.api_key
         self._headers = [(b"Authorization", b"Bearer " + key.encode())] if key else []
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(None, connect=self.timeouts.connect),
-            transport=transport,
-            verify=self._tls,
-            trust_env=False,
-            headers={k.decode(): v.decode() for k, v in self._headers},
-        )
         self._urls: dict[str, httpx.URL] = {}
         self._affinity = access.affinity_header.encode() if access.affinity_header else None
         self._model = access.model
@@ -225,8 +214,7 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-            await self._http.aclose()
+        """Nothing is held between requests: each has a connection of its own."""
 
     async def apply_template(
         self,
@@ -258,11 +246,10 @@ class Client:
         deadline."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                with self._reaching():
-                    health = self._url(self.engine.health)
-                    return (await self._http.get(health)).status_code == httpx.codes.OK
+                status, _ = await self._request(b"GET", self.engine.health)
             except InferError:
                 return False
+            return status == 200
         return False
 
     async def slot_file(self, slot: int, action: str, filename: str) -> SlotFile:
@@ -299,9 +286,8 @@ class Client:
         no JSON, or nothing in time."""
         with trio.move_on_after(self.timeouts.read):
             try:
-                with self._reaching():
-                    response = await self._http.get(self._url(path))
-                return response.json() if response.status_code == 200 else None
+                status, body = await self._request(b"GET", path)
+                return json.loads(body) if status == 200 else None
             except (InferError, ValueError):
                 return None
         return None
@@ -309,34 +295,42 @@ class Client:
     async def get_text(self, path: str) -> str:
         """The text `path` answers (`/metrics`), within the read deadline."""
         with trio.move_on_after(self.timeouts.read):
-            with self._reaching():
-                response = await self._http.get(self._url(path))
-            if response.status_code != 200:
-                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
-            return response.text
+            status, body = await self._request(b"GET", path)
+            if status != 200:
+                raise HttpError(status, _text(body[:ERROR_BODY_LIMIT]))
+            return _text(body)
         raise InferTimeout(f"{self.base_url} did not answer {path} within {self.timeouts.read:g} s")
 
     async def get_json(self, path: str) -> dict[str, Any]:
-        return await self._json(path, self._http.build_request("GET", self._url(path)))
+        return await self._json(b"GET", path, None)
 
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._json(
-            path,
-            self._http.build_request(
-                "POST", self._url(path), content=canonical(body), headers=JSON
-            ),
-        )
+        return await self._json(b"POST", path, canonical(body))
 
-    async def _json(self, path: str, request: httpx.Request) -> dict[str, Any]:
+    async def _request(
+        self, method: bytes, path: str, body: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """A small request's status and body, its errors mapped (`_reaching`); no deadline
+        but the connection's: the caller's scope bounds the rest."""
+        with self._reaching():
+            return await request(
+                method,
+                self._url(path),
+                body,
+                connect_timeout=self.timeouts.connect,
+                tls=self._tls,
+                headers=self._headers,
+            )
+
+    async def _json(self, method: bytes, path: str, body: bytes | None) -> dict[str, Any]:
         """A small JSON request and its JSON answer, not a stream, with the read deadline: the
         server's properties, a template's rendering, tokens' text, a slot's save or restore."""
         with trio.move_on_after(self.timeouts.read):
-            with self._reaching():
-                response = await self._http.send(request)
-            if response.status_code != 200:
-                raise HttpError(response.status_code, response.text[:ERROR_BODY_LIMIT])
+            status, text = await self._request(method, path, body)
+            if status != 200:
+                raise HttpError(status, _text(text[:ERROR_BODY_LIMIT]))
             try:
-                answer = response.json()
+                answer = json.loads(text)
             except ValueError:
                 answer = None
             if not isinstance(answer, dict):
@@ -503,17 +497,21 @@ def _take(assembler: Reader, data: str, on_event: EventSink) -> Completion | Non
 
 @contextmanager
 def _mapped(base_url: str, down: str | None) -> Iterator[None]:
-    """The errors before an answer began, httpx's and the stream's (`_stream`), as loopd's:
-    the one place they are mapped. No connection is a `ConnectError` (retried), saying why the
+    """The errors before an answer began (`_stream`'s), as loopd's: the one place they are
+    mapped. No connection is a `ConnectError` (retried), saying why the
     server is `down` when that is known; a connection that broke before the answer,
     `ConnectionLost`."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout, Unreachable) as e:
+    except Unreachable as e:
         why = f" ({down})" if down else ""
         raise ConnectError(f"cannot connect to the server at {base_url}{why}: {e}", down) from e
-    except (httpx.TransportError, Broken) as e:
+    except Broken as e:
         raise ConnectionLost(f"the server closed the connection before answering: {e!r}") from e
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
 
 
 async def _close(stream: Stream) -> None:

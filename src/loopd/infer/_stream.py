@@ -1,9 +1,10 @@
-"""One streamed request to llama-server, on a connection of its own, spoken with h11.
+"""Every request to the model's server, spoken with h11 on a connection of its own: a streamed
+completion (`post`, then its events a line at a time) and a small JSON request (`request`).
 
 llama-server closes the connection after every stream (it says `Keep-Alive`, then closes), so
 a streamed request never has one to reuse, and httpx's layers around h11 (its pool, redirects,
-cookies, response models, the SSE reader on top) cost about a millisecond on the way to every
-first token. The small JSON requests stay on httpx.
+cookies, response models, the SSE reader on top) cost more than a new connection: `just bench
+http` measures both stacks on the same requests (docs/benchmarks.md, section 20).
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ import h11
 import httpx
 import trio
 
-__all__ = ["Broken", "Stream", "Unreachable", "post"]
+__all__ = ["Broken", "Stream", "Unreachable", "post", "request"]
 
 READ_SIZE = 1 << 16
 MAX_LINE = 16 << 20
 """The longest line of an answer read, and the most data one event may hold. llama-server's
 lines are an event each, well under a megabyte; a server that never ends a line (or an event)
 must not fill loopd's memory."""
+MAX_BODY = 64 << 20
+"""The most a JSON answer may hold: a long history's token ids or rendering are megabytes."""
+EVENTS = b"text/event-stream"
+JSON = b"application/json"
 
 
 class Unreachable(Exception):
@@ -50,18 +55,55 @@ async def post(
     """POST `body` (JSON) to `url`: the answer's stream, once the request is on the socket
     (its head is read by `read_head`). `tls`: the context of an `https` URL. Raises
     `Unreachable` or `Broken`."""
+    return await send(b"POST", url, body, connect_timeout=connect_timeout, tls=tls, headers=headers)
+
+
+async def request(  # noqa: PLR0913 - a request's parts, each by name
+    method: bytes,
+    url: httpx.URL,
+    body: bytes | None,
+    *,
+    connect_timeout: float,
+    tls: ssl.SSLContext,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[int, bytes]:
+    """A small request and its whole answer: its status and body (at most `MAX_BODY` bytes).
+    `body`: JSON, or None for a GET. Raises `Unreachable` or `Broken`."""
+    stream = await send(
+        method, url, body, connect_timeout=connect_timeout, tls=tls, headers=headers, accept=JSON
+    )
+    try:
+        await stream.read_head()
+        return stream.status, await stream.body(MAX_BODY)
+    finally:
+        await trio.aclose_forcefully(stream)  # a whole answer read: nothing more to say
+
+
+async def send(  # noqa: PLR0913 - as `request`, and what it accepts
+    method: bytes,
+    url: httpx.URL,
+    body: bytes | None,
+    *,
+    connect_timeout: float,
+    tls: ssl.SSLContext,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    accept: bytes = EVENTS,
+) -> Stream:
+    """Send a request: the answer's stream, once the request is on the socket."""
     stream = await _connect(url, connect_timeout, tls)
     try:
-        fields = request_headers(url, len(body)) + (headers or [])
+        length = None if body is None else len(body)
+        fields = request_headers(url, length, accept) + (headers or [])
         try:
-            await stream.send_all(request_head(url, fields) + body)
+            await stream.send_all(request_head(url, fields, method) + (body or b""))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             raise Broken(f"could not send the request: {e!r}") from e
         # h11 reads the answer once it has seen the request go; told only now, as the server
         # works, its checks of the head are not on the way to every first token.
         conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method="POST", target=url.raw_path, headers=fields))
-        conn.send(h11.Data(data=body))
+        conn.send(h11.Request(method=method, target=url.raw_path, headers=fields))
+        if body:
+            conn.send(h11.Data(data=body))
         conn.send(h11.EndOfMessage())
     except BaseException:
         with trio.CancelScope(shield=True):
@@ -70,20 +112,26 @@ async def post(
     return Stream(stream, conn)
 
 
-def request_headers(url: httpx.URL, length: int) -> list[tuple[bytes, bytes]]:
-    """The head's fields of a POST of `length` bytes of JSON to `url`."""
+def request_headers(
+    url: httpx.URL, length: int | None, accept: bytes = EVENTS
+) -> list[tuple[bytes, bytes]]:
+    """The head's fields of a request to `url` with `length` bytes of JSON (None: no body)."""
+    if length is None:
+        return [(b"Host", url.netloc), (b"Accept", accept)]
     return [
         (b"Host", url.netloc),
-        (b"Content-Type", b"application/json"),
-        (b"Accept", b"text/event-stream"),
+        (b"Content-Type", JSON),
+        (b"Accept", accept),
         (b"Content-Length", b"%d" % length),
     ]
 
 
-def request_head(url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The head of a POST to `url`, as h11 writes it."""
+def request_head(
+    url: httpx.URL, headers: list[tuple[bytes, bytes]], method: bytes = b"POST"
+) -> bytes:
+    """The head of a request to `url`, as h11 writes it."""
     fields = b"".join(b"%s: %s\r\n" % field for field in headers)
-    return b"POST %s HTTP/1.1\r\n%s\r\n" % (url.raw_path, fields)
+    return b"%s %s HTTP/1.1\r\n%s\r\n" % (method, url.raw_path, fields)
 
 
 async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.abc.Stream:
@@ -159,7 +207,7 @@ def _writable(sock: socket.socket) -> bool:
     return bool(poll.poll(0))
 
 
-class Stream:
+class Stream(trio.abc.AsyncResource):
     """The answer to a request on the socket: its head (`read_head`), then its body a line
     or a server-sent event at a time."""
 
@@ -224,6 +272,16 @@ class Stream:
                 self._lines.extend([b"".join(self._partial), *whole])
                 self._partial, self._partial_size = [last], len(last)
         return self._lines.popleft().removesuffix(b"\r")
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body, after its head; `Broken` past `limit` bytes."""
+        pieces, size = [], 0
+        while (piece := await self._body()) is not None:
+            pieces.append(piece)
+            size += len(piece)
+            if size > limit:
+                raise Broken(f"an answer of over {limit} bytes")
+        return b"".join(pieces)
 
     async def aclose(self) -> None:
         """Close the connection: llama-server stops generating for it."""
