@@ -27,7 +27,7 @@ from loopd.session.records import (
 )
 from support.daemon import Daemon, LineClient
 from support.fake_engine import fake_engine
-from support.vllm import RunningVllm, start_vllm
+from support.vllm import EAGER, RunningVllm, start_vllm
 from test_sessions import records, welcome
 
 pytestmark = pytest.mark.vllm
@@ -177,7 +177,9 @@ def reasoning_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     template = TEMPLATES / DROPS_REASONING
     assert template.is_file(), f"{template} is missing: run `just test` (it fetches them)"
     # No tool-call parser: loopd reads the model's calls itself.
-    with start_vllm(tmp_path_factory.mktemp("vllm-qwq"), chat_template=template) as server:
+    with start_vllm(
+        tmp_path_factory.mktemp("vllm-qwq"), chat_template=template, extra_args=EAGER
+    ) as server:
         yield server
 
 
@@ -237,7 +239,7 @@ async def test_vllms_chat_endpoint_as_an_openai_server_with_loopds_tools(
 async def test_vllm_killed_and_started_again_the_turn_waits_and_the_loss_names_why(
     tmp_path: Path,
 ) -> None:
-    with start_vllm(tmp_path / "vllm") as first:
+    with start_vllm(tmp_path / "vllm", extra_args=EAGER) as first:
         d = on_vllm(tmp_path / "loopd", first.url, loop=f"turn_timeout = {TURN_TIMEOUT * 2}\n")
         await d.start()
         client = await d.connect()
@@ -251,7 +253,7 @@ async def test_vllm_killed_and_started_again_the_turn_waits_and_the_loss_names_w
         lines = await client.until("event", timeout=60)  # the server is gone: it waits
         while lines[-1]["event"]["kind"] != "waiting_for_server":
             lines = await client.until("event", timeout=60)
-        with start_vllm(tmp_path / "vllm", port=port):
+        with start_vllm(tmp_path / "vllm", extra_args=EAGER, port=port):
             lines = await client.until("turn_done", timeout=TURN_TIMEOUT * 2)
             assert lines[-1]["id"] == "t2"
             third = await client.turn("t3", "Name a tree.", timeout=TURN_TIMEOUT)

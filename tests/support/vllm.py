@@ -9,7 +9,8 @@ file, named when it starts and quoted when it fails. A watchdog in the group kil
 when the process that started it is gone, so a test run killed outright leaves no vLLM behind.
 
 The fixture `vllm_server` (session scope, registered in tests/conftest.py) starts one for the
-whole run; a test that needs other options (a chat template, more flags) calls `start_vllm`.
+whole run; a test that needs other options (a chat template, more flags) calls `start_vllm`,
+with `EAGER` as every test's vLLM has it.
 """
 
 from __future__ import annotations
@@ -264,11 +265,18 @@ CHAT_TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 """A tool-call parser for the chat endpoint, which refuses tools without one; loopd's
 token-exact requests never use it."""
 
+EAGER = ("--enforce-eager",)
+"""What every vLLM of the tests adds to the FLAGS: no torch.compile. The CPU build (0.32) cannot
+load the model it compiled back from its cache ("'function' object has no attribute
+'finalize_loading'"), so each start compiled it again: about 60 of a start's 90 s on two idle
+cores, minutes on busy ones. The tests look at tokens and cache figures, which compiling does
+not change; the benches time vLLM with the FLAGS alone."""
+
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
     """One vLLM for the whole run (the FLAGS, the model's own chat template, a tool-call
-    parser for its chat endpoint: `CHAT_TOOLS`), started by the
+    parser for its chat endpoint: `CHAT_TOOLS`, and `EAGER`), started by the
     first test that asks for it and stopped at the end of the run; or the one already running
     at `$LOOPD_VLLM_URL` (started with the same FLAGS), to try a test again without waiting."""
     if url := os.environ.get("LOOPD_VLLM_URL"):  # one already running, with FLAGS
@@ -277,7 +285,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVll
         return
     failure = None
     try:
-        with start_vllm(tmp_path_factory.mktemp("vllm"), extra_args=CHAT_TOOLS) as server:
+        with start_vllm(
+            tmp_path_factory.mktemp("vllm"), extra_args=(*CHAT_TOOLS, *EAGER)
+        ) as server:
             yield server
     except VllmStartError as error:
         failure = str(error)
