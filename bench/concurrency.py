@@ -5,9 +5,10 @@ One llama-server with four slots (SmolLM2-135M, two threads). For N = 1, 2 and 4
 N clients each send a question at the same moment, through loopd (each in a new session, so
 loopd's request is a first turn: the baseline's messages and tools, `history = "template"`),
 or directly with that very request body on slot n. Every answer runs to MAX_TOKENS
-(`ignore_eos`), so both sides generate the same tokens. The rounds alternate which side goes
-first. Aggregate generated tokens per second over each round's wall time, and the median time
-to first token.
+(`ignore_eos`), so both sides generate the same tokens, and every question is the same words
+after a first letter of its own (`overhead.Questions`), so both sides process as many prompt
+tokens. The rounds alternate which side goes first. Aggregate generated tokens per second
+over each round's wall time, and the median time to first token.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from overhead import first_turn_request
+from overhead import Questions, first_turn_request
 
 from loopd.infer import Client, Content
 from loopd.server_proc import LaunchSpec, managed_server
@@ -30,7 +31,9 @@ ROUNDS = 6
 MAX_TOKENS = 48
 
 
-async def _round_through_loopd(clients: list[LineClient], tag: str) -> list[float]:
+async def _round_through_loopd(
+    clients: list[LineClient], tag: str, questions: Questions
+) -> list[float]:
     """Every client sends at once; the time to each one's first token, and the round's wall
     time last."""
     for client in clients:
@@ -40,7 +43,7 @@ async def _round_through_loopd(clients: list[LineClient], tag: str) -> list[floa
     start = time.perf_counter()
 
     async def one(n: int, client: LineClient) -> None:
-        text = f"Through loopd {tag}, client {n}: tell me a story."
+        text = questions(f"{tag}, client {n}: tell me a story.")
         sent = time.perf_counter()
         await client.send({"type": "send", "id": f"{tag}-{n}", "content": text})
         first = None
@@ -57,12 +60,12 @@ async def _round_through_loopd(clients: list[LineClient], tag: str) -> list[floa
     return [*firsts, time.perf_counter() - start]
 
 
-async def _round_direct(llama: Client, count: int, tag: str) -> list[float]:
+async def _round_direct(llama: Client, count: int, tag: str, questions: Questions) -> list[float]:
     firsts: list[float] = []
     start = time.perf_counter()
 
     async def one(n: int) -> None:
-        text = f"Directly {tag}, client {n}: tell me a story."
+        text = questions(f"{tag}, client {n}: tell me a story.")
         request = first_turn_request(text, MAX_TOKENS, slot=n)
         first: list[float] = []
         sent = time.perf_counter()
@@ -94,18 +97,21 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
             await d.start()
             try:
                 async with Client(server.url) as llama:
-                    await _round_direct(llama, 4, "warm up")  # the system prompt, every slot
+                    questions = Questions()
+                    await Questions.check(llama, "n1 r0, client 0: tell me a story.")
+                    # The system prompt, every slot.
+                    await _round_direct(llama, 4, "warm up", questions)
                     for count in SESSIONS:
                         clients = [await d.connect() for _ in range(count)]
                         loopd, direct = [], []
                         for r in range(ROUNDS):
                             tag = f"n{count} r{r}"
                             if r % 2:
-                                direct.append(await _round_direct(llama, count, tag))
-                                loopd.append(await _round_through_loopd(clients, tag))
+                                direct.append(await _round_direct(llama, count, tag, questions))
+                                loopd.append(await _round_through_loopd(clients, tag, questions))
                             else:
-                                loopd.append(await _round_through_loopd(clients, tag))
-                                direct.append(await _round_direct(llama, count, tag))
+                                loopd.append(await _round_through_loopd(clients, tag, questions))
+                                direct.append(await _round_direct(llama, count, tag, questions))
                         rows.append(_row(count, loopd, direct))
                         for client in clients:
                             await client.aclose()

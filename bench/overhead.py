@@ -2,15 +2,18 @@
 llama-server directly with loopd's own client (`loopd.infer.Client`), in pairs, alternating
 which goes first.
 
-Each pair asks two new questions on the same cached system prompt, worded apart from their
-first word, so both requests process their whole question and nothing else: loopd starts a new
-session for each. PAIRS is odd and the order alternates. Time to first token is measured
-from sending to the first content piece; total to the end of the answer.
+Each pair asks two new questions on the same cached system prompt, the same words after a first
+letter of their own (`Questions`), so both requests process their whole question, of the same
+number of tokens, and nothing else: loopd starts a new session for each. PAIRS is odd and the
+order alternates. Time to first token is measured from sending to the first content piece;
+total to the end of the answer.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
+import string
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +45,29 @@ async def _through_loopd(client: Any, text: str) -> tuple[float, float]:
             break
     end = time.perf_counter()
     return (first or end) - start, end - start
+
+
+class Questions:
+    """Questions that differ from each of the last 25 asked in their first token and have as
+    many tokens as each other: a question through loopd and its direct twin must process the
+    same work (worded "Through loopd, ..." against "Directly, ...", loopd's had a token more,
+    a few milliseconds more of prompt on two cores, put down to loopd)."""
+
+    def __init__(self) -> None:
+        self._letters = itertools.cycle(string.ascii_uppercase)
+
+    def __call__(self, rest: str) -> str:
+        return f"{next(self._letters)} {rest}"
+
+    @staticmethod
+    async def check(llama: Client, rest: str) -> None:
+        """Every first letter before `rest` makes as many tokens on this server's model."""
+        counts = set()
+        for letter in string.ascii_uppercase:
+            answer = await llama.post_json("/tokenize", {"content": f"{letter} {rest}"})
+            counts.add(len(answer["tokens"]))
+        if len(counts) != 1:
+            raise RuntimeError(f"the questions' lengths differ: {sorted(counts)} tokens")
 
 
 def first_turn_request(text: str, max_tokens: int, slot: int = 0) -> ChatRequest:
@@ -89,11 +115,13 @@ async def measure(binary: Path, model: Path) -> dict[str, Any]:
                 client = await d.connect()
                 async with Client(server.url) as llama:
                     await _direct(llama, "warm up")  # the system prompt into the cache
+                    questions = Questions()
+                    await Questions.check(llama, "question 0: name a number.")
                     for n in range(PAIRS):
                         # Each differs from the other right after the cached system prompt, so
                         # both process their whole question, whichever went first.
-                        via_loopd = f"Through loopd, question {n}: name a number."
-                        direct_question = f"Directly, question {n}: name a number."
+                        via_loopd = questions(f"question {n}: name a number.")
+                        direct_question = questions(f"question {n}: name a number.")
                         if n % 2:
                             direct = await _direct(llama, direct_question)
                             loopd = await _through_loopd(client, via_loopd)

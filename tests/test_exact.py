@@ -394,3 +394,59 @@ async def test_the_format_cache_keeps_the_newest_system_prompts_only() -> None:
             with pytest.raises(FormatError):
                 await history.format(make_baseline(f"prompt {n}"), thinking=True)
     assert history.asked == [f"prompt {n}" for n in range(FORMATS_KEPT + 1)] + ["prompt 0"]
+
+
+class CountedRenders:
+    """Renders as a plain template would, and counts the renderings asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def apply_template(self, messages: list[dict[str, Any]], *_: Any, **__: Any) -> str:
+        self.asked += 1
+        return "".join(f"<{m['role']}>{m['content']}</s>" for m in messages) + "<assistant>"
+
+
+def _first_turn_exact(renders: Any) -> tuple[ExactHistory, Any]:
+    baseline = make_baseline("Be brief.")
+    learned = Learned(formats={(baseline.system, True): ChatFormat("", None, False, (), None)})
+    return ExactHistory(renders, learned), baseline
+
+
+async def test_a_new_sessions_first_prompt_is_guessed_from_the_last_sessions_first() -> None:
+    """No round trip to the server before a new session's first request: the first prompt of
+    an earlier session on the same baseline, date and thinking, with the new words in it."""
+    renders = CountedRenders()
+    exact, baseline = _first_turn_exact(renders)
+    first = await exact.next_prompt(baseline, [UserRecord(content="Hi.")], thinking=True, date="d")
+    assert (first.check, renders.asked) == (None, 1)
+    nxt = await exact.next_prompt(baseline, [UserRecord(content="Why?")], thinking=True, date="d")
+    assert renders.asked == 1  # nothing asked on the way to the request
+    assert list(nxt.pieces) == ["<system>Be brief.</s><user>Why?</s><assistant>"]
+    assert nxt.record.full
+    assert nxt.check is not None
+    assert await nxt.check() is None  # rendered beside the request: the guess was right
+    assert renders.asked == 2
+
+
+async def test_a_wrong_guess_of_a_first_prompt_is_corrected_by_its_check() -> None:
+    class ReadsTheWords(CountedRenders):  # a template that writes the question its own way
+        async def apply_template(self, messages: list[dict[str, Any]], *a: Any, **k: Any) -> str:
+            rendered = await super().apply_template(messages, *a, **k)
+            return rendered.replace("?", " ?")
+
+    exact, baseline = _first_turn_exact(ReadsTheWords())
+    await exact.next_prompt(baseline, [UserRecord(content="Hi.")], thinking=True, date="d")
+    nxt = await exact.next_prompt(baseline, [UserRecord(content="Why?")], thinking=True, date="d")
+    assert nxt.check is not None
+    right = await nxt.check()
+    assert right is not None
+    assert list(right.pieces) == ["<system>Be brief.</s><user>Why ?</s><assistant>"]
+
+
+async def test_a_first_prompt_of_another_day_is_rendered_not_guessed() -> None:
+    renders = CountedRenders()
+    exact, baseline = _first_turn_exact(renders)
+    await exact.next_prompt(baseline, [UserRecord(content="Hi.")], thinking=True, date="d1")
+    nxt = await exact.next_prompt(baseline, [UserRecord(content="Why?")], thinking=True, date="d2")
+    assert (nxt.check, renders.asked) == (None, 2)

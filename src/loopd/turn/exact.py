@@ -229,14 +229,7 @@ class ExactHistory:
         fmt = await self.format(baseline, thinking=thinking)
         built = (trail or PromptTrail(records)).last()
         if built is None:
-            text = await self._render(
-                baseline,
-                messages(baseline, records),
-                generation_prompt=True,
-                thinking=thinking,
-                date=date,
-            )
-            return NextPrompt(Prompt.of([text]), PromptRecord(text=text, full=True), fmt)
+            return await self._first(baseline, records, fmt, thinking=thinking, date=date)
         history, answer, at = built
         # Shaped like the answer: some templates write calls only when there is no content.
         call_format = fmt.tool_call
@@ -273,6 +266,43 @@ class ExactHistory:
             return None if rendered == guess else await self._after(history, answer, fmt, rendered)
 
         return replace(await self._after(history, answer, fmt, guess), check=check)
+
+    async def _first(
+        self,
+        baseline: Baseline,
+        records: Sequence[Record],
+        fmt: ChatFormat,
+        *,
+        thinking: bool,
+        date: str | None,
+    ) -> NextPrompt:
+        """A session's first prompt, whole. Guessed where another session's first was rendered
+        on the same baseline, date and thinking (`Shapes`), so a new session's first request
+        goes without a round trip to the server before it; rendered beside it all the same."""
+        conversation = messages(baseline, records)
+        shapes = self.learned.shapes
+        shape = Shapes.key(conversation, shapes.tools(baseline.tools), thinking, date)
+
+        async def render() -> str:
+            text = await self._render(
+                baseline, conversation, generation_prompt=True, thinking=thinking, date=date
+            )
+            if shape is not None:
+                shapes.keep(shape, text)
+            return text
+
+        def whole(text: str) -> NextPrompt:
+            return NextPrompt(Prompt.of([text]), PromptRecord(text=text, full=True), fmt)
+
+        guess = shapes.guess(shape) if shape is not None else None
+        if guess is None:
+            return whole(await render())
+
+        async def check() -> NextPrompt | None:
+            rendered = await render()
+            return None if rendered == guess else whole(rendered)
+
+        return replace(whole(guess), check=check)
 
     async def _after(
         self, history: Prompt, answer: AssistantRecord, fmt: ChatFormat, rendered: str
