@@ -363,6 +363,24 @@ async def test_a_session_of_its_header_alone_is_removed_and_no_longer_listed(
     assert not await store.discard_if_empty(empty.id)  # gone already: nothing to do
 
 
+async def test_a_sub_agent_made_to_follow_its_parent_keeps_the_stricter_of_their_modes(
+    tmp_path: Path,
+) -> None:
+    """Its parent is given when it is made (`follows`), never written into it afterwards."""
+    store = Store(tmp_path)
+    with await store.create(BASELINE, mode="accept_edits") as parent:
+        call = ParentCall(parent.id, 1, "c1")
+        with await store.create(
+            BASELINE, parent=call, mode="accept_edits", follows=parent
+        ) as child:
+            await parent.append(ModeRecord(mode="read_only"))
+            assert (child.follows, child.mode, child.own_mode) == (
+                parent,
+                "read_only",
+                "accept_edits",
+            )
+
+
 async def test_a_session_with_any_record_is_never_removed(tmp_path: Path) -> None:
     store = Store(tmp_path)
     with await store.create(BASELINE) as session:

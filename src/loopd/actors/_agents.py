@@ -155,8 +155,8 @@ class _Delegation:
             instructions=instructions,
             mode=self.session.mode,
             thinking=self.session.thinking,
+            follows=self.session,  # a mode set while it runs holds for it too
         )
-        child.follows = self.session  # a mode set while it runs holds for it too
         log.info("session %s: call %d starts sub-agent %s", call.session, call.call, child.id)
         agents.running[child.id] = self.session.id
         news = _News(child, call, on_event)

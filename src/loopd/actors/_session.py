@@ -25,14 +25,13 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
-from loopd.session.records import Baseline, ModeRecord, UndoRecord, current_plan
+from loopd.session.records import Baseline, ModeRecord, UndoRecord
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
 from loopd.turn import Runtime
 from loopd.turn.calls import approval_needed
 from loopd.turn.changes import Hands, UndoRefused, undo, undo_after
-from loopd.turn.exact import past_reasoning
 from loopd.wire.events import TurnEvent
 
 from ._agents import Agents
@@ -323,9 +322,9 @@ class SessionActor:
             turns=session.turns,
             last_usage=usage,
             context=slot_tokens(usage.timings) if usage and usage.timings else None,
-            past_reasoning=past_reasoning(session.records),
+            past_reasoning=session.state.past_reasoning,
             pending=await self._pending(),
-            plan=current_plan(session.records),
+            plan=session.state.plan,
             model=self.models.of(session),
         )
 

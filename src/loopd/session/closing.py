@@ -15,8 +15,6 @@ from loopd.session.records import (
     ToolResultRecord,
     TurnEndReason,
     TurnEndRecord,
-    UserRecord,
-    open_approvals,
 )
 from loopd.session.store import Session
 
@@ -29,49 +27,56 @@ async def close_turn(
     """Deny the approvals still waiting, answer the calls of the last answer left without
     results, then say why the turn ended. `said`: for some of those calls (by id), the number
     and the text of their result."""
-    waiting = {r.tool_call_id: r for r in open_approvals(session.records)}
-    allowed = {r.call for r in session.records if isinstance(r, ApprovalRecord)} - {
-        r.call for r in session.records if isinstance(r, ApprovalRecord) and r.decision == "deny"
-    }
+    state = session.state
+    waiting = {r.tool_call_id: r for r in state.open_approvals}
     for request in waiting.values():
         await session.append(
             ApprovalRecord(call=request.call, tool=request.tool, decision="deny", by="turn_end")
         )
-    records = list(session.records)
-    for index in range(len(records) - 1, -1, -1):
-        last = records[index]
-        if isinstance(last, AssistantRecord):
-            # The calls of this answer that a person let run (ids repeat across answers).
-            approved = {
-                r.tool_call_id: r.call
-                for r in records[index:]
-                if isinstance(r, ApprovalRequestRecord) and r.call in allowed
-            }
-            # Results go in call order; counted, since a model may give two calls one id.
-            answered = Counter(
-                r.tool_call_id for r in records[index:] if isinstance(r, ToolResultRecord)
-            )
-            for call in last.tool_calls:
-                if answered[call.id] > 0:
-                    answered[call.id] -= 1
-                    continue
-                ended = reason.replace("_", " ")
-                if call.id in (said or {}):
-                    number, why = (said or {})[call.id]
-                elif asked := waiting.pop(call.id, None):
-                    why = f"Not run: the turn ended ({ended}) while it waited for approval."
-                    number = asked.call
-                elif call.id in approved:
-                    why = f"Interrupted: the turn ended ({ended}) while this approved call ran."
-                    number = approved[call.id]
-                else:
-                    why = f"Not run: the turn ended first ({ended})."
-                    number = session.next_call()
-                await session.append(
-                    ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
-                )
-            break
+    if state.last_answer is not None:
+        await _answer_calls(session, state.last_answer, reason, said or {}, waiting)
     await session.append(TurnEndRecord(reason=reason))
+
+
+async def _answer_calls(
+    session: Session,
+    answer: tuple[int, AssistantRecord],
+    reason: TurnEndReason,
+    said: Mapping[str, tuple[int, str]],
+    waiting: dict[str, ApprovalRequestRecord],
+) -> None:
+    """A result for each call of the last answer (`answer`, and its index among the records)
+    that has none (`close_turn`)."""
+    state, (at, last) = session.state, answer
+    # The last answer and the records after it (a turn's, not the whole log's).
+    records = list(session.records[at:])
+    # The calls of this answer that a person let run (ids repeat across answers).
+    approved = {
+        r.tool_call_id: r.call
+        for r in records
+        if isinstance(r, ApprovalRequestRecord) and state.allowed(r.call)
+    }
+    # Results go in call order; counted, since a model may give two calls one id.
+    answered = Counter(r.tool_call_id for r in records if isinstance(r, ToolResultRecord))
+    for call in last.tool_calls:
+        if answered[call.id] > 0:
+            answered[call.id] -= 1
+            continue
+        ended = reason.replace("_", " ")
+        if call.id in said:
+            number, why = said[call.id]
+        elif asked := waiting.pop(call.id, None):
+            why = f"Not run: the turn ended ({ended}) while it waited for approval."
+            number = asked.call
+        elif call.id in approved:
+            why = f"Interrupted: the turn ended ({ended}) while this approved call ran."
+            number = approved[call.id]
+        else:
+            why = f"Not run: the turn ended first ({ended})."
+            number = session.next_call()
+        await session.append(
+            ToolResultRecord(call=number, tool_call_id=call.id, name=call.name, content=why)
+        )
 
 
 INTERRUPTED = (
@@ -82,12 +87,7 @@ INTERRUPTED = (
 
 def turn_open(session: Session) -> bool:
     """The log shows a turn that started and has not ended."""
-    last_user = max(
-        (i for i, r in enumerate(session.records) if isinstance(r, UserRecord)), default=-1
-    )
-    return last_user >= 0 and not any(
-        isinstance(r, TurnEndRecord) for r in session.records[last_user:]
-    )
+    return session.state.turn_open
 
 
 async def close_interrupted_turn(
@@ -110,9 +110,8 @@ async def close_interrupted_turn(
 def _writes_cut_short(session: Session) -> dict[str, tuple[int, str]]:
     """The writes of the last turn that were recorded and never answered: whether each file
     holds what was meant, read from it (the rename made it whole, old or new)."""
-    last_user = max(i for i, r in enumerate(session.records) if isinstance(r, UserRecord))
     said = {}
-    for record in session.records[last_user:]:
+    for record in session.records[session.state.last_user :]:
         if isinstance(record, FileChangeRecord):
             try:
                 now: str | None = digest(Path(record.path).read_bytes())

@@ -35,21 +35,18 @@ import trio
 from pydantic import TypeAdapter, ValidationError
 
 from loopd import __version__
+from loopd.session.fold import SessionState
 from loopd.session.records import (
     FORMAT,
     RECORD,
-    ApprovalRequestRecord,
     Baseline,
     Instructions,
     Mode,
-    ModeRecord,
     Record,
     SessionHeader,
-    ToolResultRecord,
     UsageRecord,
     UserRecord,
     dump,
-    granted_tools,
     now,
     stricter,
 )
@@ -216,7 +213,14 @@ class ParentCall:
 class Session:
     """An open session log. Only one process at a time holds one; close it when done."""
 
-    def __init__(self, path: Path, fd: int, header: SessionHeader, records: list[Record]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        header: SessionHeader,
+        records: list[Record],
+        follows: Session | None = None,
+    ) -> None:
         self.path = path
         self.header = header
         self._fd: int | None = fd
@@ -231,51 +235,51 @@ class Session:
         self._thread = trio.CapacityLimiter(1)
         """The session's appends run in a thread of their own, never on trio's shared ones: a
         tool's work or a command's wait there never delays a record."""
-        self._last_call = max(
-            (r.call for r in records if isinstance(r, ToolResultRecord | ApprovalRequestRecord)),
-            default=0,
-        )
-        self._granted = set(header.grants) | granted_tools(records)
-        self._mode, self._thinking = header.mode, header.thinking
-        self._model: str | None = None
-        self._model_since = 0
-        """Records up to the last change of model: usage before it is another model's."""
-        for at, record in enumerate(records, start=1):
-            self._note(record, at)
-        self.trail = PromptTrail(records)
-        """The token-exact prompt up to the last answer, kept as records are added."""
-        self.follows: Session | None = None
+        self._state = SessionState(header, records)
+        self._given = 0
+        """The last call number `next_call` gave out."""
+        self._follows = follows
         """A running sub-agent's: the session that delegated to it, whose mode holds for it
         too while it runs (`mode`)."""
 
-    def _note(self, record: Record, at: int) -> None:
-        if isinstance(record, ModeRecord):
-            self._mode, self._thinking = record.mode, record.thinking
-            if record.model != self._model:
-                self._model, self._model_since = record.model, at
+    @property
+    def state(self) -> SessionState:
+        """What its records make of it, kept as they are added (read it; only the session
+        applies records to it)."""
+        return self._state
+
+    @property
+    def trail(self) -> PromptTrail:
+        """The token-exact prompt up to the last answer, kept as records are added."""
+        return self._state.trail
+
+    @property
+    def follows(self) -> Session | None:
+        """A running sub-agent's: the session that delegated to it (`Store.create`)."""
+        return self._follows
 
     @property
     def model(self) -> str | None:
         """The `[models.NAME]` its turns run on, as its log says; None: the default."""
-        return self._model
+        return self._state.model
 
     @property
     def mode(self) -> Mode:
         """What its tools may do without asking: its last `mode` record's, else its header's;
         for a running sub-agent, the stricter of that and its parent's."""
-        if self.follows is not None:
-            return stricter(self._mode, self.follows.mode)
-        return self._mode
+        if self._follows is not None:
+            return stricter(self._state.mode, self._follows.mode)
+        return self._state.mode
 
     @property
     def own_mode(self) -> Mode:
         """Its mode as its log says, whoever it follows."""
-        return self._mode
+        return self._state.mode
 
     @property
     def thinking(self) -> bool | None:
         """Whether its turns think; None: `[loop] thinking`."""
-        return self._thinking
+        return self._state.thinking
 
     @property
     def id(self) -> str:
@@ -297,25 +301,22 @@ class Session:
 
     @property
     def turns(self) -> int:
-        return sum(isinstance(r, UserRecord) for r in self._records)
+        return self._state.turns
 
     @property
     def granted(self) -> frozenset[str]:
         """Tools a person approved for the rest of the session (or of the one it continues)."""
-        return frozenset(self._granted)
+        return frozenset(self._state.granted)
 
     def next_call(self) -> int:
         """A number for the next tool call, unique across the session."""
-        self._last_call += 1
-        return self._last_call
+        self._given = max(self._given, self._state.last_call) + 1
+        return self._given
 
     def last_usage(self) -> UsageRecord | None:
         """The last request's, on the model the session runs on now: what a slot of that
         model holds of it (none, right after a change of model)."""
-        for at in range(len(self._records) - 1, self._model_since - 1, -1):
-            if isinstance(record := self._records[at], UsageRecord):
-                return record
-        return None
+        return self._state.last_usage
 
     async def append(self, record: Record) -> None:
         """Write one record and fsync it; when this returns, the record is on disk (and every
@@ -367,9 +368,7 @@ class Session:
 
     def _keep(self, record: Record) -> None:
         self._records.append(record)
-        self._granted |= granted_tools([record])
-        self._note(record, len(self._records))
-        self.trail.add(record)
+        self._state.apply(record)
 
     def _write_now(self, line: bytes, *, durable: bool) -> None:
         """`line` at the log's end, behind what was added where a failed write cut it off."""
@@ -462,16 +461,24 @@ class Store:
         mode: Mode = "ask",
         thinking: bool | None = None,
         fork: Fork | None = None,
+        follows: Session | None = None,
     ) -> Session:
         """A new session; `continues`: the session it goes on from (named in its header), with
         the tools approved for the rest of that session (`grants`); `parent`: for a
         sub-agent, the call that starts it; `cwd`: the one folder its file tools work in;
         `instructions`: the `AGENTS.md` files `baseline`'s system prompt carries; `mode` and
         `thinking`: what it starts with (those of the session it continues or of its parent);
-        `fork`: the session and turn it is a fork of, with the history it starts with."""
+        `fork`: the session and turn it is a fork of, with the history it starts with;
+        `follows`: for a sub-agent while it runs, its parent's open session, whose mode holds
+        for it too (`Session.mode`)."""
         return await trio.to_thread.run_sync(
             partial(
-                self._create, instructions=instructions, mode=mode, thinking=thinking, fork=fork
+                self._create,
+                instructions=instructions,
+                mode=mode,
+                thinking=thinking,
+                fork=fork,
+                follows=follows,
             ),
             baseline,
             continues,
@@ -577,6 +584,7 @@ class Store:
         mode: Mode = "ask",
         thinking: bool | None = None,
         fork: Fork | None = None,
+        follows: Session | None = None,
     ) -> Session:
         created = _Millis.after_last(now())  # ids sort in the order sessions are made
         header = SessionHeader(
@@ -624,7 +632,7 @@ class Store:
             if isinstance(e, OSError):  # a full disk, a read-only folder: said as the store's
                 raise StoreError(f"{self.directory}: cannot create a session: {e}") from e
             raise
-        return Session(path, fd, header, records)
+        return Session(path, fd, header, records, follows)
 
     def _take(self, path: Path, session_id: str) -> tuple[int, bytes]:
         """The log of `session_id` opened for writing and locked, and what it holds."""
