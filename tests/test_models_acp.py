@@ -86,7 +86,7 @@ async def test_check_config_fails_naming_a_model_whose_server_or_file_cannot_be_
     assert said[0].startswith(f"# server {small.url} (model small): llama-server (found)")
     assert said[1] == (
         f"# server {refused} (model big): cannot be used: cannot connect to the server at "
-        f"{refused}: all attempts to connect to 127.0.0.1:9 failed"
+        f"{refused}: Connection refused"
     )
     cannot = "the embedded llama-server cannot start"
     assert said[2:] == [f"# server (model local): {cannot}: the model {gone} does not exist"]

@@ -541,11 +541,11 @@ class Agent:
         if name == "rewind":
             await self._say(session, await self._rewind(session, words))
             return schema.PromptResponse(stop_reason="end_turn")
-        undo = undo_of(words)
-        if name == "undo" and undo is None:
+        asked: ClientMessage | None = StatusRequest() if name == "status" else undo_of(words)
+        if asked is None:
             await self._say(session, UNDO_USAGE)
             return schema.PromptResponse(stop_reason="end_turn")
-        answer = await self._ask(session, StatusRequest() if undo is None else undo)
+        answer = await self._ask(session, asked)
         if isinstance(answer, Status):
             await self._say(session, status_text(answer))
         elif isinstance(answer, Undone):

@@ -143,8 +143,16 @@ async def _connect(url: httpx.URL, timeout: float, tls: ssl.SSLContext) -> trio.
     except trio.TooSlowError as e:
         raise Unreachable(f"no connection within {timeout:g} s") from e
     except (OSError, trio.BrokenResourceError) as e:
-        why = e.__cause__ or e  # trio's TLS stream says only that it broke; the cause says why
-        raise Unreachable(str(why) or repr(why)) from e
+        raise Unreachable(_why(e)) from e
+
+
+def _why(error: BaseException) -> str:
+    """What a failed connection says: the system's words ("Connection refused"), without
+    the errno before them; for trio's TLS stream, which says only that it broke, its cause's."""
+    why = error.__cause__ or error
+    if isinstance(why, OSError) and why.strerror:
+        return why.strerror
+    return str(why) or repr(why)
 
 
 async def _secure(
