@@ -404,12 +404,12 @@ async def test_rewind_lists_the_turns_and_goes_on_from_one_in_a_fork_under_the_e
     assert fake.prompts[2].startswith(fake.prompts[0])
     assert loaded == [["first", "third"], ["first", "third"]]
 
-    # A new bxctl acp knows only loopd's ids: the editor's is the session rewound from.
+    # A new bxctl acp finds where the editor's id went on from the logs: the fork.
     async def load(conn: Any, editor: Editor) -> list[str]:
         await conn.load_session(cwd=str(notes), session_id=session)
         return users(editor)
 
-    assert await with_editor(d, load) == ["first", "second"]
+    assert await with_editor(d, load) == ["first", "third"]
 
 
 async def test_rewind_with_files_puts_them_back_or_refuses_saying_why_and_changes_nothing(

@@ -20,6 +20,7 @@ from loopd.session.baseline import make_baseline
 from loopd.session.compact import _cut, continued_baseline, earlier_summary, transcript
 from loopd.session.records import (
     AssistantRecord,
+    ContinuedRecord,
     Record,
     SessionHeader,
     SummaryRecord,
@@ -148,8 +149,10 @@ async def test_a_full_context_goes_on_in_a_session_that_continues_it(tmp_path: P
     old_log, new_log = records(d, old), records(d, new)
     assert conversation_problems(old_log) == []
     assert conversation_problems(new_log) == []
-    assert isinstance(old_log[-1], TurnEndRecord)
-    assert old_log[-1].reason == "session_full"
+    # The old log ends with the full turn, then where it went on (what an editor follows).
+    assert old_log[-1] == ContinuedRecord(time=old_log[-1].time, session=new, by="compact")
+    assert isinstance(old_log[-2], TurnEndRecord)
+    assert old_log[-2].reason == "session_full"
     assert [r.content for r in old_log if isinstance(r, UserRecord)][-1] == WORDY.format(n=n)
     summary = new_log[0]
     assert isinstance(summary, SummaryRecord)
@@ -342,5 +345,9 @@ async def test_on_full_says_whether_a_full_context_ends_the_turn_or_continues(
         assert lines[-1]["content"] == "Two."
         assert len(listed) == 2
     old_log = records(d, old)
+    if on_full == "continue":  # the old log says where it went on
+        (new,) = [s for s in listed if s != old]
+        last = old_log.pop()
+        assert last == ContinuedRecord(time=last.time, session=new, by="compact")
     assert isinstance(old_log[-1], TurnEndRecord)
     assert old_log[-1].reason == "session_full"

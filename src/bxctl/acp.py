@@ -291,7 +291,8 @@ class Agent:
 
     async def load_session(self, request: schema.LoadSessionRequest) -> schema.LoadSessionResponse:
         """The history of the loopd session the editor's id stands for (after a compaction or
-        a `/rewind`, the one it went on in), replayed, then live again."""
+        a `/rewind`, the newest one it went on in, by loopd's logs: across restarts of the
+        editor and of this process), replayed, then live again."""
         session = await self._reopen(request.session_id, request.mcp_servers)
         start = 0
         while True:  # the whole history, a page at a time, before the answer
@@ -318,11 +319,12 @@ class Agent:
 
     async def _reopen(self, session_id: str, given: Sequence[EditorServer] | None) -> _Session:
         """The editor's session `session_id` on a new connection (the old one closed), in the
-        loopd session it stands for; not followed yet."""
+        loopd session it stands for: loopd follows that one's rewinds and compactions to the
+        newest; not followed yet."""
         which = self._loopd_session(session_id)
         if (old := self.sessions.pop(session_id, None)) is not None:
             await self._close(old)
-        return await self._open(which, None, given, as_id=session_id)
+        return await self._open(which, None, given, as_id=session_id, follow=True)
 
     def _loopd_session(self, session_id: str) -> str:
         """The loopd session the editor's `session_id` stands for: the one it is in, or was
@@ -429,15 +431,16 @@ class Agent:
         servers: Sequence[McpServer] = (),
         *,
         fork: bool = False,
+        follow: bool = False,
     ) -> tuple[Connection, str]:
-        """A connection to loopd in session `which` (`new` in folder `cwd`) with the editor's
-        MCP servers for it, or (`fork`) in a new fork of it, and the session's id; closed
-        again when loopd refuses it (`SessionRefused`)."""
+        """A connection to loopd in session `which` (`new` in folder `cwd`; `follow`: the
+        newest it went on in) with the editor's MCP servers for it, or (`fork`) in a new fork of
+        it, and the session's id; closed again when loopd refuses it (`SessionRefused`)."""
         await self._loopd()
         connection = await Connection.open(self.socket)
         try:
             session = await connection.hello(
-                which, cwd=cwd, servers=() if fork else servers, client="bxctl acp"
+                which, cwd=cwd, servers=() if fork else servers, client="bxctl acp", follow=follow
             )
             if fork:
                 session = await connection.fork()
@@ -446,7 +449,7 @@ class Agent:
             raise
         return connection, session
 
-    async def _open(
+    async def _open(  # noqa: PLR0913 - what it opens, and how
         self,
         which: str,
         cwd: str | None,
@@ -454,16 +457,19 @@ class Agent:
         *,
         fork: bool = False,
         as_id: str | None = None,
+        follow: bool = False,
     ) -> _Session:
         """An ACP session in loopd session `which` (`new`: in folder `cwd`; `fork`: a new fork
-        of it), under the editor's id `as_id` (by default the loopd session's); not followed
-        yet (`_follow`)."""
+        of it; `follow`: the newest session it went on in), under the editor's id `as_id` (by
+        default the loopd session's); not followed yet (`_follow`)."""
         try:
             servers = mcp_servers(given)
         except UnsupportedServer as e:
             raise RpcError(INVALID_PARAMS, str(e)) from None
         try:
-            connection, loopd_id = await self._connect(which, cwd, servers, fork=fork)
+            connection, loopd_id = await self._connect(
+                which, cwd, servers, fork=fork, follow=follow
+            )
         except SessionRefused as e:
             code = RESOURCE_NOT_FOUND if e.code == "unknown_session" else INVALID_PARAMS
             raise RpcError(code, str(e)) from None

@@ -95,7 +95,7 @@ class Connection:
                 return got
         raise connection_closed(self.path)
 
-    async def hello(
+    async def hello(  # noqa: PLR0913 - hello's fields
         self,
         session: str = "new",
         *,
@@ -103,16 +103,19 @@ class Connection:
         servers: Sequence[McpServer] = (),
         client: str = "bxctl",
         discard_if_empty: bool = False,
+        follow: bool = False,
     ) -> str:
         """Say hello, in session `session` (an id, `latest` or `new`, in folder `cwd`), giving
         it MCP servers of its own; the session's id. `discard_if_empty`: a new session goes if
-        nothing is said in it (`hello`'s). Raises `SessionRefused` when loopd cannot open it."""
+        nothing is said in it (`hello`'s); `follow`: in the newest session `session` went on
+        in (`hello`'s). Raises `SessionRefused` when loopd cannot open it."""
         greeting = Hello(
             client=f"{client} {__version__}",
             session=session,
             cwd=cwd,
             mcp_servers=list(servers),
             discard_if_empty=discard_if_empty,
+            follow=follow,
         )
         return await self._move(greeting)
 

@@ -6,7 +6,9 @@ The summary runs on a slot of no session where one is idle, so the old session's
 its cache; on the session's own slot otherwise, once that cache is saved. Either is of the
 model the old session runs on (`[models.NAME]`): that model writes the summary, and the new
 session runs on it too (a `mode` record after its summary). The new session is made whole or
-not at all (shielded): its header, the summary record, its model, and the old session closed.
+not at all (shielded): its header, the summary record, its model, and the old session closed,
+its log ending with a `continued` record that names the new one (what an editor reopening the old
+id follows).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import trio
 from loopd.infer import InferError
 from loopd.session.compact import Compactor, SummaryFailed, continued_baseline
 from loopd.session.instructions import carried
-from loopd.session.records import Baseline, ModeRecord, UsageRecord
-from loopd.session.store import Session, Store
+from loopd.session.records import Baseline, ContinuedRecord, ModeRecord, UsageRecord
+from loopd.session.store import Session, Store, StoreError
 from loopd.turn import SessionFull, TurnOutcome
 from loopd.wire.events import Compacting, SessionContinued, TurnEvent
 
@@ -79,6 +81,12 @@ class Compaction:
                 thinking=old.thinking,
             )
             on_continued(new)
+            try:
+                await old.append(ContinuedRecord(session=new.id, by="compact"))
+            except StoreError as e:  # the new session stands; only a reopening misses it
+                log.warning(
+                    "session %s could not record that %s continues it: %s", old.id, new.id, e
+                )
             old.close()
             await new.append(summary.record(old.id, slot.number))
             if model is not None:  # after the summary, which opens the session's records

@@ -25,7 +25,12 @@ from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
 from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
-from loopd.session.records import Baseline, ModeRecord, UndoRecord
+from loopd.session.records import (
+    Baseline,
+    ContinuedRecord,
+    ModeRecord,
+    UndoRecord,
+)
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
@@ -52,6 +57,7 @@ from ._session_inbox import (
     Cancel,
     Compact,
     ContextQuery,
+    Continued,
     Fanout,
     History,
     HistoryPage,
@@ -172,7 +178,7 @@ class SessionActor:
                 reply_error(message.reply, SessionUnavailable(self._closed_because()))
                 raise
 
-    async def _take(self, message: SessionMessage) -> None:  # noqa: C901 - a branch a message
+    async def _take(self, message: SessionMessage) -> None:  # noqa: C901, PLR0912 - one a message
         if isinstance(message, Send | Compact):
             reply_value(message.reply, self._submit(_message(message)))
         elif isinstance(message, Cancel):
@@ -194,6 +200,9 @@ class SessionActor:
         elif isinstance(message, RewindFiles):
             fork_point(self.session.header, self.session.records, message.at)
             reply_value(message.reply, await undo_after(self.session, self._hands(), message.at))
+        elif isinstance(message, Continued):
+            await self._continued(message)
+            reply_value(message.reply, None)
         elif isinstance(message, SetMode):
             reply_value(message.reply, await self._set_mode(message))
         elif isinstance(message, Unsubscribe):
@@ -206,6 +215,21 @@ class SessionActor:
             )
             decided = mine and await self.port.decide(session, message.call, message.decision)
             reply_value(message.reply, decided)
+
+    async def _continued(self, message: Continued) -> None:
+        # A compaction since the fork was made closed that log: it says where it went on.
+        if message.parent != self.session.id:
+            return
+        record = ContinuedRecord(session=message.session, by="rewind", at=message.at)
+        try:
+            await self.session.append(record)
+        except StoreError as e:  # the fork stands; only a reopening of the old id misses it
+            log.warning(
+                "session %s could not record its rewind to %s: %s",
+                message.parent,
+                message.session,
+                e,
+            )
 
     def _submit(self, message: Message) -> int:
         running = self._running[0] if self._running else None

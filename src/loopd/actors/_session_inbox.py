@@ -277,6 +277,16 @@ class RewindFiles:
 
 
 @dataclass(frozen=True)
+class Continued:
+    """Session `parent` went on in `session`, a fork of it at turn `at`'s end (a rewind)."""
+
+    parent: str
+    session: str
+    at: int
+    reply: Reply[None]
+
+
+@dataclass(frozen=True)
 class ModeState:
     """A session's mode, and whether its turns think (`[loop] thinking` where it says none)."""
 
@@ -315,6 +325,7 @@ SessionMessage = (
     | Decide
     | Undo
     | RewindFiles
+    | Continued
     | SetMode
 )
 
@@ -386,6 +397,11 @@ class SessionHandle:
         while a turn runs, `CannotFork` when it cannot be forked there, `CannotUndo` when a
         file changed since; nothing is put back then."""
         return await self._ask(lambda r: RewindFiles(at, r))
+
+    async def continued(self, parent: str, session: str, at: int) -> None:
+        """Record in `parent`'s log, where it is still this session's, that it went on in
+        `session`, its fork at turn `at`'s end (a rewind): an editor reopening it follows."""
+        await self._ask(partial(Continued, parent, session, at))
 
     async def set_mode(
         self,

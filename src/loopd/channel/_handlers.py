@@ -10,6 +10,7 @@ the turn ends, for its own turns alone: a ref is one client's, meaningless to an
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from loopd.actors import (
     TurnFailed,
     UnknownModel,
 )
+from loopd.session.continued import newest
 from loopd.supervise import ActorFailed
 from loopd.wire import proto
 from loopd.wire.events import PlanUpdate
@@ -135,10 +137,14 @@ class Client:
         servers: Sequence[proto.McpServer] = (),
         *,
         discard_if_empty: bool = False,
+        follow: bool = False,
     ) -> str:
         """Attach it to session `which` (an id, `latest` or `new` in folder `cwd`) with the MCP
-        servers it gives it, leaving the one it was in; the session's id. Raises a
+        servers it gives it, leaving the one it was in; the session's id. `follow`: to the
+        newest session `which` went on in (`loopd.session.continued`). Raises a
         `SessionError`."""
+        if follow:
+            which = await newest(self.core.sessions.store, which)
         attached = await self.core.sessions.attach(
             which, cwd, servers, discard_if_empty=discard_if_empty
         )
@@ -150,6 +156,17 @@ class Client:
         if parent is None:
             parent = (await (await self.attached()).status()).session
         return await self._switch(*await self.core.sessions.fork(parent, at))
+
+    async def rewind(self, at: int) -> str:
+        """Move it to a new fork of its own session at turn `at`, that session's log saying it
+        went on there (what an editor reopening it follows); the fork's id. Raises a
+        `SessionError`."""
+        own = await self.attached()
+        parent = (await own.status()).session
+        handle, forked = await self.core.sessions.fork(parent, at)
+        with contextlib.suppress(SessionError):  # stopped since: its failure is said elsewhere
+            await own.continued(parent, forked, at)
+        return await self._switch(handle, forked)
 
     async def _switch(self, handle: SessionHandle, session: str) -> str:
         subscription = await handle.subscribe(self.buffer)
@@ -197,6 +214,7 @@ async def _hello(client: Client, message: proto.Hello) -> proto.Error | None:
         message.cwd,
         message.mcp_servers,
         discard_if_empty=message.discard_if_empty,
+        follow=message.follow,
     )
     _welcome(client, moved, message.ref)
     return None
@@ -373,7 +391,11 @@ async def _new_session(client: Client, message: proto.NewSession) -> None:
 
 
 async def _open_session(client: Client, message: proto.OpenSession) -> None:
-    _welcome(client, await client.move(message.id, servers=message.mcp_servers), message.ref)
+    _welcome(
+        client,
+        await client.move(message.id, servers=message.mcp_servers, follow=message.follow),
+        message.ref,
+    )
 
 
 async def _fork_session(client: Client, message: proto.ForkSession) -> None:
@@ -386,7 +408,7 @@ async def _rewind(client: Client, message: proto.Rewind) -> None:
         if record is not None:
             paths = list(record.paths)
             client.say(proto.Undone(calls=list(record.calls), paths=paths, ref=message.ref))
-    _welcome(client, await client.fork(None, message.at), message.ref)
+    _welcome(client, await client.rewind(message.at), message.ref)
 
 
 async def _approve(client: Client, message: proto.Approve) -> proto.Error | None:

@@ -1,11 +1,12 @@
 """Forks: a new session whose history is another's up to the end of one of its turns.
 
 The fork's log starts with the parent's records up to that turn's end, copied unchanged after
-its own header (which names the parent and the turn: `forked_from`, `at`); the parent's log is
-only read. Its requests are the parent's, token for token, up to there: its first one extends
-the prefix the parent's slot held, so the slot pool serves it from the parent's cache
-(`cache_source`: for a fork of a fork that has made no request yet, the cache of the nearest
-session up the chain that has) and it costs only its new message.
+its own header (which names the parent and the turn: `forked_from`, `at`), but for the
+parent's `continued` records, which say where the parent went on and are its alone; the
+parent's log is only read. Its requests are the parent's, token for token, up to there: its
+first one extends the prefix the parent's slot held, so the slot pool serves it from the
+parent's cache (`cache_source`: for a fork of a fork that has made no request yet, the cache
+of the nearest session up the chain that has) and it costs only its new message.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from loopd.session.records import Record, SessionHeader, TurnEndRecord, UsageRecord, UserRecord
+from loopd.session.records import (
+    ContinuedRecord,
+    Record,
+    SessionHeader,
+    TurnEndRecord,
+    UsageRecord,
+    UserRecord,
+)
 from loopd.session.store import Fork, Session, Store, StoreError
 
 __all__ = ["ForkRefused", "cache_source", "fork", "fork_end", "fork_point"]
@@ -59,6 +67,8 @@ async def fork(store: Store, parent: str, at: int | None) -> str:
     `StoreError`."""
     header, records, _ = await store.load(parent)
     turn, kept = fork_point(header, records, at)
+    # Where the parent went on is not where the fork goes on.
+    copied = [r for r in records[:kept] if not isinstance(r, ContinuedRecord)]
     with await store.create(
         header.baseline,
         grants=frozenset(header.grants),
@@ -66,7 +76,7 @@ async def fork(store: Store, parent: str, at: int | None) -> str:
         instructions=header.instructions,
         mode=header.mode,
         thinking=header.thinking,
-        fork=Fork(parent, turn, records[:kept]),
+        fork=Fork(parent, turn, copied),
     ) as session:
         log.info("session %s: the fork of session %s at turn %d", session.id, parent, turn)
         return session.id

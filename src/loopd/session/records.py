@@ -29,6 +29,7 @@ __all__ = [
     "AssistantRecord",
     "Baseline",
     "CacheLossRecord",
+    "ContinuedRecord",
     "CutReason",
     "DataClass",
     "Decision",
@@ -65,13 +66,13 @@ __all__ = [
     "stricter",
 ]
 
-FORMAT = 7
+FORMAT = 8
 """The log format this loopd writes and the newest it reads. 2 added `prompt` records and the
 tokens of an answer; 3 added `approval_request` and `approval` records; 4 added `summary`
 records (a session that continues another); 5 added `file_change` and `undo` records, an
 approval's `preview`, and a sub-agent's header (`parent`, `call`, `call_id`); 6 added
 `mcp_servers`, `mode` and `unread` records and the header's `mode` and `thinking`; 7 added
-`plan` and `hook` records."""
+`plan` and `hook` records; 8 added `continued` records."""
 
 DataClass = Literal["public", "private", "secret"]
 TurnEndReason = Literal["answer", "turn_limit", "session_full", "cancelled", "error"]
@@ -374,6 +375,21 @@ class SummaryRecord(_Record):
     """Characters of the old transcript's start left out so that it fit the slot's context."""
 
 
+class ContinuedRecord(_Record):
+    """The conversation went on in another session, made from this one: a fork at an earlier
+    turn's end (a `rewind`), or a session that continues from the model's summary (a
+    compaction). Produces no message, and a fork never copies it: it is this log's alone. A
+    client that asks to follow (an editor reopening its session) is taken along the last such
+    record of each session to the newest (`loopd.session.continued`)."""
+
+    kind: Literal["continued"] = "continued"
+    session: str
+    """The session it went on in."""
+    by: Literal["rewind", "compact"]
+    at: int | None = None
+    """A rewind's: the turn whose end the fork starts from."""
+
+
 class ModeRecord(_Record):
     """A client set the session's mode; it holds from here until the next. Produces no
     message."""
@@ -462,6 +478,7 @@ Record = Annotated[
     | ApprovalRequestRecord
     | ApprovalRecord
     | SummaryRecord
+    | ContinuedRecord
     | FileChangeRecord
     | UndoRecord
     | McpServersRecord

@@ -158,6 +158,10 @@ class Hello(_Request):
     """With `new`: remove the new session once every client has left it, if nothing was said
     in it (a chat quit before its first message). For a client that makes a session to talk
     in at once; never for one another process may prompt later (an editor's, acpx's)."""
+    follow: bool = False
+    """With a session id: go on where that session's conversation went on last, following its
+    `continued` records (a rewind's fork, a compaction's continuation) to the newest session;
+    `welcome` names the one opened. An editor's id stands for its session so."""
 
 
 class Send(_Request):
@@ -226,6 +230,8 @@ class OpenSession(_Request):
     id: str = Field(min_length=1, max_length=200)
     """A session id, or `latest`."""
     mcp_servers: McpServers = []
+    """As `hello`'s."""
+    follow: bool = False
     """As `hello`'s."""
 
 
