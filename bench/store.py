@@ -1,5 +1,7 @@
 """Store figures: opening (replaying) a 10,000-record session, one append with fsync, and the
-longest stall of a stream beside the open of a 100,000-record session.
+longest stall of a stream beside the open of a 100,000-record session (with CPython's own
+garbage collection, and with loopd's, which holds full collections back while an answer
+streams: `loopd.collector`).
 
 Each is set beside a baseline measured in the same run on the same files: the open against
 `json.loads` of every line (the least any reader does), the append against a bare
@@ -9,6 +11,7 @@ the same log read whole in a worker thread, as `Store.open` read it before it re
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -20,6 +23,7 @@ from typing import Any
 
 import trio
 
+from loopd.collector import collect_when_quiet, streaming
 from loopd.infer import Timings, ToolCall
 from loopd.session.baseline import make_baseline
 from loopd.session.records import (
@@ -30,7 +34,7 @@ from loopd.session.records import (
     UserRecord,
     dump,
 )
-from loopd.session.store import Store, parse_log
+from loopd.session.store import Session, Store, parse_log
 
 RECORDS = 10_000
 OPENS = 7
@@ -121,27 +125,54 @@ async def _measure(directory: Path) -> dict[str, Any]:
 async def _stalls(store: Store) -> dict[str, float]:
     """The longest gap between two passes of a task beside the open of a `LONG`-record
     session (the stream of another session stops as long), against the same log read whole in
-    a worker thread; each the median over `LONG_OPENS` opens, alternating."""
+    a worker thread; each the median over `LONG_OPENS` opens, alternating. Apart: the gap
+    while that session, closed, is freed."""
     with await store.create(make_baseline()) as session:
         pass
     with session.path.open("ab") as f:
         f.write(b"".join(dump(r) for r in conversation(LONG)))
+    kept: list[object] = []  # what was read, freed after the gap's measure
 
     async def sliced() -> None:
-        with await store.open(session.id):
-            pass
+        kept.append(await store.open(session.id))
 
     async def whole() -> None:
         data = session.path.read_bytes()
-        await trio.to_thread.run_sync(parse_log, session.path, data, session.id)
+        kept.append(await trio.to_thread.run_sync(parse_log, session.path, data, session.id))
 
-    gaps: dict[str, list[float]] = {"sliced": [], "whole": []}
+    async def freed() -> None:
+        await trio.lowlevel.checkpoint()  # the task beside runs first
+        opened = kept.pop()
+        assert isinstance(opened, Session)  # noqa: S101 - what `sliced` kept
+        opened.close()
+        del opened
+
+    reads = (("sliced", sliced), ("held_back", sliced), ("whole", whole))
+    gaps: dict[str, list[float]] = {name: [] for name in ("sliced", "held_back", "whole", "freed")}
     for _ in range(LONG_OPENS):
-        for name, read in (("sliced", sliced), ("whole", whole)):
-            gaps[name].append(await _longest_gap(read))
-    sliced_ms = statistics.median(gaps["sliced"]) * 1000
-    whole_ms = statistics.median(gaps["whole"]) * 1000
-    return {"median_ms": sliced_ms, "baseline_median_ms": whole_ms, "ratio": sliced_ms / whole_ms}
+        for name, read in reads:
+            gc.collect()  # each starts from the same heap
+            if name != "held_back":
+                gaps[name].append(await _longest_gap(read))
+                for opened in kept:
+                    if isinstance(opened, Session):
+                        opened.close()
+                kept.clear()
+                continue
+            async with trio.open_nursery() as nursery:  # as the daemon runs, the stream counted
+                await nursery.start(collect_when_quiet)
+                with streaming():
+                    gaps[name].append(await _longest_gap(read))
+                    gaps["freed"].append(await _longest_gap(freed))
+                nursery.cancel_scope.cancel()
+    ms = {name: statistics.median(g) * 1000 for name, g in gaps.items()}
+    return {
+        "median_ms": ms["held_back"],
+        "cpython_gc_median_ms": ms["sliced"],
+        "baseline_median_ms": ms["whole"],
+        "ratio": ms["held_back"] / ms["whole"],
+        "freed_median_ms": ms["freed"],
+    }
 
 
 async def _longest_gap(read: Callable[[], Awaitable[None]]) -> float:
@@ -174,7 +205,7 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         [
             (
                 "longest stall of a stream beside the open of a 100,000-record session",
-                f"{s['median_ms']:.0f} ms",
+                f"{s['median_ms']:.1f} ms" + _cpython(s),
                 f"the log read whole in a worker thread: {s['baseline_median_ms']:.0f} ms",
                 f"{s['ratio']:.2f}x",
             )
@@ -182,6 +213,15 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         if s
         else []
     )
+    if s and "freed_median_ms" in s:
+        stall.append(
+            (
+                "longest stall of a stream while that session, closed, is freed",
+                f"{s['freed_median_ms']:.1f} ms",
+                "",
+                "",
+            )
+        )
     return [
         (
             "open a 10,000-record session",
@@ -197,3 +237,10 @@ def rows(figures: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ),
         *stall,
     ]
+
+
+def _cpython(stall: dict[str, float]) -> str:
+    """The same open under CPython's own full collections, where the run measured it."""
+    if (ms := stall.get("cpython_gc_median_ms")) is None:
+        return ""
+    return f" (with CPython's own full collections: {ms:.0f} ms)"

@@ -35,6 +35,7 @@ from loopd.actors import PoolHandle, open_core
 from loopd.backoff import RESTART
 from loopd.bundled import bundled
 from loopd.channel import ChannelServer, DaemonInfo, UnixSocket, open_socket, systemd_socket
+from loopd.collector import collect_when_quiet
 from loopd.config import Config, ManagedServer, private_paths
 from loopd.infer import (
     TITLES,
@@ -332,6 +333,7 @@ async def _open_and_serve(
         with store.hold():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_own_files, store, unix, stop)
+                nursery.start_soon(collect_when_quiet)
                 await _serve(config, store, unix.listener, stop, private, where)
                 nursery.cancel_scope.cancel()
     finally:

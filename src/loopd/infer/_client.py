@@ -22,6 +22,7 @@ import trio
 
 from loopd.backoff import Backoff
 from loopd.canonical import canonical
+from loopd.collector import streaming
 
 from ._engines import ENGINES, Engine, EngineName, Reader, ServerFacts, identify
 from ._errors import (
@@ -379,19 +380,20 @@ class Client:
         the request first. `prompts`: the encoder of the slot's last token-exact prompt
         (`Slot.prompts`). `cut` is handed the answer as far as it came where its stream
         began and ended without one, cancelled too (`Cut`)."""
-        try:
-            path, body = await self.engine.request(request, prompts)
-            headers = self._headers
-            if self._affinity and (session := request.generation.affinity):
-                headers = [*headers, (self._affinity, session.encode())]
-            stream = await self._open(self._url(path), body, on_event, sent, headers)
-        finally:
-            if sent is not None:
-                sent()
-        try:
-            return await self._read(stream, request, on_event, cut)
-        finally:
-            await _close(stream)
+        with streaming():  # no full garbage collection of loopd's stalls it
+            try:
+                path, body = await self.engine.request(request, prompts)
+                headers = self._headers
+                if self._affinity and (session := request.generation.affinity):
+                    headers = [*headers, (self._affinity, session.encode())]
+                stream = await self._open(self._url(path), body, on_event, sent, headers)
+            finally:
+                if sent is not None:
+                    sent()
+            try:
+                return await self._read(stream, request, on_event, cut)
+            finally:
+                await _close(stream)
 
     async def _open(
         self,
