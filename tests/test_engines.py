@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -402,3 +403,27 @@ async def test_a_json_answer_past_the_cap_is_a_lost_connection(
                 await client.chat_template()
             monkeypatch.setattr(_stream, "MAX_BODY", 1 << 20)
             assert await client.chat_template() == "x" * 2000
+
+
+async def test_a_servers_start_is_what_it_says_or_when_it_answered_again_after_away() -> None:
+    """`started_at`, which a cache lost to a restart is recorded with: vLLM's own start time;
+    for a server that says none, the moment it is described again after a health check found
+    it away (one a caller's deadline cut counts), and never while it was not away."""
+    with fake_engine(vllm_routes(Answer.events())) as server:
+        async with Client(server.url, access=Access(engine="vllm")) as client:
+            await client.describe()
+            assert client.started_at == 1796041000.5
+    silent = Answer(200, METRICS.splitlines(keepends=True)[0].encode(), "text/plain")
+    routes = {**vllm_routes(Answer.events()), "/metrics": silent, "/health": Answer.of({})}
+    with fake_engine(routes) as server:
+        async with Client(server.url, access=Access(engine="vllm")) as client:
+            await client.describe()
+            assert await client.healthy()
+            await client.describe()
+            assert client.started_at is None  # it never went away
+            with trio.move_on_after(0):  # a health check cut short: no answer, as far as seen
+                await client.healthy()
+            before = time.time()
+            await client.describe()
+            assert client.started_at is not None
+            assert client.started_at >= before

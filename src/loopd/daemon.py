@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import signal
-import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
@@ -192,7 +191,6 @@ async def _probe(
         except InferError as e:
             say("%s is not ready yet (%s); requests will wait for it", client.base_url, e)
             return None
-        client.started_at = facts.started
         log.info(
             "%s serves %s (a window of %s tokens)",
             client.engine.title,
@@ -533,10 +531,8 @@ async def _watch_health(
             answers = False
             with trio.move_on_after(HEALTH_TIMEOUT):
                 answers = await client.healthy()
-            if answers and not up:
-                facts = await _probe(client, client.engine.name, at_start=False)
-                if facts is not None and facts.started is None:  # it was away: its cache too
-                    client.started_at = time.time()
+            if answers and not up:  # it may have restarted: `describe` notes when
+                await _probe(client, client.engine.name, at_start=False)
         if (facts := client.engine.facts) is not None and info.model is None:
             info.model, info.context_size, info.engine = facts.model, facts.context, facts.engine
         pool.health(client.base_url, up=answers)

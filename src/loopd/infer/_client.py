@@ -11,6 +11,7 @@ makes llama-server cancel the generation and free the slot.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -172,7 +173,9 @@ class Client:
         URL than one that is away for a while, and a turn does not wait long for it."""
         self.started_at: float | None = None
         """When the server last came up, as far as loopd saw (seconds since the epoch): a
-        cache lost across that restart is recorded with it as the reason."""
+        cache lost across that restart is recorded with it as the reason (`describe`)."""
+        self._away = False
+        """A `healthy` found no answer since the server was last described."""
 
     @contextmanager
     def _reaching(self) -> Iterator[None]:
@@ -193,8 +196,16 @@ class Client:
         return await identify(self)
 
     async def describe(self) -> ServerFacts:
-        """The engine, model and context window, as the server says them."""
-        return await self.engine.describe()
+        """The engine, model and context window, as the server says them; when it started
+        (`started_at`), where it says so, or now where it says not and was away since it was
+        last described (a `healthy` that found no answer): its cache went with it."""
+        facts = await self.engine.describe()
+        if facts.started is not None:
+            self.started_at = facts.started
+        elif self._away:
+            self.started_at = time.time()
+        self._away = False
+        return facts
 
     def _url(self, path: str) -> httpx.URL:
         """`path` on the server, parsed once: httpx parses a path anew for each request, a
@@ -245,13 +256,16 @@ class Client:
     async def healthy(self) -> bool:
         """The server answers `/health` with 200 (it has loaded its model) within the read
         deadline."""
-        with trio.move_on_after(self.timeouts.read):
-            try:
+        answers = False
+        try:
+            with trio.move_on_after(self.timeouts.read):
                 status, _ = await self._request(b"GET", self.engine.health)
-            except InferError:
-                return False
-            return status == 200
-        return False
+                answers = status == 200
+        except InferError:
+            pass
+        finally:  # a caller's deadline too: away, as far as loopd saw
+            self._away = self._away or not answers
+        return answers
 
     async def slot_file(self, slot: int, action: str, filename: str) -> SlotFile:
         """Save the slot's KV cache to `filename`, or restore it from there (in the server's
