@@ -26,12 +26,9 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mcp.types
 import trio
-from mcp import Client
-from mcp.shared.exceptions import MCPError
 
 from loopd.backoff import RESTART
 from loopd.config import McpServer, ToolsConfig
@@ -40,6 +37,10 @@ from loopd.supervise import RESTARTS, GaveUp, Restarts, short, supervised
 from ._mcp_connect import connect
 from ._registry import Registry, policy_for
 from ._types import ToolEntry, ToolFailure, ToolOutput, ToolRequest
+
+if TYPE_CHECKING:  # the SDK is imported once a server is used (`_mcp_connect`)
+    import mcp.types
+    from mcp import Client
 
 __all__ = ["McpSource", "start_sources"]
 
@@ -211,12 +212,15 @@ class McpSource:
     async def run_tool(self, entry: ToolEntry, request: ToolRequest) -> ToolOutput:
         """The MCP server's tools work where the server does: a session's own folder (`cwd`)
         does not reach them."""
+        from mcp.shared.exceptions import MCPError  # noqa: PLC0415 - imported by `_up`'s start
+        from mcp.types import CONNECTION_CLOSED  # noqa: PLC0415
+
         up = await self._up()
         tool = entry.name.removeprefix(f"{self.name}.")
         try:
             result = await up.client.call_tool(tool, request.arguments)
         except MCPError as e:
-            if e.code == mcp.types.CONNECTION_CLOSED:
+            if e.code == CONNECTION_CLOSED:
                 self.registry.set_available(self.name, available=False)
                 up.closed.set()  # the supervisor sees the server gone, and says so
                 raise ToolFailure(
@@ -268,7 +272,9 @@ async def start_sources(nursery: trio.Nursery, sources: Sequence[McpSource]) -> 
 
 
 def _text_of(block: Any) -> str:
-    if isinstance(block, mcp.types.TextContent):
+    from mcp.types import TextContent  # noqa: PLC0415 - imported by then (`run_tool`)
+
+    if isinstance(block, TextContent):
         return block.text
     kind = getattr(block, "type", "content")
     return f"[{kind} content, not shown]"

@@ -14,15 +14,15 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-
-import httpx2
-from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from typing import TYPE_CHECKING
 
 from loopd.config import McpServer, ToolsConfig
+
+# The SDK is imported where a server is connected to: it takes a third of a second to import,
+# which a loopd with no MCP server would pay at every start for nothing.
+if TYPE_CHECKING:
+    import httpx2
+    from mcp import Client
 
 __all__ = ["MissingToken", "Refused", "connect", "missing_tokens", "reached_at", "token_missing"]
 
@@ -65,6 +65,10 @@ def reached_at(server: McpServer) -> str:
 async def connect(name: str, server: McpServer) -> AsyncIterator[Client]:
     """A client of the MCP server `name`, connected until the block ends. Raises
     `MissingToken`, `Refused`, or whatever the SDK or the connection raise."""
+    from mcp import Client  # noqa: PLC0415 - the SDK when a server is connected to
+    from mcp.client.stdio import StdioServerParameters  # noqa: PLC0415
+    from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
     if server.command is not None:
         params = StdioServerParameters(
             command=server.command[0],
@@ -100,6 +104,9 @@ async def connect(name: str, server: McpServer) -> AsyncIterator[Client]:
 
 @asynccontextmanager
 async def _sse(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
+    from mcp import Client  # noqa: PLC0415 - as `connect`
+    from mcp.client.sse import sse_client  # noqa: PLC0415
+
     statuses = _Statuses()
     try:
         opened = sse_client(url, headers=headers, httpx_client_factory=statuses.factory)
@@ -140,6 +147,8 @@ class _Statuses:
         timeout: httpx2.Timeout | None = None,
         auth: httpx2.Auth | None = None,
     ) -> httpx2.AsyncClient:
+        from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: PLC0415
+
         client = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
         client.event_hooks["response"].append(self._seen)
         return client
