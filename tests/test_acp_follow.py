@@ -9,11 +9,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from acp import text_block
 
 from bxctl.connection import Connection
 from loopd.session.baseline import make_baseline
-from loopd.session.continued import newest_now
+from loopd.session.continued import newest_now, record_went_on
 from loopd.session.fork import fork
 from loopd.session.records import (
     AssistantRecord,
@@ -211,3 +212,17 @@ async def test_a_fork_does_not_copy_where_its_parent_went_on(tmp_path: Path) -> 
     assert users(store.read(forked)[1]) == ["one", "two"]
     assert newest_now(store, forked) == forked
     assert newest_now(store, parent.id) == elsewhere
+
+
+async def test_a_log_that_cannot_take_where_it_went_on_is_logged_and_left(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new session stands; only a client that follows the old one misses it."""
+    store = Store(tmp_path)
+    (elsewhere,) = await made(store, None)
+    with await store.create(make_baseline()) as old:
+        pass  # closed: its log takes nothing more
+    await record_went_on(old, ContinuedRecord(session=elsewhere, by="compact"))
+    assert f"session {old.id} could not record that it went on in {elsewhere}" in caplog.text
+    assert continued(store.read(old.id)[1]) == []
+    assert newest_now(store, old.id) == old.id

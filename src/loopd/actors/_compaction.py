@@ -21,9 +21,10 @@ import trio
 
 from loopd.infer import InferError
 from loopd.session.compact import Compactor, SummaryFailed, continued_baseline
+from loopd.session.continued import record_went_on
 from loopd.session.instructions import carried
 from loopd.session.records import Baseline, ContinuedRecord, ModeRecord, UsageRecord
-from loopd.session.store import Session, Store, StoreError
+from loopd.session.store import Session, Store
 from loopd.turn import SessionFull, TurnOutcome
 from loopd.wire.events import Compacting, SessionContinued, TurnEvent
 
@@ -81,12 +82,7 @@ class Compaction:
                 thinking=old.thinking,
             )
             on_continued(new)
-            try:
-                await old.append(ContinuedRecord(session=new.id, by="compact"))
-            except StoreError as e:  # the new session stands; only a reopening misses it
-                log.warning(
-                    "session %s could not record that %s continues it: %s", old.id, new.id, e
-                )
+            await record_went_on(old, ContinuedRecord(session=new.id, by="compact"))
             old.close()
             await new.append(summary.record(old.id, slot.number))
             if model is not None:  # after the summary, which opens the session's records

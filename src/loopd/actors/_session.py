@@ -23,14 +23,10 @@ import trio
 from loopd.inbox import reply_error, reply_value
 from loopd.infer import slot_tokens
 from loopd.session.compact import Compactor
+from loopd.session.continued import record_went_on
 from loopd.session.filling import filling
 from loopd.session.fork import ForkRefused, fork_point
-from loopd.session.records import (
-    Baseline,
-    ContinuedRecord,
-    ModeRecord,
-    UndoRecord,
-)
+from loopd.session.records import Baseline, ContinuedRecord, ModeRecord, UndoRecord
 from loopd.session.store import Session, Store, StoreError
 from loopd.supervise import ActorFailed, short
 from loopd.tools import PortHandle
@@ -218,18 +214,9 @@ class SessionActor:
 
     async def _continued(self, message: Continued) -> None:
         # A compaction since the fork was made closed that log: it says where it went on.
-        if message.parent != self.session.id:
-            return
-        record = ContinuedRecord(session=message.session, by="rewind", at=message.at)
-        try:
-            await self.session.append(record)
-        except StoreError as e:  # the fork stands; only a reopening of the old id misses it
-            log.warning(
-                "session %s could not record its rewind to %s: %s",
-                message.parent,
-                message.session,
-                e,
-            )
+        if message.parent == self.session.id:
+            record = ContinuedRecord(session=message.session, by="rewind", at=message.at)
+            await record_went_on(self.session, record)
 
     def _submit(self, message: Message) -> int:
         running = self._running[0] if self._running else None

@@ -15,9 +15,9 @@ import trio
 from pydantic import ValidationError
 
 from loopd.session.records import RECORD, ContinuedRecord
-from loopd.session.store import Store, UnknownSession
+from loopd.session.store import Session, Store, StoreError, UnknownSession
 
-__all__ = ["continued_as", "newest", "newest_now"]
+__all__ = ["continued_as", "newest", "newest_now", "record_went_on"]
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +69,15 @@ def newest_now(store: Store, session: str) -> str:
 async def newest(store: Store, session: str) -> str:
     """`newest_now`, read off the event loop."""
     return await trio.to_thread.run_sync(newest_now, store, session)
+
+
+async def record_went_on(old: Session, record: ContinuedRecord) -> None:
+    """Append `record` to `old`'s log: where its conversation went on. A log that cannot take
+    it is logged and left so: the new session stands, and only a client that follows `old`
+    misses it."""
+    try:
+        await old.append(record)
+    except StoreError as e:
+        log.warning(
+            "session %s could not record that it went on in %s: %s", old.id, record.session, e
+        )
